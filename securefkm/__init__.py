@@ -1,0 +1,3 @@
+"""securefkm: privacy-hardened federated clustering."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,92 @@
+"""The algorithm contract: pure server logic plus pure client logic.
+
+An algorithm knows nothing about transport or protection. The runtime
+(:mod:`securefkm.federation`) calls, per round::
+
+    broadcast = algorithm.configure(state, round)             # server
+    specs     = algorithm.sum_fields(broadcast)                # declared before data is touched
+    update    = algorithm.client_update(X_i, broadcast, rng)   # each sampled client
+    state     = algorithm.aggregate(state, aggregated_update)  # server
+    stop      = algorithm.converged(state)
+
+``state`` is an :class:`AlgorithmState` (or subclass) owned by the server. An algorithm
+that needs several kinds of rounds (seeding, training, a final federated score request)
+keeps a ``phase`` in its state and returns a :class:`~securefkm.messages.Broadcast` whose
+``action`` tells clients what to compute.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
+
+
+@dataclass
+class AlgorithmState:
+    """Server state shared by every algorithm: centres, phase and the round history."""
+
+    centres: np.ndarray | None
+    phase: str = "train"
+    round: int = 0
+    movements: list[float] = field(default_factory=list)
+    history: list[np.ndarray] = field(default_factory=list)
+    score: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """Base class. Subclasses implement one published method each."""
+
+    #: short name used in transcripts, the CLI and the benchmark tables.
+    name: str = "algorithm"
+    #: True if some rounds carry set-fields (per-client local centres).
+    uses_set_fields: bool = False
+    #: True if client_update draws random numbers (shuffling, sampling); the runtime then
+    #: passes a per-(run, round, client) generator, else ``None``.
+    needs_client_rng: bool = False
+
+    n_clusters: int
+
+    @abstractmethod
+    def init(self, n_clients: int, n_features: int, rng: np.random.Generator) -> AlgorithmState:
+        """Initial server state (may hold no centres yet if a seeding phase comes first)."""
+
+    @abstractmethod
+    def configure(self, state: AlgorithmState, round: int) -> Broadcast:
+        """The broadcast of the next round."""
+
+    @abstractmethod
+    def sum_fields(self, broadcast: Broadcast) -> tuple[FieldSpec, ...]:
+        """Layout of the sum-fields clients return for ``broadcast``."""
+
+    @abstractmethod
+    def client_update(self, X: np.ndarray, broadcast: Broadcast, rng: np.random.Generator | None) -> Update:
+        """A client's computation on its own records."""
+
+    def client_updates(self, datas, broadcast: Broadcast, rngs) -> list[Update]:
+        """Several clients that received the same broadcast (simulation fast path).
+
+        Override with a vectorised version when the per-client loop dominates a round;
+        results must equal the loop exactly.
+        """
+        return [self.client_update(X, broadcast, r) for X, r in zip(datas, rngs)]
+
+    @abstractmethod
+    def aggregate(self, state: AlgorithmState, agg: AggregatedUpdate) -> AlgorithmState:
+        """New server state from the round's aggregate."""
+
+    @abstractmethod
+    def converged(self, state: AlgorithmState) -> bool:
+        """True when the run is finished (all phases done)."""
+
+    def planned_rounds(self, max_rounds: int) -> int:
+        """Upper bound on rounds that touch client data (DP layers calibrate on it)."""
+        return max_rounds
+
+    def describe_server_view(self) -> str:
+        """One sentence on what the server sees in plain (docs and transcripts)."""
+        return ""

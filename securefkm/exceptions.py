@@ -1,0 +1,34 @@
+"""Exceptions raised by securefkm, protocols and attacks.
+
+Every error that comes from bad input is a :class:`ValueError` subclass, so callers that
+already catch ``ValueError`` keep working; its message names the argument and the fix.
+"""
+
+
+class SecureFKMError(Exception):
+    """Base class of every error raised on purpose by the library."""
+
+
+class InputError(SecureFKMError, ValueError):
+    """Bad input: a wrong value, shape or combination of arguments."""
+
+
+class ProtectionConfigError(InputError):
+    """The ``protection=[...]`` stack is inconsistent (order, duplicates, missing layers)."""
+
+
+class RoundAbortedError(SecureFKMError, RuntimeError):
+    """A round could not be completed (too few survivors, failed decoding, refused budget).
+
+    The model state is left exactly as it was before the round and nothing partial is
+    released. ``round`` is the round index and ``stage`` the protocol stage that failed.
+    """
+
+    def __init__(self, message: str, *, round: int | None = None, stage: str | None = None):
+        super().__init__(message)
+        self.round = round
+        self.stage = stage
+
+
+class PrivacyBudgetExceededError(RoundAbortedError):
+    """Running the next round would spend more privacy budget than the declared target."""

@@ -1,0 +1,21 @@
+"""The federation runtime: rounds, sampling, dropouts, convergence, transcript."""
+
+from .client import ClientRuntime, UpdateReply, UpdateRequest
+from .convergence import frobenius_movement, has_converged
+from .runtime import Federation, LocalTransport, ServerPolicy, Transport, clone_layers
+from .sampling import Dropouts, sample_clients
+
+__all__ = [
+    "ClientRuntime",
+    "Dropouts",
+    "Federation",
+    "LocalTransport",
+    "ServerPolicy",
+    "Transport",
+    "UpdateReply",
+    "UpdateRequest",
+    "clone_layers",
+    "frobenius_movement",
+    "has_converged",
+    "sample_clients",
+]

@@ -1,0 +1,135 @@
+"""The client side of the round path, shared by the in-process runtime and the Flower app.
+
+A :class:`ClientRuntime` holds one client's records and answers the server's messages:
+
+* stage ``"update"``: receive the broadcast, compute the update on the local records
+  (after the client-side layers' data transforms), apply the client-side layers to the
+  update, keep its sum-fields for the aggregator and return its set-fields;
+* every later stage: answer through the aggregator's :class:`ClientSession`.
+
+Nothing here reads another client's data or any server state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..layers import Aggregator, ClientContext, Layer, RoundContext, RunInfo
+from ..messages import Broadcast, check_sums
+
+UPDATE_STAGE = "update"
+
+
+@dataclass
+class UpdateRequest:
+    """The server's first message of a round: the broadcast and the round's public facts."""
+
+    run: int
+    round: int
+    broadcast: Broadcast
+    sampled: tuple[int, ...]
+
+
+@dataclass
+class UpdateReply:
+    """A client's answer to :class:`UpdateRequest`: its set-fields, or why it declined."""
+
+    items: dict[str, np.ndarray] = field(default_factory=dict)
+    declined: str | None = None
+
+
+def client_seed(random_state: int | None, run: int, round: int, client: int) -> np.random.SeedSequence:
+    """Seed of a client's algorithm randomness in (run, round): reproducible, order-free."""
+    base = [] if random_state is None else [int(random_state)]
+    return np.random.SeedSequence(base + [run, round, client, 0x5EC])
+
+
+class ClientRuntime:
+    """One client: its records, its persistent state, its aggregator sessions."""
+
+    def __init__(
+        self,
+        client_id: int,
+        X: np.ndarray,
+        algorithm,
+        layers: list[Layer],
+        aggregator: Aggregator,
+        info: RunInfo,
+        state: dict | None = None,
+    ):
+        self.context = ClientContext(client_id=client_id, n_records=len(X), state=state if state is not None else {})
+        self.X = X
+        self.algorithm = algorithm
+        self.layers = layers
+        self.aggregator = aggregator
+        self.info = info
+        self.session = None
+
+    @property
+    def client_id(self) -> int:
+        return self.context.client_id
+
+    def round_context(self, req: UpdateRequest) -> RoundContext:
+        specs = self.algorithm.sum_fields(req.broadcast)
+        return RoundContext(
+            run=req.run,
+            round=req.round,
+            action=req.broadcast.action,
+            sampled=req.sampled,
+            specs=specs,
+            info=self.info,
+            broadcast_digest=req.broadcast.digest(),
+        )
+
+    def rng(self, req: UpdateRequest):
+        if not self.algorithm.needs_client_rng:
+            return None
+        return np.random.default_rng(client_seed(self.info.random_state, req.run, req.round, self.client_id))
+
+    def prepared_data(self, ctx: RoundContext) -> np.ndarray:
+        X = self.X
+        for layer in self.layers:
+            X = layer.client_data(X, self.context, ctx)
+        return X
+
+    def finish_update(self, update, ctx: RoundContext) -> UpdateReply:
+        """Apply the client-side layers to a computed update and open the aggregator session."""
+        for layer in self.layers:
+            if layer.side != "client":
+                continue
+            update = layer.client_update(update, self.context, ctx)
+            if update is None:
+                self.session = None
+                return UpdateReply(declined=f"{layer.name} declined")
+        check_sums(update.sums, ctx.specs)
+        self.session = self.aggregator.client_session(self.context, ctx, update.sums) if ctx.specs else None
+        return UpdateReply(items=update.items)
+
+    def handle(self, stage: str, message: Any) -> Any:
+        if stage == UPDATE_STAGE:
+            ctx = self.round_context(message)
+            X = self.prepared_data(ctx)
+            update = self.algorithm.client_update(X, message.broadcast, self.rng(message))
+            return self.finish_update(update, ctx)
+        if self.session is None:
+            raise RuntimeError(f"client {self.client_id} got stage {stage!r} without an open round")
+        return self.session.respond(stage, message)
+
+
+def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[UpdateReply]:
+    """The ``update`` stage for many in-process clients that got the same broadcast.
+
+    Equivalent to calling ``handle("update", request)`` on each, but lets the algorithm
+    vectorise its computation across clients (:meth:`Algorithm.client_updates`).
+    """
+    if not clients:
+        return []
+    algorithm = clients[0].algorithm
+    ctx = clients[0].round_context(request)
+    datas = [c.prepared_data(ctx) for c in clients]
+    rngs = [c.rng(request) for c in clients]
+    updates = algorithm.client_updates(datas, request.broadcast, rngs)
+    return [c.finish_update(u, ctx) for c, u in zip(clients, updates)]

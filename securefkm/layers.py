@@ -1,0 +1,303 @@
+"""The interface every protection layer implements, and the plain (unprotected) aggregator.
+
+A protection stack is an ordered list of :class:`Layer` objects, e.g.
+``[MinClusterSize(p=2), GaussianDP(...), PairwiseMasking(...)]``. The runtime calls the
+hooks of each layer at fixed points of the round path (``docs/architecture.md``):
+
+=====================  ===========  =========================================================
+hook                   runs on      purpose
+=====================  ===========  =========================================================
+``validate_stack``     server       reject inconsistent stacks with an error saying the fix
+``setup``              server       once per fit: size noise, derive keys, read run info
+``before_round``       server       refuse a round (budget, participation, overflow range)
+``client_data``        each client  transform the local records used this round (clipping)
+``client_update``      each client  transform the client's Update (round, suppress, noise);
+                                    return ``None`` to decline to take part this round
+(aggregator)           both         turn sum-fields of the survivors into one sum
+``server_aggregate``   server       decode / post-process the aggregate (central noise)
+``after_round``        server       account for what the round released
+=====================  ===========  =========================================================
+
+Exactly one :class:`Aggregator` runs each round: the stack's own (``PairwiseMasking``,
+``Paillier``) or :class:`PlainSum` when the stack has none. An aggregator is a multi-stage
+protocol: a :class:`ServerSession` and one :class:`ClientSession` per client exchange one
+message per stage. The in-process runtime passes those messages in memory; the Flower app
+sends the very same messages between processes. Client sessions must be picklable, because
+in a deployment each message may be handled by a fresh client process that restores the
+session from the node's persistent state.
+
+Every layer states its trust model in its docstring: who holds which secret, who must not
+collude with whom, what the server learns and what the layer does not protect against.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .exceptions import ProtectionConfigError, RoundAbortedError
+from .messages import AggregatedUpdate, FieldSpec, Update
+
+SIDES = ("client", "aggregator", "server")
+
+
+@dataclass
+class RunInfo:
+    """Facts about a fit that layers may use in ``setup`` (never client data)."""
+
+    algorithm: Any
+    n_clients: int
+    n_features: int
+    clients_per_round: int
+    max_rounds: int
+    planned_rounds: int
+    random_state: int | None = None
+    client_sizes: tuple[int, ...] | None = None  # only in simulation; layers must not rely on it
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.clients_per_round / self.n_clients
+
+
+@dataclass
+class RoundContext:
+    """Public facts about the round being run."""
+
+    run: int
+    round: int
+    action: str
+    sampled: tuple[int, ...]
+    specs: tuple[FieldSpec, ...]
+    info: RunInfo
+    broadcast_digest: bytes = b""
+
+    @property
+    def sampling_rate(self) -> float:
+        return len(self.sampled) / self.info.n_clients
+
+
+@dataclass
+class ClientContext:
+    """A client's own view: its id, its size, and state that persists across rounds.
+
+    ``state`` lives on the client (in a deployment: the Flower node's persistent state); the
+    server never reads it. Layers keep client-side secrets and counters there.
+    """
+
+    client_id: int
+    n_records: int
+    state: dict = field(default_factory=dict)
+
+
+class ProtocolRefusal(Exception):
+    """Raised by an honest client that refuses to answer a malformed or malicious request."""
+
+
+class Layer:
+    """Base class of every protection layer. All hooks default to doing nothing."""
+
+    #: where the layer sits in the stack: "client" layers come before the aggregator,
+    #: "server" layers after it.
+    side: ClassVar[str] = "client"
+    #: set on layers that only make sense with a secure aggregator (distributed DP noise).
+    requires_secure_aggregator: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def validate_stack(self, stack: Sequence[Layer], algorithm: Any) -> None:
+        """Raise :class:`ProtectionConfigError` if this layer cannot run in ``stack``."""
+
+    def setup(self, info: RunInfo) -> None:
+        """Called once at the start of a fit."""
+
+    def before_round(self, ctx: RoundContext) -> None:
+        """Called on the server before clients are contacted; may raise to refuse the round."""
+
+    def client_data(self, X: np.ndarray, client: ClientContext, ctx: RoundContext) -> np.ndarray:
+        return X
+
+    def client_update(self, update: Update, client: ClientContext, ctx: RoundContext) -> Update | None:
+        return update
+
+    def server_aggregate(self, agg: AggregatedUpdate, ctx: RoundContext) -> AggregatedUpdate:
+        return agg
+
+    def after_round(self, ctx: RoundContext, agg: AggregatedUpdate) -> None:
+        """Called after a round completed (not after an aborted one)."""
+
+    def report(self) -> dict:
+        """Facts for the user after a fit (e.g. privacy spent)."""
+        return {}
+
+    def __repr__(self) -> str:
+        params = getattr(self, "_repr_params", None)
+        if params is None:
+            return f"{self.name}()"
+        return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+
+
+class ServerSession(ABC):
+    """The server's side of one aggregation round."""
+
+    @abstractmethod
+    def messages(self, stage: str, alive: tuple[int, ...]) -> dict[int, Any]:
+        """What to send to each still-alive client at ``stage``."""
+
+    @abstractmethod
+    def receive(self, stage: str, replies: dict[int, Any]) -> None:
+        """Replies of the clients that answered ``stage``; a missing client has dropped."""
+
+    @abstractmethod
+    def result(self) -> tuple[dict[str, np.ndarray], tuple[int, ...]]:
+        """Decoded sums and the ids whose inputs they contain; raise RoundAbortedError if impossible."""
+
+
+class ClientSession(ABC):
+    """A client's side of one aggregation round (picklable)."""
+
+    @abstractmethod
+    def respond(self, stage: str, message: Any) -> Any:
+        """Answer the server's message for ``stage``; raise ProtocolRefusal to refuse."""
+
+
+class Aggregator(Layer):
+    """A layer that turns the survivors' sum-fields into one sum through a staged protocol."""
+
+    side: ClassVar[str] = "aggregator"
+    #: False only for PlainSum: the server sees each client's sum-fields.
+    secure: ClassVar[bool] = True
+    stages: tuple[str, ...] = ("input",)
+
+    @abstractmethod
+    def server_session(self, ctx: RoundContext) -> ServerSession: ...
+
+    @abstractmethod
+    def client_session(
+        self, client: ClientContext, ctx: RoundContext, sums: dict[str, np.ndarray]
+    ) -> ClientSession: ...
+
+
+class _PlainServer(ServerSession):
+    def __init__(self, ctx: RoundContext):
+        self.ctx = ctx
+        self.replies: dict[int, dict[str, np.ndarray]] = {}
+
+    def messages(self, stage, alive):
+        return {c: None for c in alive}
+
+    def receive(self, stage, replies):
+        self.replies = replies
+
+    def result(self):
+        if not self.replies:
+            raise RoundAbortedError(
+                "no client returned an update this round", round=self.ctx.round, stage="input"
+            )
+        contributors = tuple(sorted(self.replies))
+        sums = {}
+        for spec in self.ctx.specs:
+            total = np.zeros(spec.shape)
+            for c in contributors:
+                total += self.replies[c][spec.name]
+            sums[spec.name] = total
+        return sums, contributors
+
+
+@dataclass
+class _PlainClient(ClientSession):
+    sums: dict[str, np.ndarray]
+
+    def respond(self, stage, message):
+        return self.sums
+
+
+class PlainSum(Aggregator):
+    """No protection: each client sends its sum-fields in plain and the server adds them.
+
+    Trust model: none. The server sees every client's sum-fields exactly (this is the
+    attack surface the ``attacks`` package measures). Used when the stack has no aggregator.
+    """
+
+    secure = False
+    stages = ("input",)
+
+    def server_session(self, ctx):
+        return _PlainServer(ctx)
+
+    def client_session(self, client, ctx, sums):
+        return _PlainClient(sums)
+
+
+def validate_stack(protection, algorithm=None) -> tuple[list[Layer], Aggregator]:
+    """Check a ``protection=[...]`` list and return (layers, aggregator).
+
+    Rules: every item is a :class:`Layer`; at most one aggregator; client-side layers
+    (noise, rounding, suppression) come before the aggregator and server-side layers after
+    it; each layer then checks its own constraints (e.g. distributed noise needs a secure
+    aggregator). Errors say what to change.
+    """
+    if protection is None:
+        protection = []
+    if isinstance(protection, Layer):
+        protection = [protection]
+    if not isinstance(protection, (list, tuple)):
+        raise ProtectionConfigError(
+            f"protection must be a list of layers, got {type(protection).__name__}; "
+            "e.g. protection=[GaussianDP(epsilon=1, delta=1e-5, clip=1.0), PairwiseMasking()]."
+        )
+    layers = list(protection)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, Layer):
+            hint = " (did you pass the class instead of an instance? add ())" if isinstance(layer, type) else ""
+            raise ProtectionConfigError(
+                f"protection[{i}] is {layer!r}, not a protection layer{hint}. Layers come from "
+                "the `protocols` package: PairwiseMasking, Paillier, GaussianDP, Rounding, "
+                "ParticipationCap, MinClusterSize."
+            )
+        if layer.side not in SIDES:
+            raise ProtectionConfigError(f"{layer.name}.side must be one of {SIDES}, got {layer.side!r}.")
+    aggregators = [i for i, layer in enumerate(layers) if layer.side == "aggregator"]
+    if len(aggregators) > 1:
+        names = ", ".join(layers[i].name for i in aggregators)
+        raise ProtectionConfigError(
+            f"protection has {len(aggregators)} aggregators ({names}); keep exactly one "
+            "(pairwise masking and Paillier both produce the sum, they do not stack)."
+        )
+    if aggregators:
+        pos = aggregators[0]
+        for i, layer in enumerate(layers):
+            if layer.side == "client" and i > pos:
+                raise ProtectionConfigError(
+                    f"{layer.name} acts on each client's message but comes after the aggregator "
+                    f"{layers[pos].name} in protection; move it before {layers[pos].name} "
+                    "(noise and rounding must be applied before the values are aggregated)."
+                )
+            if layer.side == "server" and i < pos:
+                raise ProtectionConfigError(
+                    f"{layer.name} post-processes the aggregate but comes before the aggregator "
+                    f"{layers[pos].name}; move it after {layers[pos].name}."
+                )
+        aggregator = layers[pos]
+    else:
+        aggregator = PlainSum()
+    seen: dict[type, int] = {}
+    for layer in layers:
+        seen[type(layer)] = seen.get(type(layer), 0) + 1
+        if seen[type(layer)] > 1 and not getattr(layer, "allow_repeat", False):
+            raise ProtectionConfigError(
+                f"{layer.name} appears twice in protection; configure one instance instead."
+            )
+    for layer in layers:
+        if layer.requires_secure_aggregator and not aggregator.secure:
+            raise ProtectionConfigError(
+                f"{layer!r} needs a secure aggregator; add PairwiseMasking() or Paillier() "
+                "after it in protection."
+            )
+        layer.validate_stack(layers, algorithm)
+    return layers, aggregator

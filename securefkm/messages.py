@@ -1,0 +1,180 @@
+"""The messages of one federated round: what the server broadcasts, what a client returns.
+
+These small types are the contract between algorithms (``securefkm.algorithms``), the
+runtime (``securefkm.federation``), protection layers (``protocols``) and attacks
+(``attacks``). See ``docs/architecture.md``.
+
+An :class:`Update` has two kinds of fields, and the kind decides which protections apply:
+
+* **sum-fields** (``Update.sums``): the server only needs their sum over the clients of a
+  round (per-cluster counts, coordinate sums, inertia, fuzzy numerators), so secure
+  aggregation and distributed noise apply. Their layout is declared *before* any client
+  computes anything by :class:`FieldSpec` s, so that protocols can size vectors, check the
+  fixed-point range and calibrate noise without looking at data.
+* **set-fields** (``Update.items``): the server needs each client's own items (a list of
+  local centres and their sizes). Only client-side layers (suppression, rounding, local
+  noise) protect them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from .exceptions import InputError
+
+FieldKind = Literal["count", "sum", "score", "value"]
+
+#: What one record can change in a field, used by DP layers and by the fixed-point codec:
+#:
+#: * ``count`` -- each record adds a non-negative weight to the cells, at most 1 in total
+#:   (crisp cluster counts, sums of fuzzy memberships u^m). L2 sensitivity 1.
+#: * ``sum``   -- each record adds ``w_j * x`` to row j with ``sum_j w_j <= 1`` (coordinate sums,
+#:   fuzzy numerators). L2 sensitivity ``max ||x||`` (the clipping norm).
+#: * ``score`` -- each record adds a squared distance to a centre (inertia, fuzzy spreads).
+#:   Sensitivity ``(2 * max ||x||)**2`` when centres lie in the same ball.
+#: * ``value`` -- anything else (a client's local centre coordinates, a client count): no
+#:   record-level bound; record-level DP refuses such a field.
+FIELD_KINDS: tuple[str, ...] = ("count", "sum", "score", "value")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Layout of one sum-field, known before any client computes.
+
+    ``integer`` marks fields whose per-client values are whole numbers (crisp counts): the
+    codec then encodes them without fractional bits and secure sums are bit-exact.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    kind: FieldKind
+    integer: bool = False
+
+    def __post_init__(self):
+        if self.kind not in FIELD_KINDS:
+            raise InputError(f"FieldSpec.kind must be one of {FIELD_KINDS}, got {self.kind!r}.")
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _canonical(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return {"__nd__": obj.dtype.str, "shape": list(obj.shape), "data": obj.tobytes().hex()}
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj).hex()
+    if isinstance(obj, float):
+        return obj.hex()
+    return obj
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What the server sends to a client at the start of a round.
+
+    ``action`` names what the client must compute (``"train"``, ``"score"``,
+    ``"init.kmeans++"`` ...); ``centres`` are the current global centres (or ``None``);
+    ``params`` are JSON-able scalars the client needs. ``sample`` tells the runtime whom to
+    ask: ``None`` (the run's ``clients_per_round``), ``"all"``, ``"one"``, an int count or a
+    float fraction.
+    """
+
+    action: str
+    centres: np.ndarray | None = None
+    params: dict = field(default_factory=dict)
+    sample: Any = None
+
+    def digest(self) -> bytes:
+        """SHA-256 over a canonical encoding of everything a client acts on.
+
+        Secure-aggregation layers bind their masks to this digest so that a server that
+        sends different broadcasts to different clients cannot decode the aggregate.
+        """
+        payload = {"action": self.action, "centres": self.centres, "params": self.params}
+        data = json.dumps(_canonical(payload), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(data.encode()).digest()
+
+
+@dataclass
+class Update:
+    """A client's reply: sum-fields (summed over clients) and set-fields (kept per client)."""
+
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    items: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class AggregatedUpdate:
+    """What the server has after a round's aggregation and server-side layers.
+
+    ``sums`` holds the sum over ``contributors`` of each sum-field (decoded, possibly with
+    DP noise); ``items`` maps a contributing client id to its set-fields.
+    ``n_contributors`` is known to the server under every aggregator (secure aggregation
+    reveals who survived, not what they sent).
+    """
+
+    sums: dict[str, np.ndarray]
+    items: dict[int, dict[str, np.ndarray]]
+    contributors: tuple[int, ...]
+    specs: tuple[FieldSpec, ...] = ()
+
+    @property
+    def n_contributors(self) -> int:
+        return len(self.contributors)
+
+
+def zeros_like_specs(specs: tuple[FieldSpec, ...]) -> dict[str, np.ndarray]:
+    return {s.name: np.zeros(s.shape) for s in specs}
+
+
+def check_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> None:
+    """Raise if a client's sum-fields do not match the declared layout (an algorithm bug)."""
+    names = {s.name for s in specs}
+    if set(sums) != names:
+        raise InputError(
+            f"update sum-fields {sorted(sums)} do not match the declared fields {sorted(names)}."
+        )
+    for s in specs:
+        if np.shape(sums[s.name]) != s.shape:
+            raise InputError(
+                f"sum-field {s.name!r} has shape {np.shape(sums[s.name])}, declared {s.shape}."
+            )
+
+
+def flatten_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> np.ndarray:
+    """Concatenate sum-fields into one float64 vector in the declared order."""
+    if not specs:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(sums[s.name], dtype=np.float64).ravel() for s in specs])
+
+
+def unflatten_sums(vector: np.ndarray, specs: tuple[FieldSpec, ...]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`flatten_sums`."""
+    out, offset = {}, 0
+    for s in specs:
+        out[s.name] = np.asarray(vector[offset : offset + s.size]).reshape(s.shape)
+        offset += s.size
+    if offset != len(vector):
+        raise InputError(f"vector of length {len(vector)} does not match fields of total size {offset}.")
+    return out
+
+
+def field_slices(specs: tuple[FieldSpec, ...]) -> dict[str, slice]:
+    """Position of each field in the flattened vector."""
+    out, offset = {}, 0
+    for s in specs:
+        out[s.name] = slice(offset, offset + s.size)
+        offset += s.size
+    return out
