@@ -64,16 +64,24 @@ class Algorithm(ABC):
         """Layout of the sum-fields clients return for ``broadcast``."""
 
     @abstractmethod
-    def client_update(self, X: np.ndarray, broadcast: Broadcast, rng: np.random.Generator | None) -> Update:
-        """A client's computation on its own records."""
+    def client_update(
+        self, X: np.ndarray, broadcast: Broadcast, rng: np.random.Generator | None, memory: dict | None = None
+    ) -> Update:
+        """A client's computation on its own records.
 
-    def client_updates(self, datas, broadcast: Broadcast, rngs) -> list[Update]:
+        ``memory`` is a dict private to this client that persists across rounds (in a
+        deployment: the node's persistent state). Algorithms whose clients must remember
+        something between rounds (e.g. their local centres in a secure mode) keep it there;
+        the server never sees it.
+        """
+
+    def client_updates(self, datas, broadcast: Broadcast, rngs, memories) -> list[Update]:
         """Several clients that received the same broadcast (simulation fast path).
 
         Override with a vectorised version when the per-client loop dominates a round;
         results must equal the loop exactly.
         """
-        return [self.client_update(X, broadcast, r) for X, r in zip(datas, rngs)]
+        return [self.client_update(X, broadcast, r, m) for X, r, m in zip(datas, rngs, memories)]
 
     @abstractmethod
     def aggregate(self, state: AlgorithmState, agg: AggregatedUpdate) -> AlgorithmState:

@@ -69,6 +69,11 @@ class ClientRuntime:
         self.session = None
 
     @property
+    def memory(self) -> dict:
+        """The algorithm's private per-client memory (inside the client's persistent state)."""
+        return self.context.state.setdefault("algorithm", {})
+
+    @property
     def client_id(self) -> int:
         return self.context.client_id
 
@@ -112,7 +117,7 @@ class ClientRuntime:
         if stage == UPDATE_STAGE:
             ctx = self.round_context(message)
             X = self.prepared_data(ctx)
-            update = self.algorithm.client_update(X, message.broadcast, self.rng(message))
+            update = self.algorithm.client_update(X, message.broadcast, self.rng(message), self.memory)
             return self.finish_update(update, ctx)
         if self.session is None:
             raise RuntimeError(f"client {self.client_id} got stage {stage!r} without an open round")
@@ -131,5 +136,5 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
     ctx = clients[0].round_context(request)
     datas = [c.prepared_data(ctx) for c in clients]
     rngs = [c.rng(request) for c in clients]
-    updates = algorithm.client_updates(datas, request.broadcast, rngs)
+    updates = algorithm.client_updates(datas, request.broadcast, rngs, [c.memory for c in clients])
     return [c.finish_update(u, ctx) for c, u in zip(clients, updates)]

@@ -1,0 +1,152 @@
+"""Vectorised k-means kernels shared by every algorithm (clients and servers).
+
+No per-record Python loops: distances are one BLAS product, per-cluster sums one
+``bincount`` per column (or a sparse product for wide data), and several clients can be
+processed in one pass by offsetting their labels (``segment`` ids ``client * k + label``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+from sklearn.cluster import KMeans, kmeans_plusplus
+
+from ..exceptions import InputError
+
+
+def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances (n, k) via ||x||^2 - 2 x.c + ||c||^2, floored at 0."""
+    d = np.einsum("ij,ij->i", X, X)[:, None] - 2.0 * (X @ C.T) + np.einsum("ij,ij->i", C, C)[None, :]
+    np.maximum(d, 0.0, out=d)
+    return d
+
+
+def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centre of each record (ties go to the lowest index) and its squared distance."""
+    d = sq_distances(X, C)
+    labels = np.argmin(d, axis=1)
+    return labels, d[np.arange(len(X)), labels]
+
+
+def segment_sums(segments: np.ndarray, X: np.ndarray, n_segments: int, weights: np.ndarray | None = None):
+    """Per-segment sums of rows of X (optionally weighted) and per-segment total weights."""
+    w = np.ones(len(X)) if weights is None else weights
+    counts = np.bincount(segments, weights=w, minlength=n_segments)
+    if X.shape[1] <= 64:
+        sums = np.empty((n_segments, X.shape[1]))
+        for j in range(X.shape[1]):
+            sums[:, j] = np.bincount(segments, weights=X[:, j] * w if weights is not None else X[:, j], minlength=n_segments)
+    else:
+        m = sparse.csr_matrix((w, (segments, np.arange(len(X)))), shape=(n_segments, len(X)))
+        sums = np.asarray(m @ X)
+    return sums, counts
+
+
+def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):
+    """Coordinate sums (k, d) and counts (k,) of each cluster."""
+    return segment_sums(labels, X, k, weights)
+
+
+def lloyd_step(X: np.ndarray, C: np.ndarray):
+    """One Lloyd iteration without relocation: an empty cluster keeps its centre.
+
+    Returns (new centres, counts w.r.t. ``C``, coordinate sums w.r.t. ``C``, labels).
+    """
+    labels, _ = assign(X, C)
+    sums, counts = cluster_sums(X, labels, len(C))
+    new = C.copy()
+    nz = counts > 0
+    new[nz] = sums[nz] / counts[nz, None]
+    return new, counts, sums, labels
+
+
+def local_lloyd(X: np.ndarray, C: np.ndarray, max_steps: int, tol: float = 0.0):
+    """Up to ``max_steps`` Lloyd iterations from ``C`` on one client's records, no relocation.
+
+    Returns (local centres, counts and sums of the *first* assignment, i.e. w.r.t. the
+    received centres ``C`` -- the weights of DWF eq. 7).
+    """
+    new, counts0, sums0, _ = lloyd_step(X, C)
+    current = new
+    for _ in range(max_steps - 1):
+        prev = current
+        current, _, _, _ = lloyd_step(X, prev)
+        if np.linalg.norm(current - prev) < tol:
+            break
+    return current, counts0, sums0
+
+
+def seed_kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, sample_weight=None) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007) via scikit-learn's implementation."""
+    if len(X) < k:
+        raise InputError(f"k-means++ needs at least n_clusters={k} records, the client has {len(X)}.")
+    centres, _ = kmeans_plusplus(
+        X, k, random_state=int(rng.integers(2**31 - 1)), sample_weight=sample_weight
+    )
+    return centres
+
+
+def weighted_kmeans(
+    points: np.ndarray,
+    k: int,
+    rng: np.random.Generator,
+    weights: np.ndarray | None = None,
+    n_init: int = 10,
+    max_iter: int = 300,
+    init="k-means++",
+) -> np.ndarray:
+    """Server-side (weighted) k-means over a set of points, e.g. clients' local centres.
+
+    scikit-learn's Lloyd with ``sample_weight`` minimises Garst & Reinders' eq. 1,
+    sum_j S_j min_i ||C_j - C_i||^2. With fewer distinct points than ``k`` the points
+    themselves are returned, padded by repeating (k-means is undefined there).
+    """
+    points = np.asarray(points, dtype=np.float64)
+    if len(points) == 0:
+        raise InputError("server k-means got no points (every client sent an empty set).")
+    if len(np.unique(points, axis=0)) <= k:
+        idx = np.arange(k) % len(points)
+        return points[idx].copy()
+    km = KMeans(
+        n_clusters=k,
+        init=init,
+        n_init=n_init if isinstance(init, str) else 1,
+        max_iter=max_iter,
+        random_state=int(rng.integers(2**31 - 1)),
+    )
+    km.fit(points, sample_weight=weights)
+    return km.cluster_centers_
+
+
+def local_kmeans(X: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 1, max_iter: int = 300):
+    """A client's own k-means (k-FED's local step, Dennis et al. 2021): centres and sizes.
+
+    ``k`` is capped at the number of distinct records (a client with 3 records cannot hold 5
+    clusters). Sizes count the records assigned to each returned centre.
+    """
+    k_eff = min(k, len(np.unique(X, axis=0)))
+    km = KMeans(n_clusters=k_eff, n_init=n_init, max_iter=max_iter, random_state=int(rng.integers(2**31 - 1)))
+    km.fit(X)
+    sizes = np.bincount(km.labels_, minlength=k_eff).astype(np.float64)
+    return km.cluster_centers_, sizes
+
+
+def uniform_in_bounds(bounds, k: int, n_features: int, rng: np.random.Generator) -> np.ndarray:
+    """k centres uniform in a declared box: data-independent, so safe under any protection."""
+    low, high = _check_bounds(bounds, n_features)
+    return low + (high - low) * rng.random((k, n_features))
+
+
+def _check_bounds(bounds, n_features: int):
+    try:
+        low, high = bounds
+        low = np.broadcast_to(np.asarray(low, dtype=np.float64), (n_features,))
+        high = np.broadcast_to(np.asarray(high, dtype=np.float64), (n_features,))
+    except (TypeError, ValueError):
+        raise InputError(
+            "init_bounds must be (low, high) with scalars or arrays of length n_features, "
+            f"got {bounds!r}."
+        ) from None
+    if not np.all(high > low):
+        raise InputError(f"init_bounds needs high > low in every feature, got {bounds!r}.")
+    return low, high

@@ -1,0 +1,224 @@
+"""Dynamically / equally weighted federated k-means (Holzer, Jacob & Kavane 2023).
+
+Each round the server broadcasts the global centres C^(t); each sampled client runs up to
+``max_local_steps`` Lloyd steps from them (Algorithm 2, LocalUpdate), and returns
+
+* DWF (``weighting="dynamic"``): the weights omega_ij = |{x in X_i assigned to c_j^(t)}|
+  of eq. 7 and the weighted local centres omega_ij * c_ij;
+* EWF (``weighting="equal"``): its local centres c_ij (eq. 8: omega_ij = 1/|I_t|).
+
+The server forms d_j = sum_i lambda_ij c_ij with lambda_ij from eq. 4 -- including its
+zero-weight fallback lambda_ij = 1/|I_t| when sum_i omega_ij = 0 -- and moves the centres
+with learning rate eta and momentum mu (eq. 6):
+
+    c^(t+1) = c^(t) + eta (d^(t+1) - c^(t)) + mu (c^(t) - c^(t-1)).
+
+Empty clusters are not relocated (sec. 2.4). With one local step, full participation,
+eta = 1 and mu = 0 this is exactly Lloyd's algorithm on the pooled data (eq. 2).
+
+Everything the server needs is a sum over clients, so DWF/EWF run under secure
+aggregation. With ``max_local_steps=1`` the weighted centres are plain coordinate sums
+(FieldSpec kind ``"sum"``), which gives record-level DP a bounded sensitivity; with more
+local steps they are not, and record-level DP refuses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .._validation import check_choice, check_float, check_int
+from ..exceptions import InputError
+from ..federation.convergence import frobenius_movement, has_converged
+from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
+from . import _seeding
+from ._kmeans import assign, local_lloyd, segment_sums
+from .base import Algorithm, AlgorithmState
+
+
+class WeightedFederatedKMeansAlgorithm(Algorithm):
+    """Server and client logic of DWF / EWF k-means (Holzer et al. 2023, Algorithms 1-4)."""
+
+    name = "dwf"
+    needs_client_rng = True  # only seeding rounds draw random numbers
+
+    def __init__(
+        self,
+        n_clusters: int,
+        *,
+        weighting: str = "dynamic",
+        learning_rate: float = 1.0,
+        momentum: float = 0.0,
+        max_local_steps: int = 1,
+        local_tol: float = 0.0,
+        tol: float = 1e-6,
+        patience: int | None = None,
+        init="k-means++",
+        init_bounds=None,
+        score_round: bool = False,
+    ):
+        self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
+        self.weighting = check_choice(weighting, "weighting", ("dynamic", "equal"))
+        self.learning_rate = check_float(learning_rate, "learning_rate", minimum=0.0, maximum=1.0, min_inclusive=False)
+        self.momentum = check_float(momentum, "momentum", minimum=0.0, maximum=1.0, max_inclusive=False)
+        self.max_local_steps = check_int(max_local_steps, "max_local_steps", minimum=1)
+        self.local_tol = check_float(local_tol, "local_tol", minimum=0.0)
+        self.tol = check_float(tol, "tol", minimum=0.0)
+        self.patience = None if patience is None else check_int(patience, "patience", minimum=1)
+        if not isinstance(init, np.ndarray):
+            check_choice(init, "init", _seeding.INIT_CHOICES)
+        self.init_ = init
+        self.init_bounds = init_bounds
+        self.score_round = bool(score_round)
+        self.name = "dwf" if weighting == "dynamic" else "ewf"
+
+    # ----------------------------------------------------------------- server
+    def init(self, n_clients, n_features, rng):
+        centres = _seeding.initial_centres(self.init_, self.n_clusters, n_features, rng, self.init_bounds)
+        phase = "train" if centres is not None else "init"
+        state = AlgorithmState(centres=centres, phase=phase)
+        state.extra.update(rng=rng, prev=None if centres is None else centres.copy(), seed_attempts=0, n_clients=n_clients)
+        return state
+
+    def configure(self, state, round):
+        if state.phase == "init":
+            return _seeding.seeding_broadcast(self.init_, self.n_clusters)
+        if state.phase == "score":
+            return Broadcast(action="score", centres=state.centres, sample="all")
+        return Broadcast(
+            action="train",
+            centres=state.centres,
+            params={"max_local_steps": self.max_local_steps, "local_tol": self.local_tol, "weighting": self.weighting},
+        )
+
+    def sum_fields(self, broadcast):
+        k, d = self.n_clusters, self._d(broadcast)
+        if broadcast.action == "train":
+            if self.weighting == "equal":
+                return (FieldSpec("centres", (k, d), "value"),)
+            kind = "sum" if self.max_local_steps == 1 else "value"
+            specs = (
+                FieldSpec("weights", (k,), "count", integer=True),
+                FieldSpec("weighted_centres", (k, d), kind),
+            )
+            if self.max_local_steps > 1:  # eq. 4 fallback needs the unweighted local centres
+                specs += (FieldSpec("centres", (k, d), "value"),)
+            return specs
+        if broadcast.action == "score":
+            return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))
+        return ()
+
+    @staticmethod
+    def _d(broadcast):
+        return 0 if broadcast.centres is None else broadcast.centres.shape[1]
+
+    def aggregate(self, state, agg: AggregatedUpdate):
+        rng = state.extra["rng"]
+        if state.phase == "init":
+            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
+            if centres is None:
+                attempts = state.extra["seed_attempts"] + 1
+                if attempts >= 3 * state.extra["n_clients"]:
+                    raise InputError(
+                        f"init={self.init_!r}: no sampled client holds n_clusters={self.n_clusters} "
+                        "records; lower n_clusters or use init='kfed' or init='uniform'."
+                    )
+                return replace(state, extra={**state.extra, "seed_attempts": attempts})
+            return replace(state, centres=centres, phase="train", extra={**state.extra, "prev": centres.copy()})
+        if state.phase == "score":
+            s = agg.sums
+            count = float(s["count"][0])
+            score = float(s["inertia"][0]) / count if count > 0 else float("inf")
+            return replace(state, score=score, phase="done")
+        return self._train_aggregate(state, agg)
+
+    def _train_aggregate(self, state, agg):
+        C, C_old = state.centres, state.extra["prev"]
+        n = agg.n_contributors
+        s = agg.sums
+        if self.weighting == "equal":
+            D = s["centres"] / n  # eq. 8: lambda_ij = 1/|I_t|
+        else:
+            w = s["weights"]
+            D = np.empty_like(C)
+            nz = w > 0
+            D[nz] = s["weighted_centres"][nz] / w[nz, None]  # eq. 3-4, sum of weights > 0
+            # eq. 4 fallback: lambda = 1/|I_t|. With one local step and no relocation an
+            # empty cluster's local centre is the broadcast centre, so the mean is C_j.
+            D[~nz] = s["centres"][~nz] / n if "centres" in s else C[~nz]
+        new = C + self.learning_rate * (D - C) + self.momentum * (C - C_old)  # eq. 6
+        movement = frobenius_movement(C, new)
+        movements = state.movements + [movement]
+        phase = "train"
+        if has_converged(movements, self.tol, self.patience):
+            phase = "score" if self.score_round else "done"
+        return replace(
+            state,
+            centres=new,
+            phase=phase,
+            round=state.round + 1,
+            movements=movements,
+            extra={**state.extra, "prev": C},
+        )
+
+    def close(self, state):
+        """Called when max_rounds is reached: skip to the score request, if any."""
+        if state.phase in ("train", "init"):
+            if state.centres is None:
+                raise InputError("max_rounds ended before any client could seed the centres.")
+            return replace(state, phase="score" if self.score_round else "done")
+        return state
+
+    def converged(self, state):
+        return state.phase == "done"
+
+    def planned_rounds(self, max_rounds):
+        return max_rounds + (1 if self.score_round else 0) + (1 if not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS else 0)
+
+    # ----------------------------------------------------------------- client
+    def client_update(self, X, broadcast, rng, memory=None):
+        action = broadcast.action
+        if action.startswith("init."):
+            return _seeding.seeding_client_update(X, broadcast, rng)
+        C = broadcast.centres
+        if action == "score":
+            _, d2 = assign(X, C)
+            return Update(sums={"inertia": np.array([d2.sum()]), "count": np.array([float(len(X))])})
+        if action != "train":
+            raise InputError(f"DWF client got unknown action {action!r}")
+        if broadcast.params["max_local_steps"] == 1:
+            return self.client_updates([X], broadcast, [rng], [memory])[0]
+        local, counts, _ = local_lloyd(X, C, broadcast.params["max_local_steps"], broadcast.params["local_tol"])
+        if self.weighting == "equal":
+            return Update(sums={"centres": local})
+        return Update(sums={"weights": counts, "weighted_centres": counts[:, None] * local, "centres": local})
+
+    def client_updates(self, datas, broadcast, rngs, memories=None):
+        """One-step training rounds for many clients in one vectorised pass."""
+        if broadcast.action != "train" or broadcast.params["max_local_steps"] != 1:
+            return [self.client_update(X, broadcast, r) for X, r in zip(datas, rngs)]
+        C = broadcast.centres
+        k = len(C)
+        sizes = np.fromiter((len(X) for X in datas), dtype=np.int64, count=len(datas))
+        X_all = np.concatenate(datas) if len(datas) > 1 else datas[0]
+        labels, _ = assign(X_all, C)
+        segments = np.repeat(np.arange(len(datas)) * k, sizes) + labels
+        sums, counts = segment_sums(segments, X_all, len(datas) * k)
+        sums = sums.reshape(len(datas), k, -1)
+        counts = counts.reshape(len(datas), k)
+        out = []
+        for i in range(len(datas)):
+            if self.weighting == "equal":
+                local = C.copy()
+                nz = counts[i] > 0
+                local[nz] = sums[i][nz] / counts[i][nz, None]
+                out.append(Update(sums={"centres": local}))
+            else:
+                out.append(Update(sums={"weights": counts[i], "weighted_centres": sums[i]}))
+        return out
+
+    def describe_server_view(self):
+        if self.weighting == "equal":
+            return "each client's local centres (k x d) per round"
+        return "each client's per-cluster counts and coordinate sums per round"

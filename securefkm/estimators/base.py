@@ -1,0 +1,149 @@
+"""scikit-learn style estimators over the federation runtime.
+
+Every estimator stores its constructor parameters unchanged (scikit-learn convention) and
+validates them in :meth:`fit`. ``fit`` takes a :class:`~securefkm.datasets.FederatedDataset`
+or a list of per-client arrays and runs the rounds in process (the simulation transport);
+``labels_`` and ``inertia_`` are then computed for the pooled order of the records (client
+0's records first), which in a deployment each client would compute for itself.
+
+Fitted attributes: ``cluster_centers_``, ``labels_``, ``inertia_``, ``n_iter_`` (training
+rounds of the chosen run), ``transcript_`` (what the server saw), ``protection_report_``
+and, under differential privacy, ``privacy_spent_`` = (epsilon, delta).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
+
+from .._validation import check_array, check_int, check_random_state
+from ..algorithms import _seeding
+from ..algorithms._kmeans import assign, sq_distances
+from ..datasets import as_federated
+from ..exceptions import InputError, ProtectionConfigError
+from ..federation import Federation, clone_layers
+
+
+class UnprotectedInitWarning(UserWarning):
+    """An init that sends client data in plain was chosen explicitly under protection."""
+
+
+def resolve_init(init, protection, init_bounds, default_plain="k-means++"):
+    """Pick the seeding method, refusing plain-data seeding under protection by default.
+
+    ``init="auto"`` means ``default_plain`` without protection and a protected seeding
+    ("uniform" over ``init_bounds``) with protection. An explicit plain init under
+    protection is honoured with a warning: the user asked for it.
+    """
+    protected = bool(protection)
+    if isinstance(init, str) and init == "auto":
+        if not protected:
+            return default_plain
+        if init_bounds is None:
+            raise ProtectionConfigError(
+                "under protection the first centres must not come from a client's raw records "
+                "(k-means++ / random / k-FED seeding send exactly that). Pass init_bounds=(low, high) "
+                "for a data-independent uniform start, pass init=<array of centres>, or pass "
+                "init='k-means++' explicitly to accept that leak."
+            )
+        return "uniform"
+    if isinstance(init, str):
+        if init not in _seeding.INIT_CHOICES:
+            raise InputError(f"init must be 'auto', one of {_seeding.INIT_CHOICES} or an array, got {init!r}.")
+        if protected and init in _seeding.PLAIN_INITS:
+            warnings.warn(
+                f"init={init!r} sends client-derived centres to the server in plain, outside the "
+                "protection stack; use init_bounds (init='uniform') for a protected start.",
+                UnprotectedInitWarning,
+                stacklevel=3,
+            )
+        return init
+    return init
+
+
+class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
+    """Shared machinery: fit through a Federation, then the scikit-learn surface."""
+
+    #: parameters that every estimator has (subclasses add their algorithm's own)
+    def _make_algorithm(self, n_features: int, n_clients: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _n_runs(self) -> int:
+        return 1
+
+    def _select_run(self, states):
+        """Index of the run to keep (DWF picks the lowest federated score)."""
+        scores = [s.score if s.score is not None else np.inf for s in states]
+        return int(np.argmin(scores))
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X, y=None):
+        data = as_federated(X)
+        n_clusters = check_int(self.n_clusters, "n_clusters", minimum=1)
+        if n_clusters > data.n_samples:
+            raise InputError(
+                f"n_clusters={n_clusters} is larger than the number of records ({data.n_samples}); "
+                "lower n_clusters."
+            )
+        rng = check_random_state(self.random_state)
+        seed = int(rng.integers(2**63 - 1))
+        verbose = check_int(self.verbose, "verbose", minimum=0)
+        algorithm = self._make_algorithm(data.n_features, data.n_clients)
+        federation = Federation(
+            algorithm,
+            data.clients,
+            protection=clone_layers(self.protection),
+            clients_per_round=self.clients_per_round,
+            dropout_rate=self.dropout_rate,
+            max_rounds=self.max_rounds,
+            n_runs=self._n_runs(),
+            random_state=seed,
+            verbose=verbose,
+        )
+        states = [federation.run(r) for r in range(self._n_runs())]
+        best = states[self._select_run(states)] if len(states) > 1 else states[0]
+        self._set_fitted(data, algorithm, federation, best)
+        return self
+
+    def _set_fitted(self, data, algorithm, federation, state):
+        self.cluster_centers_ = np.asarray(state.centres, dtype=np.float64)
+        self.n_features_in_ = data.n_features
+        self.n_iter_ = int(state.round)
+        pooled = data.pooled()
+        labels, d2 = assign(pooled, self.cluster_centers_)
+        self.labels_ = labels
+        self.inertia_ = float(d2.sum())
+        self.federated_score_ = state.score
+        self.transcript_ = federation.transcript
+        self.algorithm_ = algorithm
+        self.protection_report_ = {layer.name: layer.report() for layer in federation.layers}
+        spent = federation.privacy_spent()
+        if spent is not None:
+            self.privacy_spent_ = spent
+
+    # -------------------------------------------------------------- predict
+    def _check_X(self, X):
+        check_is_fitted(self, "cluster_centers_")
+        X = check_array(X, "X")
+        if X.shape[1] != self.n_features_in_:
+            raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}.")
+        return X
+
+    def predict(self, X):
+        """Index of the nearest centre for each record of X (a 2-D array)."""
+        return assign(self._check_X(X), self.cluster_centers_)[0]
+
+    def fit_predict(self, X, y=None):
+        """Fit on a federation and return ``labels_`` (pooled order)."""
+        return self.fit(X).labels_
+
+    def transform(self, X):
+        """Euclidean distance of each record to each centre."""
+        return np.sqrt(sq_distances(self._check_X(X), self.cluster_centers_))
+
+    def score(self, X, y=None):
+        """Opposite of the inertia of X (scikit-learn convention: higher is better)."""
+        return -float(assign(self._check_X(X), self.cluster_centers_)[1].sum())

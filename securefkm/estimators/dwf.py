@@ -1,0 +1,106 @@
+"""Estimator for DWF / EWF k-means (Holzer et al. 2023)."""
+
+from __future__ import annotations
+
+from .._validation import check_int
+from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from .base import FederatedClusterer, resolve_init
+
+
+class WeightedFederatedKMeans(FederatedClusterer):
+    """Dynamically (DWF) or equally (EWF) weighted federated k-means.
+
+    Parameters
+    ----------
+    n_clusters : int
+    weighting : {"dynamic", "equal"}
+        "dynamic" weights each client's local centre by its cluster count (eq. 7, DWF);
+        "equal" weights clients equally (eq. 8, EWF).
+    learning_rate, momentum : float
+        eta in (0, 1] and mu in [0, 1) of eq. 6. The paper's experiments use 0.01 and 0.8
+        with 5 local steps; learning_rate=1, momentum=0 and one local step is exact
+        distributed Lloyd.
+    max_local_steps : int
+        Lloyd steps each client runs per round (Algorithm 2).
+    clients_per_round : int or float
+        Clients sampled per round: a count or a fraction of all clients.
+    max_rounds : int
+        Maximal global rounds per run (max_global).
+    tol : float
+        Stop when the Frobenius movement of the centres is below tol.
+    patience : int or None
+        Also stop when the movement did not decrease over the last ``patience`` rounds
+        (the paper's N_steps = 300).
+    n_init : int
+        Runs from different seeds; the run with the lowest federated score (a final
+        sum-only score request to all clients, Algorithm 4) is kept.
+    init : "auto", "k-means++", "random", "kfed", "uniform" or array (n_clusters, n_features)
+        "auto" is k-means++ on a random client without protection and a data-independent
+        start within ``init_bounds`` under protection.
+    init_bounds : (low, high) or None
+        Declared data range, for init="uniform".
+    protection : list of layers
+        Protection stack (``protocols``); empty means plain sums.
+    dropout_rate : float or dict
+        Simulated dropouts (probability per client and round, or a schedule).
+    random_state, verbose
+    """
+
+    def __init__(
+        self,
+        n_clusters=8,
+        *,
+        weighting="dynamic",
+        learning_rate=1.0,
+        momentum=0.0,
+        max_local_steps=1,
+        clients_per_round=1.0,
+        max_rounds=300,
+        tol=1e-6,
+        patience=None,
+        n_init=1,
+        init="auto",
+        init_bounds=None,
+        protection=None,
+        dropout_rate=None,
+        random_state=None,
+        verbose=0,
+    ):
+        self.n_clusters = n_clusters
+        self.weighting = weighting
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.max_local_steps = max_local_steps
+        self.clients_per_round = clients_per_round
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.patience = patience
+        self.n_init = n_init
+        self.init = init
+        self.init_bounds = init_bounds
+        self.protection = protection
+        self.dropout_rate = dropout_rate
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _n_runs(self):
+        return check_int(self.n_init, "n_init", minimum=1)
+
+    def _make_algorithm(self, n_features, n_clients):
+        init = resolve_init(self.init, self.protection, self.init_bounds)
+        if not isinstance(init, str):
+            from .._validation import check_centres
+
+            init = check_centres(init, self.n_clusters, n_features)
+        return WeightedFederatedKMeansAlgorithm(
+            self.n_clusters,
+            weighting=self.weighting,
+            learning_rate=self.learning_rate,
+            momentum=self.momentum,
+            max_local_steps=self.max_local_steps,
+            tol=self.tol,
+            patience=self.patience,
+            init=init,
+            init_bounds=self.init_bounds,
+            score_round=self._n_runs() > 1,
+        )
