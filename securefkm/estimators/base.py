@@ -80,7 +80,14 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         return int(np.argmin(scores))
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, *, server_policy=None, transport=None):
+        """Run the federation on ``X`` (a FederatedDataset or a list of per-client arrays).
+
+        ``server_policy`` replaces the honest server's choice of participants and
+        broadcasts (used by the active attacks in ``attacks``); ``transport`` replaces the
+        in-process simulation (used by the Flower deployment, where ``X`` then only needs
+        to describe the clients' number of features, e.g. ``[np.empty((1, d))] * n``).
+        """
         data = as_federated(X)
         n_clusters = check_int(self.n_clusters, "n_clusters", minimum=1)
         if n_clusters > data.n_samples:
@@ -102,11 +109,19 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             n_runs=self._n_runs(),
             random_state=seed,
             verbose=verbose,
+            server_policy=server_policy,
+            **self._transport_kwargs(transport, data),
         )
         states = [federation.run(r) for r in range(self._n_runs())]
         best = states[self._select_run(states)] if len(states) > 1 else states[0]
         self._set_fitted(data, algorithm, federation, best)
         return self
+
+    @staticmethod
+    def _transport_kwargs(transport, data):
+        if transport is None:
+            return {}
+        return {"transport": transport, "n_features": data.n_features}
 
     def _set_fitted(self, data, algorithm, federation, state):
         self.cluster_centers_ = np.asarray(state.centres, dtype=np.float64)

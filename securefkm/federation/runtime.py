@@ -156,13 +156,13 @@ class Federation:
         self.rng = np.random.default_rng(server_seq)
         self.verbose = verbose
         self.policy = server_policy or ServerPolicy()
-        if transport is None:
+        if transport is None or clients is not None:
             if clients is None:
                 raise InputError("Federation needs client arrays or a transport.")
             n_clients = len(clients)
             n_features = clients[0].shape[1]
             sizes = tuple(len(x) for x in clients)
-        else:
+        if transport is not None:
             n_clients = len(transport.client_ids())
             sizes = None
             if n_features is None:
