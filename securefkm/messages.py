@@ -141,6 +141,8 @@ def zeros_like_specs(specs: tuple[FieldSpec, ...]) -> dict[str, np.ndarray]:
 
 def check_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> None:
     """Raise if a client's sum-fields do not match the declared layout (an algorithm bug)."""
+    if len(sums) == len(specs) and all(np.shape(sums.get(s.name)) == s.shape for s in specs):
+        return
     names = {s.name for s in specs}
     if set(sums) != names:
         raise InputError(

@@ -22,10 +22,28 @@ def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
 
 
 def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest centre of each record (ties go to the lowest index) and its squared distance."""
-    d = sq_distances(X, C)
-    labels = np.argmin(d, axis=1)
-    return labels, d[np.arange(len(X)), labels]
+    """Nearest centre of each record (ties go to the lowest index) and its squared distance.
+
+    ||x||^2 does not change the argmin, so it is added to the winning column only. For
+    few centres a running minimum over columns beats ``argmin`` along the short axis.
+    """
+    d = X @ (-2.0 * C.T)
+    d += np.einsum("ij,ij->i", C, C)[None, :]
+    k = d.shape[1]
+    if k <= 32:
+        best = d[:, 0].copy()
+        labels = np.zeros(len(X), dtype=np.intp)
+        for j in range(1, k):
+            col = d[:, j]
+            closer = col < best
+            np.copyto(best, col, where=closer)
+            labels[closer] = j
+    else:
+        labels = np.argmin(d, axis=1)
+        best = d[np.arange(len(X)), labels]
+    best += np.einsum("ij,ij->i", X, X)
+    np.maximum(best, 0.0, out=best)
+    return labels, best
 
 
 def segment_sums(segments: np.ndarray, X: np.ndarray, n_segments: int, weights: np.ndarray | None = None):

@@ -51,6 +51,11 @@ class Algorithm(ABC):
 
     n_clusters: int
 
+    def client_rng_needed(self, broadcast: Broadcast) -> bool:
+        """Whether clients need a random generator for ``broadcast`` (creating one per client
+        and round costs more than a whole vectorised k-means step)."""
+        return self.needs_client_rng
+
     @abstractmethod
     def init(self, n_clients: int, n_features: int, rng: np.random.Generator) -> AlgorithmState:
         """Initial server state (may hold no centres yet if a seeding phase comes first)."""

@@ -43,6 +43,9 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     name = "dwf"
     needs_client_rng = True  # only seeding rounds draw random numbers
 
+    def client_rng_needed(self, broadcast):
+        return broadcast.action.startswith("init.")
+
     def __init__(
         self,
         n_clusters: int,

@@ -90,7 +90,7 @@ class ClientRuntime:
         )
 
     def rng(self, req: UpdateRequest):
-        if not self.algorithm.needs_client_rng:
+        if not self.algorithm.client_rng_needed(req.broadcast):
             return None
         return np.random.default_rng(client_seed(self.info.random_state, req.run, req.round, self.client_id))
 
