@@ -1,0 +1,42 @@
+"""Benchmarks behind ``securefkm bench``. Not run in CI; their commands and outputs are in docs/."""
+
+from __future__ import annotations
+
+
+def main(args) -> None:
+    if args.bench == "speed":
+        from .speed import run
+
+        run(repeats=args.repeats)
+    elif args.bench == "quality":
+        if args.part in ("dwf", "all"):
+            from .quality import run
+
+            run(quick=args.quick, runs=args.runs)
+        if args.part in ("fuzzy", "all"):
+            from .quality_fuzzy import run as run_fuzzy
+
+            run_fuzzy(quick=args.quick)
+    elif args.bench == "protocols":
+        if args.part in ("masking", "all"):
+            from .protocols_masking import run as run_masking
+
+            run_masking(quick=args.quick) if _accepts_quick(run_masking) else run_masking()
+        if args.part in ("paillier", "all"):
+            from .protocols_paillier import run as run_paillier
+
+            run_paillier(quick=args.quick) if _accepts_quick(run_paillier) else run_paillier()
+        if args.part in ("dp", "all"):
+            from .protocols_dp import run as run_dp
+
+            run_dp(quick=args.quick)
+    elif args.bench == "attacks":
+        from attacks.bench import cli_run
+
+        cli_run(quick=args.quick, out=args.out, seeds=args.seeds)
+
+
+def _accepts_quick(fn) -> bool:
+    import inspect
+
+    return "quick" in inspect.signature(fn).parameters

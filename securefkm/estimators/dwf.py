@@ -35,8 +35,9 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Runs from different seeds; the run with the lowest federated score (a final
         sum-only score request to all clients, Algorithm 4) is kept.
     init : "auto", "k-means++", "random", "kfed", "uniform" or array (n_clusters, n_features)
-        "auto" is k-means++ on a random client without protection and a data-independent
-        start within ``init_bounds`` under protection.
+        "auto" is k-FED seeding without protection (the paper's suggestion, sec. 2.3: on
+        non-IID clients k-means++ on one random client puts every seed in that client's
+        blob) and a data-independent start within ``init_bounds`` under protection.
     init_bounds : (low, high) or None
         Declared data range, for init="uniform".
     protection : list of layers
@@ -87,7 +88,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         return check_int(self.n_init, "n_init", minimum=1)
 
     def _make_algorithm(self, n_features, n_clients):
-        init = resolve_init(self.init, self.protection, self.init_bounds)
+        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="kfed")
         if not isinstance(init, str):
             from .._validation import check_centres
 

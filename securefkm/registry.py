@@ -1,0 +1,84 @@
+"""Names for algorithms and protection layers, so the CLI, the benchmarks and the Flower app
+can build identical objects from a small JSON-able spec.
+
+    make_estimator("dwf", n_clusters=5, protection=[{"name": "masking"}])
+    make_protection(["min-cluster", {"name": "dp", "epsilon": 1, "delta": 1e-5, "clip": 2}])
+
+Classes are imported lazily: the core does not pay for what a spec does not name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .exceptions import InputError
+
+#: algorithm name -> (module, class, fixed parameters)
+ALGORITHMS: dict[str, tuple[str, str, dict]] = {
+    "dwf": ("securefkm.estimators.dwf", "WeightedFederatedKMeans", {"weighting": "dynamic"}),
+    "ewf": ("securefkm.estimators.dwf", "WeightedFederatedKMeans", {"weighting": "equal"}),
+    "minibatch": ("securefkm.estimators.minibatch", "MiniBatchFederatedKMeans", {}),
+    "aligning": ("securefkm.estimators.aligning", "AligningFederatedKMeans", {}),
+    "kfed": ("securefkm.estimators.oneshot", "OneShotFederatedKMeans", {"variant": "kfed"}),
+    "child-parent": ("securefkm.estimators.oneshot", "OneShotFederatedKMeans", {"variant": "child-parent"}),
+    "fcm": ("securefkm.estimators.fuzzy", "FederatedFuzzyCMeans", {"averaging": "kmeans"}),
+    "fcm-fedavg": ("securefkm.estimators.fuzzy", "FederatedFuzzyCMeans", {"averaging": "fedavg"}),
+}
+
+ALGORITHM_HELP = {
+    "dwf": "dynamically weighted federated k-means (Holzer et al. 2023)",
+    "ewf": "equally weighted federated k-means (Holzer et al. 2023)",
+    "minibatch": "mini-batch federated k-means (Triebe & Rajagopal 2019)",
+    "aligning": "federated k-means with server-side weighted k-means (Garst & Reinders)",
+    "kfed": "one-shot k-FED (Dennis et al. 2021)",
+    "child-parent": "one-shot child/parent k-means",
+    "fcm": "federated fuzzy c-means, k-means averaging (Stallmann & Wilbik 2022)",
+    "fcm-fedavg": "federated fuzzy c-means, federated averaging (Stallmann & Wilbik 2022)",
+}
+
+#: layer name -> (module, class)
+LAYERS: dict[str, tuple[str, str]] = {
+    "masking": ("protocols.masking", "PairwiseMasking"),
+    "paillier": ("protocols.paillier", "Paillier"),
+    "dp": ("protocols.dp", "GaussianDP"),
+    "rounding": ("protocols.rounding", "Rounding"),
+    "cap": ("protocols.participation", "ParticipationCap"),
+    "min-cluster": ("protocols.min_cluster", "MinClusterSize"),
+}
+
+
+def _load(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
+
+
+def estimator_class(name: str):
+    if name not in ALGORITHMS:
+        raise InputError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}.")
+    module, cls, fixed = ALGORITHMS[name]
+    return _load(module, cls), dict(fixed)
+
+
+def make_protection(specs) -> list:
+    """Layers from names or dicts ``{"name": ..., **params}``; layer objects pass through."""
+    if specs is None:
+        return []
+    layers = []
+    for spec in specs:
+        if not isinstance(spec, (str, dict)):
+            layers.append(spec)
+            continue
+        params: dict[str, Any] = {} if isinstance(spec, str) else dict(spec)
+        name = spec if isinstance(spec, str) else params.pop("name", None)
+        if name not in LAYERS:
+            raise InputError(f"unknown protection layer {name!r}; choose from {', '.join(LAYERS)}.")
+        layers.append(_load(*LAYERS[name])(**params))
+    return layers
+
+
+def make_estimator(name: str, protection=None, **params):
+    cls, fixed = estimator_class(name)
+    clash = set(fixed) & set(params)
+    if clash:
+        raise InputError(f"algorithm {name!r} fixes {sorted(clash)}; drop them from the parameters.")
+    return cls(**fixed, **params, protection=make_protection(protection))
