@@ -9,9 +9,19 @@
 ``"kfed"``         k-FED (Dennis et al. 2021) as a first round: sampled    local centres
                    clients send local k-means centres, the server runs
                    k-means over them (DWF paper sec. 2.3 suggests it)
+``"private"``      one round of *sum-fields*: records are hashed into      the sum over
+                   buckets by random hyperplanes (data-independent, from   clients of
+                   a public seed) and each client returns per-bucket       per-bucket
+                   counts and coordinate sums; the server runs weighted    counts/sums
+                   k-means over the bucket means. Goes through the same    (protected)
+                   protection stack and DP budget as training rounds.
 ``"uniform"``      k centres uniform in the declared ``init_bounds`` box   nothing
 array              the given centres                                        nothing
 =================  ======================================================  =================
+
+The ``"private"`` seeding follows the idea of LSH-based private clustering (random
+hyperplanes partition space independently of the data, so a bucket histogram with sums
+has the same per-record sensitivity as one Lloyd round: one count and one clipped record).
 
 The first three send data-derived values in plain; the estimators refuse them under a
 protection stack unless the user asks for them explicitly (see
@@ -27,7 +37,7 @@ from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, Update
 from ._kmeans import local_kmeans, seed_kmeans_plusplus, uniform_in_bounds, weighted_kmeans
 
-SEEDING_ROUND_INITS = ("k-means++", "random", "kfed")
+SEEDING_ROUND_INITS = ("k-means++", "random", "kfed", "private")
 INIT_CHOICES = SEEDING_ROUND_INITS + ("uniform",)
 PLAIN_INITS = SEEDING_ROUND_INITS  # inits that reveal client data in plain
 
@@ -43,7 +53,48 @@ def initial_centres(init, k: int, n_features: int, rng, init_bounds=None):
     return None
 
 
-def seeding_broadcast(init: str, k: int) -> Broadcast:
+def lsh_bits(k: int) -> int:
+    """Hyperplanes for the private seeding: about 16 buckets per cluster, 6 to 10 bits."""
+    return int(np.clip(np.ceil(np.log2(16 * k)), 6, 10))
+
+
+def _hyperplanes(params: dict, n_features: int):
+    """Public random hyperplanes through uniform points of the declared box."""
+    rng = np.random.default_rng(params["lsh_seed"])
+    low = np.broadcast_to(np.asarray(params["low"], dtype=np.float64), (n_features,))
+    high = np.broadcast_to(np.asarray(params["high"], dtype=np.float64), (n_features,))
+    normals = rng.normal(size=(params["bits"], n_features))
+    anchors = low + (high - low) * rng.random((params["bits"], n_features))
+    return normals, np.einsum("ij,ij->i", normals, anchors)
+
+
+def lsh_buckets(X: np.ndarray, params: dict) -> np.ndarray:
+    """Bucket of each record: a regular grid over the declared box in up to 3 dimensions
+    (random hyperplanes cut the plane into too few cells), random hyperplanes above."""
+    d = X.shape[1]
+    if d <= 3:
+        n_buckets = 1 << params["bits"]
+        g = int(np.floor(n_buckets ** (1.0 / d) + 1e-9))
+        low = np.broadcast_to(np.asarray(params["low"], dtype=np.float64), (d,))
+        high = np.broadcast_to(np.asarray(params["high"], dtype=np.float64), (d,))
+        cell = np.clip(((X - low) / (high - low) * g).astype(np.int64), 0, g - 1)
+        return cell @ (g ** np.arange(d, dtype=np.int64))
+    normals, offsets = _hyperplanes(params, X.shape[1])
+    bits = (X @ normals.T > offsets).astype(np.int64)
+    return bits @ (1 << np.arange(bits.shape[1], dtype=np.int64))
+
+
+def seeding_broadcast(init: str, k: int, *, init_bounds=None, rng=None) -> Broadcast:
+    if init == "private":
+        if init_bounds is None:
+            raise InputError("init='private' needs init_bounds=(low, high), the declared data range.")
+        low, high = init_bounds
+        low = np.asarray(low, dtype=np.float64).tolist()
+        high = np.asarray(high, dtype=np.float64).tolist()
+        return Broadcast(
+            action="init.private",
+            params={"k": k, "bits": lsh_bits(k), "lsh_seed": int(rng.integers(2**63 - 1)), "low": low, "high": high},
+        )
     if init == "k-means++":
         return Broadcast(action="init.kmeans++", params={"k": k}, sample="one")
     if init == "random":
@@ -53,8 +104,27 @@ def seeding_broadcast(init: str, k: int) -> Broadcast:
     raise InputError(f"init={init!r} has no seeding round.")
 
 
+def seeding_sum_fields(broadcast: Broadcast, n_features: int):
+    """Sum-fields of a seeding round (only the private seeding has any)."""
+    from ..messages import FieldSpec
+
+    if broadcast.action != "init.private":
+        return ()
+    n_buckets = 1 << broadcast.params["bits"]
+    return (
+        FieldSpec("bucket_counts", (n_buckets,), "count", integer=True),
+        FieldSpec("bucket_sums", (n_buckets, n_features), "sum"),
+    )
+
+
 def seeding_client_update(X: np.ndarray, broadcast: Broadcast, rng: np.random.Generator) -> Update:
     action = broadcast.action
+    if action == "init.private":
+        from ._kmeans import segment_sums
+
+        n_buckets = 1 << broadcast.params["bits"]
+        sums, counts = segment_sums(lsh_buckets(X, broadcast.params), X, n_buckets)
+        return Update(sums={"bucket_counts": counts, "bucket_sums": sums})
     if action == "init.kfed":
         centres, sizes = local_kmeans(X, broadcast.params["k_local"], rng)
         return Update(items={"centres": centres, "sizes": sizes})
@@ -68,8 +138,10 @@ def seeding_client_update(X: np.ndarray, broadcast: Broadcast, rng: np.random.Ge
     raise InputError(f"unknown seeding action {action!r}")
 
 
-def seeding_aggregate(agg: AggregatedUpdate, k: int, rng: np.random.Generator) -> np.ndarray | None:
+def seeding_aggregate(agg: AggregatedUpdate, k: int, rng: np.random.Generator, init_bounds=None) -> np.ndarray | None:
     """Centres from a seeding round, or None if the asked client could not seed (retry)."""
+    if "bucket_counts" in agg.sums:
+        return _private_seeding_centres(agg.sums, k, rng, init_bounds)
     received = [items for items in agg.items.values() if len(items.get("centres", ())) > 0]
     if not received:
         return None
@@ -77,3 +149,25 @@ def seeding_aggregate(agg: AggregatedUpdate, k: int, rng: np.random.Generator) -
         points = np.vstack([it["centres"] for it in received])
         return weighted_kmeans(points, k, rng)
     return np.asarray(received[0]["centres"], dtype=np.float64).copy()
+
+
+def _private_seeding_centres(sums, k, rng, init_bounds):
+    """Weighted k-means over the (possibly noisy) bucket means.
+
+    Buckets whose (noisy) count is below 2 are ignored: their mean is dominated by noise.
+    Means are kept inside the declared box (noise can push a small bucket's mean out).
+    Missing centres are drawn uniformly in the box.
+    """
+    counts, bsums = sums["bucket_counts"], sums["bucket_sums"]
+    keep = counts >= 2.0
+    low, high = init_bounds
+    d = bsums.shape[1]
+    low = np.broadcast_to(np.asarray(low, dtype=np.float64), (d,))
+    high = np.broadcast_to(np.asarray(high, dtype=np.float64), (d,))
+    points = np.clip(bsums[keep] / counts[keep, None], low, high)
+    if len(points) == 0:
+        return uniform_in_bounds((low, high), k, d, rng)
+    if len(points) < k:
+        extra = uniform_in_bounds((low, high), k - len(points), d, rng)
+        return np.vstack([points, extra])
+    return weighted_kmeans(points, k, rng, weights=counts[keep])

@@ -78,6 +78,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
 
     # ----------------------------------------------------------------- server
     def init(self, n_clients, n_features, rng):
+        self.n_features_ = n_features
         centres = _seeding.initial_centres(self.init_, self.n_clusters, n_features, rng, self.init_bounds)
         phase = "train" if centres is not None else "init"
         state = AlgorithmState(centres=centres, phase=phase)
@@ -86,7 +87,9 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
 
     def configure(self, state, round):
         if state.phase == "init":
-            return _seeding.seeding_broadcast(self.init_, self.n_clusters)
+            return _seeding.seeding_broadcast(
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"]
+            )
         if state.phase == "score":
             return Broadcast(action="score", centres=state.centres, sample="all")
         return Broadcast(
@@ -110,16 +113,18 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             return specs
         if broadcast.action == "score":
             return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))
-        return ()
+        return _seeding.seeding_sum_fields(broadcast, self.n_features_)
 
     @staticmethod
     def _d(broadcast):
         return 0 if broadcast.centres is None else broadcast.centres.shape[1]
 
+    n_features_: int = 0
+
     def aggregate(self, state, agg: AggregatedUpdate):
         rng = state.extra["rng"]
         if state.phase == "init":
-            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
+            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng, self.init_bounds)
             if centres is None:
                 attempts = state.extra["seed_attempts"] + 1
                 if attempts >= 3 * state.extra["n_clients"]:
