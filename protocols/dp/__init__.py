@@ -1,0 +1,15 @@
+"""Differential privacy for federated clustering: exact discrete Gaussian noise, accounting,
+and the :class:`GaussianDP` layer. Importing this package does not import torch/opacus."""
+
+from .accounting import PrivacyAccountant, epsilon_for, gdp_epsilon, noise_multiplier_for
+from .sampler import lattice_gaussian, sample_discrete_gaussian, sample_discrete_laplace
+
+__all__ = [
+    "PrivacyAccountant",
+    "epsilon_for",
+    "gdp_epsilon",
+    "noise_multiplier_for",
+    "sample_discrete_gaussian",
+    "sample_discrete_laplace",
+    "lattice_gaussian",
+]

@@ -1,0 +1,219 @@
+"""Noise calibration and privacy accounting for repeated Gaussian releases.
+
+Each protected round releases one Gaussian mechanism with L2 sensitivity 1 (after the
+layer's normalisation, see :mod:`protocols.dp.layer`) and noise standard deviation
+``z`` (the *noise multiplier*), possibly on a Poisson-subsampled population with rate
+``q``. The privacy of ``T`` such rounds is computed with opacus's accountants
+(imported lazily: opacus pulls in torch):
+
+* ``"prv"`` (default) -- numerical composition of privacy loss random variables
+  (Gopi, Lee & Wutschitz 2021, "Numerical Composition of Differential Privacy"); opacus
+  returns the *upper* end of its error interval, so the value is a valid bound.
+* ``"rdp"`` -- Rényi DP of the subsampled Gaussian (Mironov 2017; Mironov, Talwar & Zhang
+  2019) converted to (epsilon, delta); looser but classical.
+
+The CLT-based "gdp" accountant of opacus is deliberately not offered: for subsampled
+rounds it is an asymptotic approximation that under-reports epsilon.
+
+For full participation (q = 1) T Gaussian rounds are exactly mu-GDP with
+mu = sqrt(T) / z (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.3), and
+:func:`gdp_epsilon` gives the exact (epsilon, delta) curve (their Cor. 2.13):
+
+    delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import numpy as np
+
+from securefkm._validation import check_float, check_int
+from securefkm.exceptions import InputError
+
+ACCOUNTANTS = ("prv", "rdp")
+_MAX_Z = 1e6
+
+
+def _check_accountant(accountant: str) -> str:
+    if accountant == "gdp":
+        raise InputError(
+            "accountant='gdp' (opacus's CLT Gaussian accountant) under-reports epsilon for "
+            "subsampled rounds and is not offered; use accountant='prv' (default) or 'rdp'."
+        )
+    if accountant not in ACCOUNTANTS:
+        raise InputError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}.")
+    return accountant
+
+
+def _check_common(rounds, sample_rate, delta):
+    rounds = check_int(rounds, "rounds", minimum=0)
+    sample_rate = check_float(sample_rate, "sample_rate", minimum=0.0, maximum=1.0, min_inclusive=False)
+    delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+    return rounds, sample_rate, delta
+
+
+@lru_cache(maxsize=4096)
+def _epsilon_history(history: tuple, delta: float, accountant: str) -> float:
+    from opacus.accountants import PRVAccountant, RDPAccountant  # lazy: imports torch
+
+    acc = PRVAccountant() if accountant == "prv" else RDPAccountant()
+    acc.history = [tuple(h) for h in history]
+    with warnings.catch_warnings():
+        # opacus warns about log(0) at q = 1 and about the RDP order range; both harmless.
+        warnings.simplefilter("ignore")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eps = float(acc.get_epsilon(delta=delta))
+    return max(eps, 0.0)
+
+
+def epsilon_for_history(history, delta: float, accountant: str = "prv") -> float:
+    """Epsilon of a heterogeneous history ``[(noise_multiplier, sample_rate, steps), ...]``."""
+    accountant = _check_accountant(accountant)
+    hist = tuple((float(z), float(q), int(n)) for z, q, n in history if int(n) > 0)
+    if not hist:
+        return 0.0
+    return _epsilon_history(hist, float(delta), accountant)
+
+
+def epsilon_for(noise_multiplier: float, rounds: int, sample_rate: float, delta: float, accountant: str = "prv") -> float:
+    """Epsilon after ``rounds`` Gaussian rounds with noise multiplier z at sampling rate q.
+
+    Exactly the value opacus's accountant reports for the history ``[(z, q, rounds)]``.
+    """
+    z = check_float(noise_multiplier, "noise_multiplier", minimum=0.0, min_inclusive=False)
+    rounds, q, delta = _check_common(rounds, sample_rate, delta)
+    return epsilon_for_history([(z, q, rounds)], delta, accountant)
+
+
+def noise_multiplier_for(
+    epsilon: float, delta: float, rounds: int, sample_rate: float, accountant: str = "prv", tol: float = 0.005
+) -> float:
+    """Smallest noise multiplier (up to ``tol`` in epsilon) with ``epsilon_for(...) <= epsilon``.
+
+    Bisection on :func:`epsilon_for` (monotone decreasing in z); the returned z is always
+    on the safe side: ``epsilon_for(z, ...) <= epsilon``.
+    """
+    epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
+    rounds, q, delta = _check_common(rounds, sample_rate, delta)
+    rounds = max(rounds, 1)
+    accountant = _check_accountant(accountant)
+
+    def eps(z):
+        return epsilon_for_history([(z, q, rounds)], delta, accountant)
+
+    lo, hi = 0.0, 1.0
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * 2
+        if hi > _MAX_Z:
+            raise InputError(
+                f"epsilon={epsilon} is unreachable for delta={delta} over {rounds} rounds "
+                f"(noise multiplier would exceed {_MAX_Z:g}); raise epsilon or lower the rounds."
+            )
+    # invariant: eps(hi) <= epsilon < eps(lo) (lo = 0 means infinite epsilon)
+    while True:
+        e_hi = eps(hi)
+        if epsilon - e_hi <= tol or hi - lo <= 1e-6 * hi:
+            return hi
+        mid = 0.5 * (lo + hi)
+        if eps(mid) <= epsilon:
+            hi = mid
+        else:
+            lo = mid
+
+
+def _norm_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """delta(eps) of mu-GDP (Dong, Roth & Su 2019, Corollary 2.13)."""
+    a = -epsilon / mu + mu / 2
+    b = -epsilon / mu - mu / 2
+    # e^eps Phi(b) computed in log space to avoid overflow for large eps
+    from scipy.special import log_ndtr
+
+    return _norm_cdf(a) - math.exp(epsilon + float(log_ndtr(b)))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The epsilon at which mu-GDP gives (epsilon, delta)-DP, by root finding on :func:`gdp_delta`.
+
+    For T rounds of the Gaussian mechanism with noise multiplier z and full
+    participation, mu = sqrt(T) / z (Dong, Roth & Su 2019, Corollary 3.3).
+    """
+    mu = check_float(mu, "mu", minimum=0.0, min_inclusive=False)
+    delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+    from scipy.optimize import brentq
+
+    if gdp_delta(mu, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while gdp_delta(mu, hi) > delta:
+        hi *= 2
+    return float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+class PrivacyAccountant:
+    """Tracks the Gaussian rounds actually run against a target (epsilon, delta).
+
+    ``step(sample_rate)`` records one round with the accountant's noise multiplier;
+    ``spent()`` returns the (epsilon, delta) of the history; ``would_exceed(sample_rate)``
+    says whether one more such round would take epsilon past the target.
+
+    A fast path avoids recomputing the PRV: a history of n steps with rates <= q_max is
+    dominated by n steps at q_max (the subsampled Gaussian's epsilon grows with q and
+    with the number of steps), so if that bound is within the target no exact evaluation
+    is needed. ``spent()`` reports the smaller of the exact value and that bound (both
+    are valid upper bounds).
+    """
+
+    def __init__(self, noise_multiplier: float, target_epsilon: float, target_delta: float, accountant: str = "prv"):
+        self.noise_multiplier = check_float(noise_multiplier, "noise_multiplier", minimum=0.0, min_inclusive=False)
+        self.target_epsilon = check_float(target_epsilon, "target_epsilon", minimum=0.0, min_inclusive=False)
+        self.target_delta = check_float(target_delta, "target_delta", minimum=0.0, maximum=1.0, min_inclusive=False)
+        self.accountant = _check_accountant(accountant)
+        self.history: list[tuple[float, float, int]] = []
+
+    @property
+    def steps(self) -> int:
+        return sum(n for _, _, n in self.history)
+
+    def _with(self, sample_rate: float):
+        hist = [list(h) for h in self.history]
+        z = self.noise_multiplier
+        if hist and hist[-1][0] == z and hist[-1][1] == sample_rate:
+            hist[-1][2] += 1
+        else:
+            hist.append([z, sample_rate, 1])
+        return [tuple(h) for h in hist]
+
+    def _epsilon(self, history) -> float:
+        if not history:
+            return 0.0
+        if len(history) == 1:
+            return epsilon_for_history(history, self.target_delta, self.accountant)
+        q_max = max(q for _, q, _ in history)
+        n = sum(n for _, _, n in history)
+        bound = epsilon_for_history([(self.noise_multiplier, q_max, n)], self.target_delta, self.accountant)
+        if bound <= self.target_epsilon:
+            return bound
+        exact = epsilon_for_history(history, self.target_delta, self.accountant)
+        return min(exact, bound)
+
+    def would_exceed(self, sample_rate: float = 1.0) -> bool:
+        """True if one more round at ``sample_rate`` would spend more than the target epsilon."""
+        q = check_float(sample_rate, "sample_rate", minimum=0.0, maximum=1.0, min_inclusive=False)
+        return self._epsilon(self._with(q)) > self.target_epsilon
+
+    def step(self, sample_rate: float = 1.0) -> None:
+        q = check_float(sample_rate, "sample_rate", minimum=0.0, maximum=1.0, min_inclusive=False)
+        self.history = self._with(q)
+
+    def spent(self) -> tuple[float, float]:
+        """(epsilon, delta) spent so far; (0, 0) before any round."""
+        if not self.history:
+            return (0.0, 0.0)
+        return (self._epsilon(self.history), self.target_delta)
