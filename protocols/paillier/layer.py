@@ -1,0 +1,382 @@
+"""The ``Paillier`` aggregator: packed Paillier encryption with a separate key authority.
+
+Round protocol (one aggregator stage, ``encrypted_input``, plus one server -> authority call):
+
+1. server: ``authority.open_round(run, round, digest)`` -> single-use :class:`RoundTicket`;
+   sends every surviving client ``EncryptRequest(bundle, ticket)`` where ``bundle`` is the
+   Paillier public key signed by the authority;
+2. client: verifies the bundle against the authority key it trusts, encodes its sum-fields
+   with the shared :class:`~protocols.codec.FixedPointCodec` (signed ``int64``), packs them
+   into slots (:mod:`protocols.paillier.packing`), encrypts each packed plaintext with phe's
+   ``raw_encrypt`` (fresh ``r^n`` obfuscation from the OS CSPRNG) and signs the ciphertexts
+   with its enrolled Ed25519 key;
+3. server: keeps well-formed contributions (a client that did not answer is simply left
+   out), aborts if fewer than ``min_clients`` remain, multiplies the ciphertexts (phe
+   ``EncryptedNumber`` addition) and forwards sum + signed contributions to the authority;
+4. authority: verifies everything, recomputes the sum, decrypts only the sum
+   (:class:`~protocols.paillier.authority.KeyAuthority`); the server unpacks the slots,
+   subtracts ``n * offset`` and decodes with the codec.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from securefkm._validation import check_int
+from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.layers import (
+    Aggregator,
+    ClientContext,
+    ClientSession,
+    ProtocolRefusal,
+    RoundContext,
+    RunInfo,
+    ServerSession,
+)
+
+from .authority import (
+    KEY_SIZES,
+    STAGE,
+    EncryptedContribution,
+    EncryptRequest,
+    KeyAuthority,
+    homomorphic_sum,
+    sign_contribution,
+    verify_contribution,
+)
+from .packing import MAX_VALUE_BITS, SlotLayout, layout_for_key
+
+log = logging.getLogger("securefkm")
+
+
+def _default_codec():
+    from protocols.codec import FixedPointCodec
+
+    return FixedPointCodec()
+
+
+def value_bits_for_codec(codec) -> int:
+    """Bits of one client's encoded value implied by the codec's declared bound (else 64).
+
+    With ``bound`` declared, the largest encoded magnitude is ``rint(bound * scale)``; one
+    sign bit more holds it in two's complement. Without a bound the codec may emit any
+    ``int64`` value (up to its :meth:`max_abs`), so the slot must hold 64 bits.
+    """
+    bound = getattr(codec, "bound", None)
+    if bound is None:
+        return MAX_VALUE_BITS
+    magnitude = int(np.floor(float(bound) * codec.scale + 0.5))
+    return min(MAX_VALUE_BITS, magnitude.bit_length() + 1)
+
+
+class Paillier(Aggregator):
+    """Secure sum by additively homomorphic (Paillier) encryption, with slot packing.
+
+    Clients encrypt their encoded sum-fields under a Paillier public key (Paillier,
+    EUROCRYPT 1999), packing ``floor((bits(n)-1) / (b + ceil(log2 max_clients)))`` values of
+    ``b`` bits per ciphertext (BatchCrypt, USENIX ATC 2020); the server multiplies the
+    ciphertexts, and a separate :class:`KeyAuthority` decrypts the sum only after checking
+    Ed25519 signatures (RFC 8032) of at least ``min_clients`` distinct enrolled clients on
+    a fresh single-use round ticket.
+
+    Trust model
+    -----------
+    * **Private key**: held only by the key authority, never by the server or the clients.
+      Clients get only the public key (signed by the authority; they trust the authority's
+      Ed25519 key, configured out of band).
+    * **Server learns**: which clients contributed, ciphertexts (semantically secure under
+      the decisional composite residuosity assumption), and the decrypted *sum* of at least
+      ``min_clients`` clients' encoded sum-fields (as under pairwise masking).
+    * **Must not collude**: the server with the authority (together they decrypt any single
+      client's ciphertext: this breaks the layer completely); the server with
+      ``min_clients - 1`` clients (they subtract their own inputs from the sum). Enrollment
+      must be run by someone other than the server (else Sybil clients), and in this
+      in-process simulation the client -> authority enrollment call stands for such a
+      channel.
+    * **Does not protect against**: what the sum itself reveals (use ``GaussianDP`` before
+      this layer), differencing across rounds with different client subsets, set-fields
+      (sent in plain), a malicious client sending wrong but well-formed values (no range
+      proofs; a value beyond its slot is refused on honest clients only), denial of
+      service by the server or the authority, a server that sends different broadcasts to
+      different clients *and* gets each subset above ``min_clients`` (the authority
+      refuses contributions signed for different broadcast digests within one round).
+
+    Parameters
+    ----------
+    key_size:
+        Paillier modulus bits, 2048 (default, ~112-bit security) or 3072 (~128-bit).
+    min_clients:
+        fewest distinct clients whose sum may be decrypted; fewer survivors abort the round.
+    slot_bits:
+        bits of one client's encoded value in a slot (two's complement range
+        ``[-2**(b-1), 2**(b-1))``), 2..64. ``None``: derived from the codec's ``bound``
+        (``bits(rint(bound * scale)) + 1``), or 64 without a bound. E.g. ``slot_bits=32``
+        with ``frac_bits=24`` holds ``|v| < 128``; 2048-bit keys then hold 48 slots.
+    codec:
+        the shared :class:`protocols.codec.FixedPointCodec` (default ``FixedPointCodec()``).
+    max_clients:
+        most clients one sum may combine (sets the slot headroom); default: all clients of
+        the run. A round sampling more is refused.
+    authority:
+        an existing :class:`KeyAuthority` (e.g. a separate service, or a test fixture with
+        a small key); default: a new one with a fresh ``key_size`` keypair per fit.
+    """
+
+    stages = (STAGE,)
+
+    def __init__(
+        self,
+        key_size: int = 2048,
+        min_clients: int = 2,
+        slot_bits: int | None = None,
+        codec=None,
+        *,
+        max_clients: int | None = None,
+        authority: KeyAuthority | None = None,
+    ):
+        if key_size not in KEY_SIZES or isinstance(key_size, bool):
+            raise InputError(f"Paillier key_size must be 2048 or 3072 bits, got {key_size!r}.")
+        self.key_size = int(key_size)
+        self.min_clients = check_int(min_clients, "min_clients", minimum=1)
+        if slot_bits is not None:
+            if (
+                not isinstance(slot_bits, (int, np.integer))
+                or isinstance(slot_bits, bool)
+                or not 2 <= slot_bits <= MAX_VALUE_BITS
+            ):
+                raise InputError(
+                    f"slot_bits must be None or an int in [2, {MAX_VALUE_BITS}] (bits of one client's "
+                    f"encoded value), got {slot_bits!r}."
+                )
+            slot_bits = int(slot_bits)
+        self.slot_bits = slot_bits
+        if codec is None:
+            codec = _default_codec()
+        if not all(
+            hasattr(codec, a) for a in ("encode_signed", "decode_signed", "check_capacity", "scale")
+        ):
+            raise InputError(
+                f"codec must be a protocols.codec.FixedPointCodec, got {type(codec).__name__}."
+            )
+        self.codec = codec
+        if max_clients is not None:
+            max_clients = check_int(max_clients, "max_clients", minimum=1)
+            if max_clients < self.min_clients:
+                raise InputError(
+                    f"max_clients={max_clients} is below min_clients={self.min_clients}."
+                )
+        self.max_clients = max_clients
+        if authority is not None and not isinstance(authority, KeyAuthority):
+            raise InputError(f"authority must be a KeyAuthority, got {type(authority).__name__}.")
+        self._given_authority = authority
+        self.authority: KeyAuthority | None = None
+        self.layout: SlotLayout | None = None
+        self._repr_params = {
+            "key_size": key_size,
+            "min_clients": min_clients,
+            "slot_bits": slot_bits,
+        }
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def value_bits(self) -> int:
+        return self.slot_bits if self.slot_bits is not None else value_bits_for_codec(self.codec)
+
+    def setup(self, info: RunInfo) -> None:
+        """Once per fit: create (or adopt) the authority and its keypair; fix the slot layout."""
+        if self.min_clients > info.n_clients:
+            raise InputError(
+                f"Paillier(min_clients={self.min_clients}) needs at least that many clients; the "
+                f"federation has {info.n_clients}. Lower min_clients."
+            )
+        self.max_clients_ = self.max_clients or info.n_clients
+        if self._given_authority is not None:
+            self.authority = self._given_authority
+        else:
+            self.authority = KeyAuthority.generate(self.key_size, min_clients=self.min_clients)
+        bundle = self.authority.public_bundle()
+        self.bundle = bundle
+        #: the trust anchor clients are configured with (out of band in a deployment)
+        self.trusted_authority_key = bundle.authority_key
+        self.layout = layout_for_key(bundle.n, self.value_bits, self.max_clients_)
+
+    def _require_setup(self):
+        if self.layout is None:
+            raise InputError(
+                "Paillier layer used before setup(); run it through a Federation or estimator."
+            )
+
+    def before_round(self, ctx: RoundContext) -> None:
+        self._require_setup()
+        n = len(ctx.sampled)
+        if n > self.max_clients_:
+            raise RoundAbortedError(
+                f"round samples {n} clients but Paillier slots have headroom for max_clients="
+                f"{self.max_clients_}; declare Paillier(max_clients>={n}).",
+                round=ctx.round,
+                stage="update",
+            )
+        if ctx.specs:
+            self.codec.check_capacity(ctx.specs, self.max_clients_)
+
+    def report(self) -> dict:
+        if self.layout is None:
+            return {}
+        lay = self.layout
+        return {
+            "key_size": self.authority.key_size,
+            "slot_bits": lay.slot_bits,
+            "value_bits": lay.value_bits,
+            "slots_per_ciphertext": lay.slots_per_plaintext,
+            "decryptions": self.authority.n_decryptions,
+        }
+
+    # ------------------------------------------------------------------ sessions
+    def server_session(self, ctx: RoundContext) -> ServerSession:
+        self._require_setup()
+        return _PaillierServer(self, ctx)
+
+    def client_session(
+        self, client: ClientContext, ctx: RoundContext, sums: dict[str, np.ndarray]
+    ) -> ClientSession:
+        self._require_setup()
+        state = client.state.get("paillier")
+        fp = self.bundle.fingerprint
+        if state is None or state.get("authority") != fp:
+            # A fresh identity created on the client; its public half goes to the authority
+            # directly (the in-process stand-in for an authenticated enrollment channel).
+            key = Ed25519PrivateKey.generate()
+            self.authority.enroll(client.client_id, key.public_key().public_bytes_raw())
+            state = {"authority": fp, "signing_key": key.private_bytes_raw()}
+            client.state["paillier"] = state
+        values = self.codec.encode_signed(sums, ctx.specs, self.max_clients_)
+        try:
+            self.layout.check_values(values)
+        except InputError:
+            names = [s.name for s in ctx.specs for _ in range(s.size)]
+            self.layout.check_values(values, names)
+            raise
+        return PaillierClientSession(
+            client_id=client.client_id,
+            values=values.astype(np.int64),
+            signing_key=state["signing_key"],
+            trusted_authority_key=self.trusted_authority_key,
+            value_bits=self.layout.value_bits,
+            max_clients=self.max_clients_,
+            n_sampled=len(ctx.sampled),
+            run=ctx.run,
+            round=ctx.round,
+            digest=ctx.broadcast_digest,
+        )
+
+
+@dataclass
+class PaillierClientSession(ClientSession):
+    """A client's side of one round: its encoded values and signing key (picklable, plain data)."""
+
+    client_id: int
+    values: np.ndarray
+    signing_key: bytes
+    trusted_authority_key: bytes
+    value_bits: int
+    max_clients: int
+    n_sampled: int
+    run: int
+    round: int
+    digest: bytes
+
+    def respond(self, stage: str, message) -> EncryptedContribution:
+        if stage != STAGE:
+            raise ProtocolRefusal(f"Paillier client got unknown stage {stage!r}")
+        if not isinstance(message, EncryptRequest):
+            raise ProtocolRefusal(f"expected an EncryptRequest, got {type(message).__name__}")
+        try:
+            message.bundle.verify(self.trusted_authority_key)
+        except ValueError as exc:
+            raise ProtocolRefusal(f"refusing to encrypt: {exc}") from None
+        t = message.ticket
+        if (t.run, t.round, t.digest) != (self.run, self.round, self.digest):
+            raise ProtocolRefusal(
+                "round ticket does not match the round and broadcast this client computed"
+            )
+        if t.max_clients != self.max_clients or self.n_sampled > self.max_clients:
+            raise ProtocolRefusal(
+                f"round of {self.n_sampled} sampled clients exceeds the declared max_clients={self.max_clients}"
+            )
+        layout = layout_for_key(message.bundle.n, self.value_bits, self.max_clients)
+        plaintexts = layout.pack(self.values)
+        if len(plaintexts) != t.n_ciphertexts:
+            raise ProtocolRefusal("round ticket expects a different number of ciphertexts")
+        pk = message.bundle.public_key()
+        ciphertexts = [pk.raw_encrypt(p) for p in plaintexts]
+        return sign_contribution(
+            self.signing_key,
+            message.bundle.fingerprint,
+            self.client_id,
+            t.nonce,
+            t.digest,
+            ciphertexts,
+        )
+
+
+class _PaillierServer(ServerSession):
+    def __init__(self, layer: Paillier, ctx: RoundContext):
+        self.layer = layer
+        self.ctx = ctx
+        self.n_values = sum(s.size for s in ctx.specs)
+        self.ticket = layer.authority.open_round(
+            ctx.run,
+            ctx.round,
+            ctx.broadcast_digest,
+            n_ciphertexts=layer.layout.n_plaintexts(self.n_values),
+            max_clients=layer.max_clients_,
+        )
+        self.contributions: dict[int, EncryptedContribution] = {}
+        self.rejected: dict[int, str] = {}
+
+    def messages(self, stage, alive):
+        request = EncryptRequest(bundle=self.layer.bundle, ticket=self.ticket)
+        return {c: request for c in alive}
+
+    def receive(self, stage, replies):
+        fp = self.layer.bundle.fingerprint
+        for c, r in replies.items():
+            ok = (
+                isinstance(r, EncryptedContribution)
+                and r.client_id == c
+                and r.nonce == self.ticket.nonce
+                and len(r.ciphertexts) == self.ticket.n_ciphertexts
+            )
+            key = self.layer.authority.verify_key(c)
+            if ok and key is not None and verify_contribution(r, key, fp):
+                self.contributions[c] = r
+            else:
+                # left out like a dropout; the authority would refuse the whole sum otherwise
+                self.rejected[c] = "malformed or unverifiable contribution"
+                log.warning(
+                    "Paillier: dropping client %s's invalid contribution in round %s",
+                    c,
+                    self.ctx.round,
+                )
+
+    def result(self):
+        ctx, layer = self.ctx, self.layer
+        n = len(self.contributions)
+        if n < layer.min_clients:
+            layer.authority.close_round(self.ticket.nonce)
+            raise RoundAbortedError(
+                f"only {n} client(s) sent a valid encrypted input; Paillier(min_clients="
+                f"{layer.min_clients}) refuses to decrypt fewer (nothing was decrypted)",
+                round=ctx.round,
+                stage=STAGE,
+            )
+        contributions = [self.contributions[c] for c in sorted(self.contributions)]
+        claimed = homomorphic_sum(layer.bundle.public_key(), [c.ciphertexts for c in contributions])
+        dec = layer.authority.decrypt_aggregate(self.ticket.nonce, contributions, claimed)
+        sums = layer.layout.unpack(list(dec.plaintexts), self.n_values, len(dec.contributors))
+        decoded = layer.codec.decode_signed(np.array(sums, dtype=object), ctx.specs)
+        return decoded, dec.contributors
