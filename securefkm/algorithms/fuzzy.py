@@ -1,0 +1,324 @@
+"""Federated fuzzy c-means (Stallmann & Wilbik 2022) with k-means or federated averaging.
+
+Stallmann & Wilbik, "On a Framework for Federated Cluster Analysis", Appl. Sci. 12 (2022)
+10455, section 2.2.
+
+``averaging="kmeans"`` -- FedFCM (sec. 2.2.1, eq. 17)
+    The server broadcasts the global centres c_1..c_K; each client l runs fuzzy c-means
+    on its own records *from those centres* until its memberships change by at most
+    ``local_tol`` (eqs. 5-6, step 3) and returns its local centres c_1^(l)..c_K^(l)
+    (set-fields). The server's averaging function is k-means over all P*K local centres
+    (eq. 17), with K clusters. As in the paper the local centres are unweighted
+    (``centre_weights="none"``: only centres are shared); ``"membership"`` also sends
+    each local centre's fuzzy support sum_i u_ij (Bárcena et al. / Pedrycz weights) and
+    runs weighted k-means.
+
+``averaging="fedavg"`` -- federated averaging FCM (sec. 2.1.4; Pedrycz 2022, Bárcena et al.
+2021)
+    Each client computes its memberships w.r.t. the broadcast centres (eq. 5) and returns
+    the sum-fields sum_i u_ij^m x_i (kind ``"sum"``) and sum_i u_ij^m (kind ``"count"``);
+    the server divides (eq. 6 on the pooled data). Sum-only: runs under secure aggregation
+    and distributed DP. With all clients taking part this is exactly one central FCM
+    step per round.
+
+Both modes stop when sum_k ||c_k^t - c_k^(t+1)|| <= ``global_tol`` (sec. 2.2.1, the
+paper's global criterion) or after ``max_rounds``.
+
+A final ``"validity"`` round (``validity_round=True``) asks every client for the FedFuzzDB
+sum-fields of sec. 2.2.2 (N_l, sum_j u_ij, sum_j ||x_j - c_i||^q); it runs through the same
+protection stack, and the server stores the index in ``state.score``.
+
+Choices the paper leaves open:
+
+* Initial centres: the paper only says "the server initialises K global centres"; we
+  reuse the library's seeding phase (``securefkm.algorithms._seeding``).
+* Server k-means (eq. 17) on the first training round: scikit-learn k-means++ with
+  ``server_n_init`` restarts over the local centres; the result is paired with the
+  previous centres by a minimum-cost matching. Later rounds (``server_init="warm"``,
+  default): k-means started from the current global centres, so centre k keeps its
+  identity and the convergence criterion compares like with like. A fresh k-means++ every
+  round (``server_init="fresh"``, then matched) can jump between k-means optima from round
+  to round and never meet the criterion: on the motivational set with K=3 it cycles with
+  a constant movement of 0.53 for 100 rounds, while the warm start converges in 5.
+* Local stopping: largest absolute membership change <= ``local_tol`` (see ``_fcm``).
+
+``secure_mode=True`` (k-means averaging without revealing any client's local centres)
+needs the shared secure-centres mechanism (``securefkm.algorithms.secure_centres``); when
+that module is absent it raises an InputError saying so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from .._validation import check_choice, check_float, check_int
+from ..exceptions import InputError
+from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
+from . import _seeding
+from ._fcm import centres_from_sums, check_fuzzifier, fuzzy_memberships, local_fcm, weighted_sums
+from ._kmeans import weighted_kmeans
+from .base import Algorithm, AlgorithmState
+
+AVERAGING = ("kmeans", "fedavg")
+CENTRE_WEIGHTS = ("none", "membership")
+SERVER_INITS = ("warm", "fresh")
+
+
+def centre_movement(old: np.ndarray, new: np.ndarray) -> float:
+    """sum_k ||c_k^t - c_k^(t+1)|| -- the global convergence criterion of sec. 2.2.1."""
+    return float(np.linalg.norm(np.asarray(new) - np.asarray(old), axis=1).sum())
+
+
+def match_to(previous: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Reorder ``new`` centres so that row k is the one closest to ``previous[k]`` overall
+    (minimum total squared distance, Hungarian algorithm)."""
+    cost = ((previous[:, None, :] - new[None, :, :]) ** 2).sum(axis=-1)
+    rows, cols = linear_sum_assignment(cost)
+    out = np.empty_like(new)
+    out[rows] = new[cols]
+    return out
+
+
+def fedfuzzdb_terms(X: np.ndarray, C: np.ndarray, m: float, q: float) -> dict[str, np.ndarray]:
+    """One client's FedFuzzDB sum-fields (sec. 2.2.2); see ``securefkm.metrics_fuzzy``."""
+    from ..metrics_fuzzy import _terms
+
+    return _terms(X, C, m, q)
+
+
+class FederatedFuzzyCMeansAlgorithm(Algorithm):
+    """Server and client logic of FedFCM (k-means averaging) and federated-averaging FCM."""
+
+    name = "fedfcm"
+    needs_client_rng = True  # only seeding rounds draw random numbers
+
+    def client_rng_needed(self, broadcast):
+        return broadcast.action.startswith("init.")
+
+    def __init__(
+        self,
+        n_clusters: int,
+        *,
+        averaging: str = "kmeans",
+        m: float = 2.0,
+        local_tol: float = 1e-3,
+        global_tol: float = 1e-3,
+        max_local_iter: int = 300,
+        centre_weights: str = "none",
+        server_n_init: int = 10,
+        server_init: str = "warm",
+        init="k-means++",
+        init_bounds=None,
+        validity_round: bool = True,
+        p: float = 2.0,
+        q: float = 1.0,
+        secure_mode: bool = False,
+    ):
+        self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
+        self.averaging = check_choice(averaging, "averaging", AVERAGING)
+        self.m = check_fuzzifier(m)
+        self.local_tol = check_float(local_tol, "local_tol", minimum=0.0)
+        self.global_tol = check_float(global_tol, "global_tol", minimum=0.0)
+        self.max_local_iter = check_int(max_local_iter, "max_local_iter", minimum=1)
+        self.centre_weights = check_choice(centre_weights, "centre_weights", CENTRE_WEIGHTS)
+        self.server_n_init = check_int(server_n_init, "server_n_init", minimum=1)
+        self.server_init = check_choice(server_init, "server_init", SERVER_INITS)
+        if not isinstance(init, np.ndarray):
+            check_choice(init, "init", _seeding.INIT_CHOICES)
+        self.init_ = init
+        self.init_bounds = init_bounds
+        self.validity_round = bool(validity_round)
+        self.p = check_float(p, "p", minimum=1.0)
+        self.q = check_float(q, "q", minimum=0.0, min_inclusive=False)
+        self.secure_mode = bool(secure_mode)
+        if self.secure_mode:
+            if self.averaging != "kmeans":
+                raise InputError(
+                    "secure_mode=True applies to averaging='kmeans' only; averaging='fedavg' is "
+                    "already sum-only and runs under secure aggregation as it is."
+                )
+            raise InputError(
+                "secure_mode=True is not available yet: it needs the shared secure-centres "
+                "mechanism (securefkm.algorithms.secure_centres), which this version does not "
+                "ship. Use averaging='fedavg' for a sum-only FCM under secure aggregation."
+            )
+        self.uses_set_fields = self.averaging == "kmeans"
+        self.name = "fedfcm" if self.averaging == "kmeans" else "fedavg-fcm"
+
+    # ----------------------------------------------------------------- server
+    def init(self, n_clients, n_features, rng):
+        centres = _seeding.initial_centres(
+            self.init_, self.n_clusters, n_features, rng, self.init_bounds
+        )
+        phase = "train" if centres is not None else "init"
+        state = AlgorithmState(centres=centres, phase=phase)
+        state.extra.update(rng=rng, seed_attempts=0, n_clients=n_clients)
+        return state
+
+    def _train_params(self):
+        return {
+            "m": self.m,
+            "local_tol": self.local_tol,
+            "max_local_iter": self.max_local_iter,
+            "centre_weights": self.centre_weights,
+        }
+
+    def configure(self, state, round):
+        if state.phase == "init":
+            return _seeding.seeding_broadcast(self.init_, self.n_clusters)
+        if state.phase == "validity":
+            return Broadcast(
+                action="validity",
+                centres=state.centres,
+                params={"m": self.m, "q": self.q},
+                sample="all",
+            )
+        if self.averaging == "kmeans":
+            return Broadcast(
+                action="train.local_fcm", centres=state.centres, params=self._train_params()
+            )
+        return Broadcast(action="train.fedavg", centres=state.centres, params={"m": self.m})
+
+    def sum_fields(self, broadcast):
+        if broadcast.centres is None:
+            return ()
+        k, d = broadcast.centres.shape
+        if broadcast.action == "train.fedavg":
+            return (FieldSpec("weighted_sums", (k, d), "sum"), FieldSpec("weights", (k,), "count"))
+        if broadcast.action == "validity":
+            # n: one per record; memberships: each record adds u_ij, sum_j u_ij = 1;
+            # spread: each record adds ||x - c_i||^q to every cell (see docs: DP sensitivity).
+            return (
+                FieldSpec("n", (1,), "count", integer=True),
+                FieldSpec("memberships", (k,), "count"),
+                FieldSpec("spread", (k,), "score"),
+            )
+        return ()
+
+    def aggregate(self, state, agg: AggregatedUpdate):
+        rng = state.extra["rng"]
+        if state.phase == "init":
+            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
+            if centres is None:
+                attempts = state.extra["seed_attempts"] + 1
+                if attempts >= 3 * state.extra["n_clients"]:
+                    raise InputError(
+                        f"init={self.init_!r}: no sampled client holds n_clusters={self.n_clusters} "
+                        "records; lower n_clusters or use init='kfed' or init='uniform'."
+                    )
+                return replace(state, extra={**state.extra, "seed_attempts": attempts})
+            return replace(state, centres=centres, phase="train")
+        if state.phase == "validity":
+            return self._validity_aggregate(state, agg)
+        if self.averaging == "kmeans":
+            new = self._kmeans_average(state.centres, agg, rng, first=state.round == 0)
+        else:
+            s = agg.sums
+            new = centres_from_sums(s["weighted_sums"], s["weights"], state.centres)  # eq. 6
+        movement = centre_movement(state.centres, new)
+        movements = state.movements + [movement]
+        phase = "train"
+        if movement <= self.global_tol:
+            phase = "validity" if self.validity_round else "done"
+        return replace(state, centres=new, phase=phase, round=state.round + 1, movements=movements)
+
+    def _kmeans_average(self, C, agg, rng, first=False):
+        """Eq. 17: k-means over all received local centres, paired with the old centres."""
+        received = [it for it in agg.items.values() if len(it.get("centres", ())) > 0]
+        if not received:
+            return C.copy()
+        points = np.vstack([np.asarray(it["centres"], dtype=np.float64) for it in received])
+        weights = None
+        if self.centre_weights == "membership":
+            weights = np.concatenate([np.asarray(it["sizes"], dtype=np.float64) for it in received])
+            keep = weights > 0
+            points, weights = points[keep], weights[keep]
+            if len(points) == 0:
+                return C.copy()
+        if self.server_init == "warm" and not first:
+            return weighted_kmeans(points, self.n_clusters, rng, weights=weights, init=C)
+        new = weighted_kmeans(
+            points, self.n_clusters, rng, weights=weights, n_init=self.server_n_init
+        )
+        return match_to(C, new)
+
+    def _validity_aggregate(self, state, agg):
+        from ..metrics_fuzzy import _db_from_parts
+
+        s = agg.sums
+        n = float(s["n"][0])
+        score = (
+            _db_from_parts(n, s["memberships"], s["spread"], state.centres, self.p, self.q)
+            if n > 0
+            else float("inf")
+        )
+        extra = {**state.extra, "validity_terms": {k: np.array(v, copy=True) for k, v in s.items()}}
+        return replace(state, score=score, phase="done", extra=extra)
+
+    def close(self, state):
+        """Called when max_rounds is reached: go on to the validity round, if any."""
+        if state.phase in ("train", "init"):
+            if state.centres is None:
+                raise InputError("max_rounds ended before any client could seed the centres.")
+            return replace(state, phase="validity" if self.validity_round else "done")
+        return state
+
+    def converged(self, state):
+        return state.phase == "done"
+
+    def planned_rounds(self, max_rounds):
+        seeding = (
+            not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS
+        )
+        return max_rounds + int(self.validity_round) + int(seeding)
+
+    # ----------------------------------------------------------------- client
+    def client_update(self, X, broadcast, rng, memory=None):
+        action = broadcast.action
+        if action.startswith("init."):
+            return _seeding.seeding_client_update(X, broadcast, rng)
+        C = broadcast.centres
+        params = broadcast.params
+        if action == "train.local_fcm":
+            local, U, _ = local_fcm(
+                X, C, params["m"], params["local_tol"], params["max_local_iter"]
+            )
+            items = {"centres": local}
+            if params.get("centre_weights") == "membership":
+                items["sizes"] = U.sum(axis=0)
+            return Update(items=items)
+        if action == "train.fedavg":
+            U = fuzzy_memberships(X, C, params["m"])
+            sums, weights = weighted_sums(X, U, params["m"])
+            return Update(sums={"weighted_sums": sums, "weights": weights})
+        if action == "validity":
+            return Update(sums=fedfuzzdb_terms(X, C, params["m"], params["q"]))
+        raise InputError(f"federated fuzzy c-means client got unknown action {action!r}")
+
+    def client_updates(self, datas, broadcast, rngs, memories=None):
+        """Federated-averaging rounds for many clients in one membership pass."""
+        if broadcast.action != "train.fedavg" or len(datas) == 1:
+            memories = memories or [None] * len(datas)
+            return [
+                self.client_update(X, broadcast, r, mem) for X, r, mem in zip(datas, rngs, memories)
+            ]
+        m = broadcast.params["m"]
+        X_all = np.concatenate(datas)
+        W = fuzzy_memberships(X_all, broadcast.centres, m)
+        if m != 1.0:
+            W **= m
+        bounds = np.cumsum([0] + [len(X) for X in datas])
+        out = []
+        for i in range(len(datas)):
+            Wi, Xi = W[bounds[i] : bounds[i + 1]], datas[i]
+            out.append(Update(sums={"weighted_sums": Wi.T @ Xi, "weights": Wi.sum(axis=0)}))
+        return out
+
+    def describe_server_view(self):
+        if self.averaging == "kmeans":
+            extra = " and their fuzzy supports" if self.centre_weights == "membership" else ""
+            return f"each client's K local FCM centres{extra} per round (set-fields)"
+        return "per round, the sum over clients of sum_i u_ij^m x_i and sum_i u_ij^m (sum-fields)"
