@@ -162,7 +162,10 @@ def test_dropout_schedule_removes_client_from_aggregate(small_blobs):
 
 
 def test_estimator_surface(small_blobs):
-    X, y, clients = small_blobs
+    _, y_orig, clients = small_blobs
+    X = np.vstack(clients)  # labels_ follow the pooled order: client 0's records first
+    perm = np.concatenate(np.array_split(np.random.default_rng(3).permutation(len(X)), 6))
+    y = y_orig[perm]
     est = WeightedFederatedKMeans(4, random_state=0)
     assert clone(est).get_params() == est.get_params()
     labels = est.fit_predict(clients)
@@ -199,5 +202,5 @@ def test_bad_input_names_the_argument(clients, kwargs, needle):
 
 
 def test_single_array_is_not_a_federation():
-    with pytest.raises(InputError, match="list of per-client arrays"):
+    with pytest.raises(InputError, match="list of per-client 2-D arrays"):
         WeightedFederatedKMeans(2).fit(np.ones((10, 2)))

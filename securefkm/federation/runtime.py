@@ -206,10 +206,17 @@ class Federation:
 
     # ------------------------------------------------------------------ rounds
     def run(self, run: int = 0):
-        """One complete run of the algorithm from a fresh init; returns the final state."""
+        """One complete run of the algorithm from a fresh init; returns the final state.
+
+        ``max_rounds`` bounds the algorithm's own round counter (``state.round``: training
+        rounds); seeding and score rounds do not use it up. When it is reached the
+        algorithm's ``close`` runs its closing phases (e.g. the federated score request).
+        """
         algo_rng = np.random.default_rng(self._algo_seq.spawn(1)[0])
         state = self.algorithm.init(self.n_clients, self.info.n_features, algo_rng)
         start = time.perf_counter()
+        hard_cap = 10 * self.max_rounds + 1000  # guards against an algorithm that never advances
+        t = 0
         with tqdm(
             total=self.max_rounds,
             desc=f"{self.algorithm.name} run {run}",
@@ -218,24 +225,25 @@ class Federation:
             leave=False,
             unit="round",
         ) as bar:
-            for t in range(self.max_rounds):
-                state = self.run_round(state, run=run, round=t)
-                bar.update(1)
-                if self.algorithm.converged(state):
+            while not self.algorithm.converged(state):
+                if state.round >= self.max_rounds:
+                    state = self.finish(state, run=run, first_round=t)
                     break
-            else:
-                # max_rounds reached: let the algorithm finish its closing phases
-                # (e.g. the federated score request) without further training.
-                state = self.finish(state, run=run)
+                if t >= hard_cap:
+                    raise RuntimeError(f"{self.algorithm.name} made {t} rounds without finishing")
+                before = state.round
+                state = self.run_round(state, run=run, round=t)
+                bar.update(state.round - before)
+                t += 1
         self.elapsed += time.perf_counter() - start
         return state
 
-    def finish(self, state, run: int):
+    def finish(self, state, run: int, first_round: int):
         close = getattr(self.algorithm, "close", None)
         if close is None:
             return state
         state = close(state)
-        t = self.max_rounds
+        t = first_round
         while not self.algorithm.converged(state):
             state = self.run_round(state, run=run, round=t)
             t += 1
