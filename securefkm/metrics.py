@@ -17,7 +17,12 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
-from sklearn.metrics import adjusted_rand_score, davies_bouldin_score, silhouette_score, v_measure_score
+from sklearn.metrics import (
+    adjusted_rand_score,
+    davies_bouldin_score,
+    silhouette_score,
+    v_measure_score,
+)
 from sklearn.metrics.cluster import contingency_matrix
 
 from ._validation import check_array, check_choice, check_int, check_random_state
