@@ -488,3 +488,11 @@ def test_flatten_order_matches_codec():  # packing relies on the codec's flatten
     enc = CODEC.encode_signed(sums, specs, 1)
     flat = flatten_sums(sums, specs)
     np.testing.assert_allclose(enc[:3], flat[:3])
+
+
+def test_messages_pass_the_flower_restricted_unpickler(authority):
+    wire = pytest.importorskip("securefkm.flower._wire")
+    _, server, replies, *_ = _round(authority)
+    msg = server.messages("encrypted_input", (0,))[0]
+    assert wire.loads(wire.dumps(msg)) == msg
+    assert wire.loads(wire.dumps(replies[0])) == replies[0]
