@@ -42,9 +42,19 @@ Choices the paper leaves open:
   a constant movement of 0.53 for 100 rounds, while the warm start converges in 5.
 * Local stopping: largest absolute membership change <= ``local_tol`` (see ``_fcm``).
 
-``secure_mode=True`` (k-means averaging without revealing any client's local centres)
-needs the shared secure-centres mechanism (``securefkm.algorithms.secure_centres``); when
-that module is absent it raises an InputError saying so.
+``secure_mode=True`` (k-means averaging only) hides every client's local centres: clients
+keep them in their private ``memory`` and the server k-means of eq. 17 runs as rounds of
+secure sums (``securefkm.algorithms.secure_centres``: each client assigns its stored local
+centres to the current global centres and returns per-global-cluster weighted sums), warm
+started from the current global centres. Each server k-means iteration is one round, so
+``max_rounds`` then caps all rounds (training + secure iterations). Local FCM centres are
+not means of records, so these sum-fields have kind ``"value"``: secure aggregation
+applies, record-level DP refuses them. The plain mode's first server k-means uses
+k-means++ restarts over the local centres, which secure sums cannot do; with
+``oversample > 1`` and ``init_bounds`` the first secure k-means instead starts from
+``oversample * K`` uniform centres in the declared box and reduces the non-empty
+aggregated centres to K (``SecureServerKMeans``'s coarse stage); otherwise it starts from
+the current global centres.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from .._validation import check_choice, check_float, check_int
 from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
+from . import secure_centres as sc
 from ._fcm import centres_from_sums, check_fuzzifier, fuzzy_memberships, local_fcm, weighted_sums
 from ._kmeans import weighted_kmeans
 from .base import Algorithm, AlgorithmState
@@ -116,6 +127,9 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         p: float = 2.0,
         q: float = 1.0,
         secure_mode: bool = False,
+        server_max_iter: int = 100,
+        server_tol: float = 1e-6,
+        oversample: int = 5,
     ):
         self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
         self.averaging = check_choice(averaging, "averaging", AVERAGING)
@@ -131,22 +145,37 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         self.init_ = init
         self.init_bounds = init_bounds
         self.validity_round = bool(validity_round)
+        if self.validity_round and self.n_clusters < 2:
+            raise InputError(
+                "n_clusters must be >= 2 for the validity round (the Davies-Bouldin index compares "
+                "pairs of clusters); pass validity_round=False to fit a single cluster."
+            )
         self.p = check_float(p, "p", minimum=1.0)
         self.q = check_float(q, "q", minimum=0.0, min_inclusive=False)
         self.secure_mode = bool(secure_mode)
-        if self.secure_mode:
-            if self.averaging != "kmeans":
-                raise InputError(
-                    "secure_mode=True applies to averaging='kmeans' only; averaging='fedavg' is "
-                    "already sum-only and runs under secure aggregation as it is."
-                )
+        self.server_max_iter = check_int(server_max_iter, "server_max_iter", minimum=1)
+        self.server_tol = check_float(server_tol, "server_tol", minimum=0.0)
+        self.oversample = check_int(oversample, "oversample", minimum=1)
+        if self.secure_mode and self.averaging != "kmeans":
             raise InputError(
-                "secure_mode=True is not available yet: it needs the shared secure-centres "
-                "mechanism (securefkm.algorithms.secure_centres), which this version does not "
-                "ship. Use averaging='fedavg' for a sum-only FCM under secure aggregation."
+                "secure_mode=True applies to averaging='kmeans' only; averaging='fedavg' is "
+                "already sum-only and runs under secure aggregation as it is."
             )
-        self.uses_set_fields = self.averaging == "kmeans"
+        if self.secure_mode and self.centre_weights != "none":
+            raise InputError(
+                "secure_mode=True supports centre_weights='none' only (the paper's unweighted "
+                "k-means averaging); drop centre_weights or set secure_mode=False."
+            )
+        self.secure = sc.SecureServerKMeans(
+            self.n_clusters,
+            max_iter=self.server_max_iter,
+            tol=self.server_tol,
+            oversample=self.oversample,
+        )
+        self.uses_set_fields = self.averaging == "kmeans" and not self.secure_mode
         self.name = "fedfcm" if self.averaging == "kmeans" else "fedavg-fcm"
+        if self.secure_mode:
+            self.name = "fedfcm-secure"
 
     # ----------------------------------------------------------------- server
     def init(self, n_clients, n_features, rng):
@@ -155,11 +184,13 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         )
         phase = "train" if centres is not None else "init"
         state = AlgorithmState(centres=centres, phase=phase)
-        state.extra.update(rng=rng, seed_attempts=0, n_clients=n_clients)
+        state.extra.update(rng=rng, seed_attempts=0, n_clients=n_clients, sk=None, secure_total=0)
         return state
 
-    def _train_params(self):
+    def _train_params(self, state):
         return {
+            "secure": self.secure_mode,
+            "train_round": state.round,
             "m": self.m,
             "local_tol": self.local_tol,
             "max_local_iter": self.max_local_iter,
@@ -169,6 +200,9 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(self.init_, self.n_clusters)
+        if state.phase == "secure":
+            b = self.secure.broadcast(state.extra["sk"], state.extra["secure_total"])
+            return replace(b, params={**b.params, "train_round": state.round})
         if state.phase == "validity":
             return Broadcast(
                 action="validity",
@@ -178,13 +212,15 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             )
         if self.averaging == "kmeans":
             return Broadcast(
-                action="train.local_fcm", centres=state.centres, params=self._train_params()
+                action="train.local_fcm", centres=state.centres, params=self._train_params(state)
             )
         return Broadcast(action="train.fedavg", centres=state.centres, params={"m": self.m})
 
     def sum_fields(self, broadcast):
         if broadcast.centres is None:
             return ()
+        if broadcast.action == sc.SECURE_ACTION:
+            return self.secure.fields(broadcast)
         k, d = broadcast.centres.shape
         if broadcast.action == "train.fedavg":
             return (FieldSpec("weighted_sums", (k, d), "sum"), FieldSpec("weights", (k,), "count"))
@@ -213,11 +249,29 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             return replace(state, centres=centres, phase="train")
         if state.phase == "validity":
             return self._validity_aggregate(state, agg)
+        if state.phase == "secure":
+            sk, G = self.secure.step(state.extra["sk"], agg.sums, rng)
+            extra = {**state.extra, "sk": sk, "secure_total": state.extra["secure_total"] + 1}
+            state = replace(state, extra=extra)
+            return state if G is None else self._new_centres(state, G)
+        if self.secure_mode:  # the clients stored their local centres: secure server k-means
+            start, coarse = state.centres, False
+            if state.round == 0 and self.oversample > 1 and self.init_bounds is not None:
+                # protected replacement of the plain mode's k-means++ restarts (module doc)
+                start, coarse = self.secure.initial_centres(
+                    "uniform", self.init_bounds, state.centres.shape[1], rng
+                )
+            sk = self.secure.start(start, exact_means=False, coarse=coarse)
+            return replace(state, phase="secure", extra={**state.extra, "sk": sk})
         if self.averaging == "kmeans":
             new = self._kmeans_average(state.centres, agg, rng, first=state.round == 0)
         else:
             s = agg.sums
             new = centres_from_sums(s["weighted_sums"], s["weights"], state.centres)  # eq. 6
+        return self._new_centres(state, new)
+
+    def _new_centres(self, state, new):
+        """Record one training round's new global centres and apply the global criterion."""
         movement = centre_movement(state.centres, new)
         movements = state.movements + [movement]
         phase = "train"
@@ -260,7 +314,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
 
     def close(self, state):
         """Called when max_rounds is reached: go on to the validity round, if any."""
-        if state.phase in ("train", "init"):
+        if state.phase in ("train", "init", "secure"):
             if state.centres is None:
                 raise InputError("max_rounds ended before any client could seed the centres.")
             return replace(state, phase="validity" if self.validity_round else "done")
@@ -273,7 +327,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         seeding = (
             not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS
         )
-        return max_rounds + int(self.validity_round) + int(seeding)
+        return max_rounds + int(self.validity_round) + int(seeding)  # secure: max_rounds caps all
 
     # ----------------------------------------------------------------- client
     def client_update(self, X, broadcast, rng, memory=None):
@@ -282,10 +336,19 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             return _seeding.seeding_client_update(X, broadcast, rng)
         C = broadcast.centres
         params = broadcast.params
+        if action == sc.SECURE_ACTION:
+            stored = (memory or {}).get("fedfcm_round")
+            # a client not sampled in this training round holds stale centres: send zeros
+            mem = memory if stored == params.get("train_round") else {}
+            return sc.secure_client_update(mem, broadcast)
         if action == "train.local_fcm":
             local, U, _ = local_fcm(
                 X, C, params["m"], params["local_tol"], params["max_local_iter"]
             )
+            if params.get("secure"):
+                sc.store_local_centres(memory, local, np.ones(len(local)), exact_means=False)
+                memory["fedfcm_round"] = params["train_round"]
+                return Update()
             items = {"centres": local}
             if params.get("centre_weights") == "membership":
                 items["sizes"] = U.sum(axis=0)
@@ -318,6 +381,8 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         return out
 
     def describe_server_view(self):
+        if self.secure_mode:
+            return "per-global-cluster sums of the clients' local FCM centres (sum-fields), per secure iteration"
         if self.averaging == "kmeans":
             extra = " and their fuzzy supports" if self.centre_weights == "membership" else ""
             return f"each client's K local FCM centres{extra} per round (set-fields)"
