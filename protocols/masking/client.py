@@ -1,0 +1,237 @@
+"""The client side of pairwise masking (Bonawitz et al. 2017, CCS, Fig. 4, user side).
+
+One :class:`MaskingClient` per client and round. It answers the four stages in order and
+refuses (:class:`~securefkm.layers.ProtocolRefusal`) any request an honest client must not
+answer. The session is a plain picklable object: a deployment can persist it between
+messages. Secrets are erased as soon as they are no longer needed: the X25519 private keys
+after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
+after the masked input, the held shares after the unmask stage.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from securefkm.layers import ClientSession, ProtocolRefusal
+
+from .. import shamir
+from . import keys
+from .graph import RoundPlan
+from .prg import MaskExpander
+
+_SHARE_LEN = 6 + 4 * shamir.n_limbs(32)  # one share of a 32-byte secret
+
+
+class MaskingClient(ClientSession):
+    """A client's session. ``vector`` is its encoded sum-fields plus the check slot (= 1)."""
+
+    def __init__(
+        self,
+        client_id: int,
+        plan: RoundPlan,
+        vector: np.ndarray,
+        digest: bytes,
+        *,
+        cipher: str = "chacha20",
+        identity_private: bytes | None = None,
+        registry: dict[int, bytes] | None = None,
+    ):
+        self.me = int(client_id)
+        self.plan = plan
+        self.vector = vector
+        self.digest = digest
+        self.cipher = cipher
+        self.identity_private = identity_private
+        self.registry = registry
+        self.done: list[str] = []
+        self.revealed: dict[int, str] = {}  # peer -> share type revealed ("b" or "s")
+
+    # ------------------------------------------------------------------ helpers
+    def _refuse(self, why: str):
+        raise ProtocolRefusal(f"client {self.me} refuses: {why}")
+
+    def _enter(self, stage: str, expected_before: tuple[str, ...]):
+        if stage in self.done:
+            self._refuse(f"stage {stage!r} was already answered this round (replayed request)")
+        if tuple(self.done) != expected_before:
+            self._refuse(f"stage {stage!r} out of order (answered so far: {self.done})")
+
+    def respond(self, stage, message):
+        if stage == "advertise":
+            return self._advertise(message)
+        if stage == "share":
+            return self._share(message)
+        if stage == "masked_input":
+            return self._masked_input(message)
+        if stage == "unmask":
+            return self._unmask(message)
+        self._refuse(f"unknown stage {stage!r}")
+
+    # ------------------------------------------------------------------ stage 0
+    def _advertise(self, message):
+        self._enter("advertise", ())
+        self.c_sk, c_pk = keys.x25519_keypair()
+        self.s_sk, s_pk = keys.x25519_keypair()
+        sig = None
+        if self.identity_private is not None:
+            sig = keys.sign(self.identity_private, keys.advert_message(self.plan.rid, self.me, c_pk, s_pk))
+        self.my_keys = (c_pk, s_pk)
+        self.done.append("advertise")
+        return {"c_pk": c_pk, "s_pk": s_pk, "sig": sig}
+
+    # ------------------------------------------------------------------ stage 1
+    def _share(self, message):
+        self._enter("share", ("advertise",))
+        plan = self.plan
+        if not isinstance(message, dict) or not isinstance(message.get("keys"), dict):
+            self._refuse("the share request carries no key list")
+        adverts = message["keys"]
+        mine = adverts.get(self.me)
+        if not isinstance(mine, dict) or (mine.get("c_pk"), mine.get("s_pk")) != self.my_keys:
+            self._refuse("the key list does not contain my own advertised keys unchanged")
+        seen: set[bytes] = set()
+        peers = []
+        for v, adv in adverts.items():
+            v = int(v)
+            if v != self.me and (v not in plan.members or not plan.graph.is_neighbour(self.me, v)):
+                self._refuse(f"key list names client {v}, who is not my neighbour this round")
+            try:
+                c_pk, s_pk = adv["c_pk"], adv["s_pk"]
+            except (KeyError, TypeError):
+                self._refuse(f"malformed advertised keys for client {v}")
+            if not (isinstance(c_pk, bytes) and isinstance(s_pk, bytes) and len(c_pk) == 32 and len(s_pk) == 32):
+                self._refuse(f"malformed advertised keys for client {v}")
+            if c_pk in seen or s_pk in seen or c_pk == s_pk:
+                self._refuse(f"advertised keys are not all distinct (client {v}): a replayed key")
+            seen.update((c_pk, s_pk))
+            if self.registry is not None:
+                ident = self.registry.get(v)
+                sig = adv.get("sig")
+                if ident is None or not isinstance(sig, bytes):
+                    self._refuse(f"client {v}'s advertised keys carry no valid signature")
+                try:
+                    keys.verify(ident, sig, keys.advert_message(plan.rid, v, c_pk, s_pk))
+                except keys.CryptoFailure:
+                    self._refuse(f"client {v}'s advertised keys fail signature verification (tampered key)")
+            if v != self.me:
+                peers.append(v)
+        peers.sort()
+        holders = sorted(peers + [self.me])
+        if len(holders) < plan.t_share:
+            self._refuse(
+                f"only {len(holders)} holders (me and {len(peers)} neighbours) advertised keys; "
+                f"my secrets need threshold {plan.t_share}"
+            )
+        # pairwise mask seeds and share-encryption keys, computed once here
+        self.pair_seeds: dict[int, bytes] = {}
+        self.recv_keys: dict[int, bytes] = {}
+        send_keys: dict[int, bytes] = {}
+        bind = self.digest
+        s_key, c_key = keys.load_x25519(self.s_sk), keys.load_x25519(self.c_sk)
+        for v in peers:
+            adv = adverts[v]
+            try:
+                s_shared = keys.x25519_agree(s_key, adv["s_pk"])
+                c_shared = keys.x25519_agree(c_key, adv["c_pk"])
+            except keys.CryptoFailure as exc:
+                self._refuse(f"client {v}'s advertised key is invalid ({exc})")
+            self.pair_seeds[v] = keys.hkdf(s_shared, keys.mask_seed_info(plan.rid, self.me, v, bind))
+            send_keys[v], self.recv_keys[v] = keys.share_keys(c_shared, plan.rid, self.me, v)
+        self.peer_pks = {v: adverts[v]["s_pk"] for v in peers}
+        self.b_seed = os.urandom(32)
+        s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], plan.t_share, [h + 1 for h in holders])
+        out = {}
+        self.held: dict[int, tuple[bytes, bytes]] = {}
+        for i, h in enumerate(holders):
+            if h == self.me:
+                self.held[self.me] = (s_shares[i], b_shares[i])
+                continue
+            out[h] = keys.encrypt_shares(send_keys[h], plan.rid, self.me, h, s_shares[i] + b_shares[i])
+        del self.c_sk, self.s_sk
+        self.done.append("share")
+        return out
+
+    # ------------------------------------------------------------------ stage 2
+    def _masked_input(self, message):
+        self._enter("masked_input", ("advertise", "share"))
+        plan = self.plan
+        if not isinstance(message, dict):
+            self._refuse("the masked-input request carries no share ciphertexts")
+        mask_peers = []
+        for u, blob in message.items():
+            u = int(u)
+            if u not in self.recv_keys:
+                self._refuse(f"received shares from client {u}, who is not one of my key-sharing neighbours")
+            try:
+                payload = keys.decrypt_shares(self.recv_keys[u], plan.rid, u, self.me, blob)
+            except keys.CryptoFailure as exc:
+                self._refuse(f"shares from client {u} do not decrypt ({exc})")
+            if len(payload) != 2 * _SHARE_LEN:
+                self._refuse(f"shares from client {u} are malformed")
+            self.held[u] = (payload[:_SHARE_LEN], payload[_SHARE_LEN:])
+            mask_peers.append(u)
+        mask_peers.sort()
+        if len(mask_peers) + 1 < plan.t_share:
+            self._refuse(
+                f"only {len(mask_peers)} neighbours completed the share stage; "
+                f"threshold {plan.t_share} cannot be met"
+            )
+        expander = MaskExpander(plan.length, self.cipher)
+        y = self.vector.astype(np.uint64, copy=True)
+        expander.add(y, self.b_seed, +1)
+        for v in mask_peers:
+            expander.add(y, self.pair_seeds[v], +1 if self.me < v else -1)
+        self.mask_peers = tuple(mask_peers)
+        # nothing but the held shares is needed any more
+        del self.b_seed, self.pair_seeds, self.recv_keys
+        self.vector = None
+        self.done.append("masked_input")
+        return y
+
+    # ------------------------------------------------------------------ stage 3
+    def _unmask(self, message):
+        self._enter("unmask", ("advertise", "share", "masked_input"))
+        plan = self.plan
+        try:
+            survivors = {int(c) for c in message["survivors"]}
+            dropped = {int(c) for c in message["dropped"]}
+        except (KeyError, TypeError, ValueError):
+            self._refuse("the unmask request must list survivors and dropped clients")
+        both = survivors & dropped
+        if both:
+            self._refuse(
+                f"clients {sorted(both)[:5]} are listed as both survivor and dropped: answering "
+                "would reveal both the self-mask and the mask key of one client"
+            )
+        if self.me not in survivors:
+            self._refuse("I sent my masked input but am not listed as a survivor")
+        if len(survivors) < plan.min_survivors:
+            self._refuse(
+                f"only {len(survivors)} survivors listed, fewer than the round's minimum "
+                f"{plan.min_survivors}: the sum would expose too few clients"
+            )
+        mine = set(self.mask_peers) | {self.me}
+        if len(survivors & mine) < plan.t_share:
+            self._refuse(
+                f"only {len(survivors & mine)} of my neighbourhood survived, fewer than the "
+                f"threshold {plan.t_share}"
+            )
+        b_out, s_out = {}, {}
+        for v in sorted(mine):
+            kind = "b" if v in survivors else "s" if v in dropped else None
+            if kind is None:
+                continue
+            prev = self.revealed.get(v)
+            if prev is not None and prev != kind:
+                self._refuse(f"asked for the {kind}-share of client {v} after revealing its {prev}-share")
+            self.revealed[v] = kind
+            s_sh, b_sh = self.held[v]
+            if kind == "b":
+                b_out[v] = b_sh
+            else:
+                s_out[v] = s_sh
+        self.held = {}
+        self.done.append("unmask")
+        return {"b": b_out, "s": s_out}

@@ -1,0 +1,184 @@
+"""Who masks with whom, and how many holders must answer: the round's public plan.
+
+* ``"complete"``: every pair of sampled clients agrees a mask (Bonawitz et al. 2017, CCS):
+  ``n - 1`` key agreements and shares per client.
+* ``"sparse"``: the SecAgg+ construction of Bell et al. 2020 (CCS, "Secure single-server
+  aggregation with (poly)logarithmic overhead", Sec. 3-4): clients mask with, and share
+  their secrets among, only their neighbours in a ``k``-regular graph with
+  ``k = O(log n)``. As in Bell et al., the graph is a Harary graph ``H(k, n)`` (each node
+  linked to the ``k/2`` nearest nodes on each side of a cycle) over a *random* cyclic order
+  of the sampled clients. The order comes from a public seed that every party derives
+  from the round id and the sampled set (SHA-256), so the server cannot hand a client a
+  neighbourhood of its choice; it is public randomness, not a secret, hence numpy's
+  generator keyed by that hash is adequate here.
+
+Thresholds (Bonawitz et al. Sec. 6 / Theorem 6.5 for the active model): a client's secrets
+are shared among its ``m`` holders (itself and its neighbours: ``m = n`` for the complete
+graph, ``k + 1`` for the sparse one) with threshold ``t``. Default
+``t = floor(2m/3) + 1``: with at most ``n_C`` corrupted clients colluding with a malicious
+server, the server cannot obtain both the self-mask and the mask key of one honest client
+while ``t > (m + n_C) / 2``, i.e. for ``n_C < m/3``; and up to ``m - t`` (about a third)
+holders may drop. The round also needs at least ``min_survivors`` clients to send masked
+input (the same fraction of the sampled set), so the server cannot isolate one client's
+input by declaring the others dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from securefkm.exceptions import InputError
+
+from .keys import DOMAIN
+
+GRAPHS = ("complete", "sparse")
+
+
+def default_neighbours(n: int) -> int:
+    """Default degree of the sparse graph: ``6 * log2(n)`` rounded up to an even number.
+
+    Bell et al. 2020 (Sec. 4) show ``k = O(log n)`` suffices; the constant depends on the
+    tolerated corruption and dropout rates and the statistical security parameter (their
+    Table 2). ``6 log2 n`` (60 for n = 1000, 80 for n = 10000) keeps the probability that
+    a client has ``t`` corrupted neighbours (corruption rate 1/3) negligible for these n.
+    Override with ``neighbours=``.
+    """
+    k = math.ceil(6 * math.log2(max(n, 2)))
+    return k + (k % 2)
+
+
+def resolve_threshold(threshold, m: int, name: str = "threshold") -> int:
+    """Shamir threshold among ``m`` holders from an int, a fraction in (0, 1] or ``None``."""
+    if threshold is None:
+        t = (2 * m) // 3 + 1
+    elif isinstance(threshold, numbers.Integral) and not isinstance(threshold, bool):
+        t = int(threshold)
+    elif isinstance(threshold, numbers.Real) and not isinstance(threshold, bool):
+        t = math.ceil(float(threshold) * m - 1e-9)
+    else:
+        raise InputError(f"{name} must be an int, a fraction in (0, 1] or None, got {threshold!r}.")
+    t = min(max(t, 1), m) if threshold is None else t
+    if m >= 2 and t < 2:
+        raise InputError(
+            f"{name} resolves to {t} among {m} holders: a threshold of 1 hands every neighbour "
+            "the client's secrets; use at least 2 (the default is floor(2m/3)+1)."
+        )
+    if t > m:
+        raise InputError(f"{name}={t} exceeds the {m} holders of each secret; lower it or sample more clients.")
+    return t
+
+
+def check_threshold_arg(threshold) -> None:
+    if threshold is None:
+        return
+    if isinstance(threshold, bool):
+        raise InputError(f"threshold must be an int, a fraction in (0, 1] or None, got {threshold!r}.")
+    if isinstance(threshold, numbers.Integral):
+        if threshold < 2:
+            raise InputError(f"threshold={threshold} must be >= 2 (t=1 reveals the secrets to every holder).")
+        return
+    if isinstance(threshold, numbers.Real):
+        if not 0.0 < float(threshold) <= 1.0:
+            raise InputError(f"threshold={threshold} as a fraction must be in (0, 1]; pass an int for a count.")
+        return
+    raise InputError(f"threshold must be an int, a fraction in (0, 1] or None, got {threshold!r}.")
+
+
+@dataclass
+class Graph:
+    """The neighbourhoods of one round (public). ``complete`` or a Harary graph over ``order``."""
+
+    sampled: tuple[int, ...]
+    kind: str
+    degree: int
+    order: np.ndarray | None = None  # random cyclic order of the sampled ids (sparse)
+    _pos: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, sampled, kind: str, neighbours: int | None, seed: bytes) -> Graph:
+        sampled = tuple(int(c) for c in sampled)
+        n = len(sampled)
+        if kind not in GRAPHS:
+            raise InputError(f"graph must be one of {GRAPHS}, got {kind!r}.")
+        if kind == "complete":
+            return cls(sampled, "complete", n - 1)
+        k = default_neighbours(n) if neighbours is None else int(neighbours)
+        k += k % 2
+        if k >= n - 1:
+            return cls(sampled, "complete", n - 1)
+        rng = np.random.Generator(np.random.PCG64(int.from_bytes(seed, "big")))
+        order = np.asarray(sampled, dtype=np.int64)[rng.permutation(n)]
+        g = cls(sampled, "sparse", k, order)
+        g._pos = {int(c): i for i, c in enumerate(order.tolist())}
+        return g
+
+    def neighbours(self, u: int) -> np.ndarray:
+        """Sorted ids of ``u``'s neighbours (excluding ``u``)."""
+        if self.kind == "complete":
+            arr = np.asarray(self.sampled, dtype=np.int64)
+            return np.sort(arr[arr != u])
+        i = self._pos[int(u)]
+        half = self.degree // 2
+        offs = np.concatenate([np.arange(1, half + 1), -np.arange(1, half + 1)])
+        return np.sort(self.order[(i + offs) % len(self.order)])
+
+    def is_neighbour(self, u: int, v: int) -> bool:
+        if u == v:
+            return False
+        if self.kind == "complete":
+            return True
+        n = len(self.order)
+        d = (self._pos[int(u)] - self._pos[int(v)]) % n
+        return min(d, n - d) <= self.degree // 2
+
+    def __getstate__(self):
+        return {"sampled": self.sampled, "kind": self.kind, "degree": self.degree, "order": self.order}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._pos = {} if self.order is None else {int(c): i for i, c in enumerate(self.order.tolist())}
+
+
+def graph_seed(rid: bytes, sampled) -> bytes:
+    data = struct.pack(f"<{len(sampled)}q", *[int(c) for c in sampled])
+    return hashlib.sha256(DOMAIN + b"|graph|" + rid + data).digest()
+
+
+@dataclass
+class RoundPlan:
+    """Public facts of one masking round, derived identically by the server and each client."""
+
+    rid: bytes
+    sampled: tuple[int, ...]
+    graph: Graph
+    t_share: int  # Shamir threshold of each client's secrets among its holders
+    min_survivors: int  # clients that must send masked input for the round to complete
+    length: int  # words of the masked vector (fields + 1 check slot)
+    members: frozenset = field(default=frozenset(), repr=False)
+
+    def __post_init__(self):
+        self.members = frozenset(self.sampled)
+
+    @property
+    def holders_per_client(self) -> int:
+        return self.graph.degree + 1
+
+
+def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int) -> RoundPlan:
+    sampled = tuple(sorted(int(c) for c in sampled))
+    n = len(sampled)
+    graph = Graph.build(sampled, kind, neighbours, graph_seed(rid, sampled))
+    m = graph.degree + 1
+    if graph.kind == "complete":
+        t = resolve_threshold(threshold, m)
+        min_surv = t
+    else:
+        t = resolve_threshold(threshold, m)
+        min_surv = max(t, math.ceil(n * t / m - 1e-9))
+    return RoundPlan(rid, sampled, graph, t, min_surv, length)

@@ -1,0 +1,152 @@
+"""Key agreement, key derivation, share encryption and the simulated PKI of pairwise masking.
+
+Bonawitz et al. 2017 (CCS), Sec. 4 and Fig. 4: each client holds two Diffie-Hellman key
+pairs per round, ``(c_sk, c_pk)`` to derive the symmetric key that encrypts the Shamir
+shares it sends a peer through the server, and ``(s_sk, s_pk)`` to agree the pairwise mask
+seed ``s_uv`` with each neighbour. We use X25519 (RFC 7748) for both and HKDF-SHA256
+(RFC 5869) to turn each shared secret into a 256-bit key, with an ``info`` string that
+binds the round, the ordered pair of clients and the purpose, and (with
+``bind_broadcast``) the SHA-256 digest of the broadcast the client acted on. Shares travel
+under ChaCha20-Poly1305 (RFC 8439) with a random 96-bit nonce and the round and both ids as
+associated data; each direction has its own key.
+
+Signatures (``sign_keys=True``, Bonawitz et al. Sec. 6, active model): every client holds
+a long-term Ed25519 identity key registered out of band; it signs its two advertised
+public keys together with the round id. :class:`IdentityRegistry` *simulates* that PKI:
+the layer's ``setup`` creates a key pair per client id, hands the private key to the
+client (via its persistent state) and keeps only the public keys for verification.
+
+Private keys are kept as raw 32-byte strings so that client sessions stay picklable.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+DOMAIN = b"securefkm/pairwise-masking/v1"
+
+
+class CryptoFailure(Exception):
+    """A signature, a ciphertext or a public key failed to verify."""
+
+
+# ---------------------------------------------------------------- X25519
+def x25519_keypair() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair ``(private, public)`` as raw bytes (OS CSPRNG)."""
+    sk = X25519PrivateKey.generate()
+    return sk.private_bytes_raw(), sk.public_key().public_bytes_raw()
+
+
+def x25519_public(private: bytes) -> bytes:
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+
+
+def load_x25519(private: bytes) -> X25519PrivateKey:
+    """Load a raw private key once (loading costs about as much as one agreement)."""
+    return X25519PrivateKey.from_private_bytes(private)
+
+
+def x25519_agree(private: bytes | X25519PrivateKey, peer_public: bytes) -> bytes:
+    """Raw X25519 shared secret; raises :class:`CryptoFailure` on an invalid public key."""
+    sk = private if isinstance(private, X25519PrivateKey) else X25519PrivateKey.from_private_bytes(private)
+    try:
+        return sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:  # all-zero shared secret (small-order point) or bad length
+        raise CryptoFailure(f"invalid X25519 public key: {exc}") from None
+
+
+# ---------------------------------------------------------------- HKDF
+def round_id(run: int, rnd: int, action: str) -> bytes:
+    """Public identifier of a round, bound into every derived key."""
+    a = action.encode()
+    return struct.pack("<qqH", int(run), int(rnd), len(a)) + a
+
+
+def hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(secret)
+
+
+def mask_seed_info(rid: bytes, u: int, v: int, digest: bytes) -> bytes:
+    """HKDF info of the pairwise mask seed ``s_uv``: symmetric in (u, v)."""
+    lo, hi = (u, v) if u < v else (v, u)
+    return DOMAIN + b"|mask|" + rid + struct.pack("<qq", lo, hi) + b"|" + digest
+
+
+def share_keys(c_shared: bytes, rid: bytes, u: int, v: int) -> tuple[bytes, bytes]:
+    """Share-encryption keys ``(u -> v, v -> u)``: one HKDF call, one 32-byte key per direction."""
+    lo, hi = (u, v) if u < v else (v, u)
+    okm = hkdf(c_shared, DOMAIN + b"|share-enc|" + rid + struct.pack("<qq", lo, hi), 64)
+    k_lo_hi, k_hi_lo = okm[:32], okm[32:]
+    return (k_lo_hi, k_hi_lo) if u < v else (k_hi_lo, k_lo_hi)
+
+
+# ---------------------------------------------------------------- AEAD
+def encrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, payload: bytes) -> bytes:
+    """ChaCha20-Poly1305 ``nonce || ciphertext`` with (round, sender, receiver) as AD."""
+    nonce = os.urandom(12)
+    ad = rid + struct.pack("<qq", sender, receiver)
+    return nonce + ChaCha20Poly1305(key).encrypt(nonce, payload, ad)
+
+
+def decrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, blob: bytes) -> bytes:
+    if not isinstance(blob, (bytes, bytearray)) or len(blob) < 12 + 16:
+        raise CryptoFailure("share ciphertext is malformed")
+    ad = rid + struct.pack("<qq", sender, receiver)
+    try:
+        return ChaCha20Poly1305(key).decrypt(bytes(blob[:12]), bytes(blob[12:]), ad)
+    except InvalidTag:
+        raise CryptoFailure("share ciphertext failed authentication") from None
+
+
+# ---------------------------------------------------------------- Ed25519 / PKI
+def advert_message(rid: bytes, client: int, c_pk: bytes, s_pk: bytes) -> bytes:
+    return DOMAIN + b"|advertise|" + rid + struct.pack("<q", client) + c_pk + s_pk
+
+
+def sign(identity_private: bytes, message: bytes) -> bytes:
+    return Ed25519PrivateKey.from_private_bytes(identity_private).sign(message)
+
+
+def verify(identity_public: bytes, signature: bytes, message: bytes) -> None:
+    try:
+        Ed25519PublicKey.from_public_bytes(identity_public).verify(signature, message)
+    except (InvalidSignature, ValueError, TypeError):
+        raise CryptoFailure("Ed25519 signature does not verify") from None
+
+
+class IdentityRegistry:
+    """Simulated PKI: long-term Ed25519 identity keys per client id.
+
+    In a deployment each client generates its identity key itself and registers the public
+    half with a directory the clients trust (not the aggregation server). Here the layer
+    creates the key pairs in ``setup``; :meth:`private` stands for the out-of-band hand-over
+    to the client, :attr:`public` is the directory every party reads.
+    """
+
+    def __init__(self):
+        self.public: dict[int, bytes] = {}
+        self._private: dict[int, bytes] = {}
+
+    def provision(self, client_ids) -> None:
+        for c in client_ids:
+            c = int(c)
+            if c not in self.public:
+                sk = Ed25519PrivateKey.generate()
+                self._private[c] = sk.private_bytes_raw()
+                self.public[c] = sk.public_key().public_bytes_raw()
+
+    def private(self, client: int) -> bytes:
+        self.provision([client])
+        return self._private[int(client)]
+
+    def __deepcopy__(self, memo):
+        # A fit's deep copy of the layer keeps the same directory (the PKI is not per fit).
+        return self

@@ -1,0 +1,189 @@
+"""PairwiseMasking: secure aggregation by pairwise-cancelling masks with dropout recovery.
+
+Bonawitz et al. 2017, "Practical Secure Aggregation for Privacy-Preserving Machine
+Learning" (CCS), with the sparse neighbourhood graph of Bell et al. 2020, "Secure
+single-server aggregation with (poly)logarithmic overhead" (CCS) as an option.
+Stages: ``advertise`` (X25519 keys, optionally Ed25519-signed), ``share`` (encrypted Shamir
+shares of the mask key and self-mask seed), ``masked_input`` (encoded sum-fields + check
+slot + masks), ``unmask`` (shares of survivors' self-masks and dropped clients' mask keys).
+See ``docs/protocols/pairwise-masking.md``.
+
+Trust model
+-----------
+* Secrets: each client holds, per round, two X25519 private keys (``c``: share encryption,
+  ``s``: mask agreement) and a self-mask seed ``b`` (OS CSPRNG). Shamir shares of ``s`` and
+  ``b`` are held by the client's neighbours (everyone in the complete graph), encrypted so
+  the server cannot read them. With ``sign_keys`` each client also holds a long-term
+  Ed25519 identity key registered with a PKI (simulated here) that clients trust.
+* Server honest-but-curious: it learns the sum of the survivors' sum-fields and the
+  survivor/dropout sets, nothing else, unless it colludes with ``t`` or more of a client's
+  holders (they could then reconstruct both ``b`` and ``s`` of that client). Collusions of
+  the server with up to ``t - 1`` holders of each client reveal nothing about honest
+  clients' individual inputs beyond the sum.
+* Server malicious (active): with ``sign_keys=True`` it cannot substitute keys (man in the
+  middle); honest clients refuse to reveal both shares of one peer, refuse survivor lists
+  smaller than the threshold, and (``bind_broadcast``) masks only cancel between clients
+  that received the same broadcast, so sending different centres to different clients
+  makes the round fail detectably instead of leaking. Security against a malicious server
+  colluding with ``n_C`` clients needs ``t > (m + n_C) / 2`` (Bonawitz et al. Sec. 6); the
+  default ``t = floor(2m/3) + 1`` gives ``n_C < m/3``. Without ``sign_keys`` a malicious
+  server can impersonate clients in the key exchange.
+* Not protected: the sum itself (use DP noise on top, e.g. ``GaussianDP``), differencing of
+  sums across rounds with different participants, sybil clients the server creates
+  (without a PKI), a malicious server that reports dropouts falsely to shrink the sum to
+  ``min_survivors`` clients, and denial of service (any party can make the round abort).
+  The consistency-check round of Bonawitz et al.'s active variant (signatures over the
+  survivor list) is not implemented: the stage list is fixed to four stages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.layers import Aggregator, ClientContext, RoundContext, RunInfo
+
+from ..codec import FixedPointCodec
+from . import keys
+from .client import MaskingClient
+from .graph import GRAPHS, RoundPlan, check_threshold_arg, make_plan
+from .prg import CIPHERS
+from .server import MaskingServer
+
+IDENTITY_STATE_KEY = "pairwise_masking.identity"
+
+
+class PairwiseMasking(Aggregator):
+    """Secure sum by pairwise masking (Bonawitz et al. 2017), complete or sparse graph.
+
+    Parameters
+    ----------
+    threshold:
+        Shamir threshold ``t``: an int, or a fraction of the holders of each client's
+        secrets (all sampled clients for ``graph="complete"``, the client and its ``k``
+        neighbours for ``"sparse"``). Default ``floor(2m/3) + 1``. The round needs at least
+        that many survivors (the same fraction of the sampled clients in sparse mode).
+    graph:
+        ``"complete"`` (Bonawitz) or ``"sparse"`` (Bell et al.'s k-regular graph).
+    neighbours:
+        Degree ``k`` of the sparse graph (default ``6 log2 n``, rounded up to even).
+    bind_broadcast:
+        Bind the pairwise masks to the digest of the broadcast each client received, so
+        that a server sending different broadcasts cannot decode (model-inconsistency attack).
+    sign_keys:
+        Sign advertised keys with per-client Ed25519 identity keys (simulated PKI).
+    codec:
+        :class:`~protocols.codec.FixedPointCodec` (default 24 fractional bits, no bound).
+    cipher:
+        Keystream of the mask PRG: ``"chacha20"`` or ``"aes-ctr"``.
+    """
+
+    secure = True
+    stages = ("advertise", "share", "masked_input", "unmask")
+
+    def __init__(
+        self,
+        threshold=None,
+        graph: str = "complete",
+        neighbours: int | None = None,
+        bind_broadcast: bool = True,
+        sign_keys: bool = False,
+        codec: FixedPointCodec | None = None,
+        cipher: str = "chacha20",
+    ):
+        check_threshold_arg(threshold)
+        if graph not in GRAPHS:
+            raise InputError(f"graph must be one of {GRAPHS}, got {graph!r}.")
+        if neighbours is not None:
+            if isinstance(neighbours, bool) or not isinstance(neighbours, (int, np.integer)) or neighbours < 2:
+                raise InputError(f"neighbours must be an int >= 2 (the sparse graph's degree), got {neighbours!r}.")
+            if graph != "sparse":
+                raise InputError("neighbours only applies to graph='sparse'; drop it or set graph='sparse'.")
+        if cipher not in CIPHERS:
+            raise InputError(f"cipher must be one of {CIPHERS}, got {cipher!r}.")
+        if codec is None:
+            codec = FixedPointCodec()
+        if not isinstance(codec, FixedPointCodec):
+            raise InputError(f"codec must be a protocols.codec.FixedPointCodec, got {type(codec).__name__}.")
+        self.threshold = threshold
+        self.graph = graph
+        self.neighbours = None if neighbours is None else int(neighbours)
+        self.bind_broadcast = bool(bind_broadcast)
+        self.sign_keys = bool(sign_keys)
+        self.codec = codec
+        self.cipher = cipher
+        self.registry = keys.IdentityRegistry() if self.sign_keys else None
+        self._repr_params = {
+            "threshold": threshold,
+            "graph": graph,
+            "neighbours": neighbours,
+            "bind_broadcast": bind_broadcast,
+            "sign_keys": sign_keys,
+            "cipher": cipher,
+        }
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, info: RunInfo) -> None:
+        if isinstance(self.threshold, (int, np.integer)) and self.graph == "complete":
+            if self.threshold > info.clients_per_round:
+                raise InputError(
+                    f"PairwiseMasking threshold={self.threshold} exceeds clients_per_round="
+                    f"{info.clients_per_round}; lower the threshold or sample more clients."
+                )
+        if self.registry is not None:
+            self.registry.provision(range(info.n_clients))
+
+    def plan(self, ctx: RoundContext) -> RoundPlan:
+        """The round's public plan (graph, thresholds), identical on server and clients."""
+        length = sum(s.size for s in ctx.specs) + 1
+        rid = keys.round_id(ctx.run, ctx.round, ctx.action)
+        if len(ctx.sampled) < 2:
+            raise RoundAbortedError(
+                f"pairwise masking needs at least 2 sampled clients (got {len(ctx.sampled)}): "
+                "the sum of one client is its input",
+                round=ctx.round,
+                stage="advertise",
+            )
+        try:
+            return make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length)
+        except InputError as exc:
+            raise RoundAbortedError(str(exc), round=ctx.round, stage="advertise") from None
+
+    def before_round(self, ctx: RoundContext) -> None:
+        self.codec.check_capacity(ctx.specs, len(ctx.sampled))
+        self.plan(ctx)
+
+    def server_session(self, ctx: RoundContext) -> MaskingServer:
+        self.codec.check_capacity(ctx.specs, len(ctx.sampled))
+        return MaskingServer(
+            ctx,
+            self.plan(ctx),
+            self.codec,
+            cipher=self.cipher,
+            bind_broadcast=self.bind_broadcast,
+            registry=None if self.registry is None else self.registry.public,
+        )
+
+    def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
+        plan = self.plan(ctx)
+        n = len(ctx.sampled)
+        encoded = self.codec.encode(sums, ctx.specs, n)
+        vector = np.empty(plan.length, dtype=np.uint64)
+        vector[:-1] = encoded
+        vector[-1] = 1  # check slot: the unmasked sum must equal the number of contributors
+        identity = None
+        if self.registry is not None:
+            # out-of-band provisioning of the client's long-term identity key (simulated PKI)
+            identity = client.state.get(IDENTITY_STATE_KEY)
+            if identity is None:
+                identity = self.registry.private(client.client_id)
+                client.state[IDENTITY_STATE_KEY] = identity
+        return MaskingClient(
+            client.client_id,
+            plan,
+            vector,
+            ctx.broadcast_digest if self.bind_broadcast else b"",
+            cipher=self.cipher,
+            identity_private=identity,
+            registry=None if self.registry is None else self.registry.public,
+        )

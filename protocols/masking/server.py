@@ -1,0 +1,201 @@
+"""The server side of pairwise masking (Bonawitz et al. 2017, CCS, Fig. 4, server side).
+
+The server only routes messages and, at the end, removes masks: it reconstructs the
+self-mask seed ``b_u`` of every survivor and the mask key ``s_v`` of every client that
+completed the share stage but sent no masked input, recomputes those masks, subtracts
+them from the sum of masked vectors and decodes. Masked vectors are accumulated as they
+arrive (no per-client copy is kept). Every failure raises
+:class:`~securefkm.exceptions.RoundAbortedError` and releases nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from securefkm.exceptions import RoundAbortedError
+from securefkm.layers import RoundContext, ServerSession
+
+from .. import shamir
+from ..codec import FixedPointCodec
+from . import keys
+from .graph import RoundPlan
+from .prg import MaskExpander
+
+
+class MaskingServer(ServerSession):
+    def __init__(
+        self,
+        ctx: RoundContext,
+        plan: RoundPlan,
+        codec: FixedPointCodec,
+        *,
+        cipher: str = "chacha20",
+        bind_broadcast: bool = True,
+        registry: dict[int, bytes] | None = None,
+    ):
+        self.ctx = ctx
+        self.plan = plan
+        self.codec = codec
+        self.cipher = cipher
+        self.digest = ctx.broadcast_digest if bind_broadcast else b""
+        self.registry = registry
+        self.adverts: dict[int, dict] = {}
+        self.cipher_out: dict[int, dict[int, bytes]] = {}
+        self.u1: set[int] = set()
+        self.u2: set[int] = set()
+        self.u3: list[int] = []
+        self.acc = np.zeros(plan.length, dtype=np.uint64)
+        self.unmask_replies: dict[int, dict] = {}
+        self._unmask_msg = None
+
+    def _abort(self, stage: str, why: str):
+        raise RoundAbortedError(
+            f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
+            "no aggregate was released",
+            round=self.ctx.round,
+            stage=stage,
+        )
+
+    def _need(self, stage: str, count: int, what: str):
+        if count < self.plan.min_survivors:
+            self._abort(
+                stage,
+                f"only {count} clients {what}, fewer than the threshold of "
+                f"{self.plan.min_survivors} survivors (sampled {len(self.plan.sampled)})",
+            )
+
+    # ------------------------------------------------------------------ messages
+    def messages(self, stage, alive):
+        alive = [int(c) for c in alive]
+        if stage == "advertise":
+            return {c: {"stage": "advertise"} for c in alive}
+        if stage == "share":
+            live = [c for c in alive if c in self.u1]
+            if self.plan.graph.kind == "complete":
+                keyset = {v: self.adverts[v] for v in sorted(self.u1)}
+                return {c: {"keys": keyset} for c in live}
+            out = {}
+            for c in live:
+                ks = {c: self.adverts[c]}
+                for v in self.plan.graph.neighbours(c).tolist():
+                    if v in self.u1:
+                        ks[v] = self.adverts[v]
+                out[c] = {"keys": ks}
+            return out
+        if stage == "masked_input":
+            live = [c for c in alive if c in self.u2]
+            out = {c: {} for c in live}
+            for u in sorted(self.u2):
+                for v, blob in self.cipher_out[u].items():
+                    if v in out:
+                        out[v][u] = blob
+            return out
+        if stage == "unmask":
+            surv = tuple(sorted(self.u3))
+            dropped = tuple(sorted(self.u2 - set(self.u3)))
+            self._unmask_msg = {"survivors": surv, "dropped": dropped}
+            return {c: self._unmask_msg for c in alive if c in set(self.u3)}
+        raise RoundAbortedError(f"unknown stage {stage!r}", round=self.ctx.round, stage=stage)
+
+    # ------------------------------------------------------------------ receive
+    def receive(self, stage, replies):
+        if stage == "advertise":
+            for c, adv in replies.items():
+                c = int(c)
+                if c not in self.plan.members or not isinstance(adv, dict):
+                    continue
+                c_pk, s_pk = adv.get("c_pk"), adv.get("s_pk")
+                if not (isinstance(c_pk, bytes) and isinstance(s_pk, bytes) and len(c_pk) == len(s_pk) == 32):
+                    continue
+                if self.registry is not None:
+                    try:
+                        keys.verify(
+                            self.registry.get(c, b""), adv.get("sig") or b"",
+                            keys.advert_message(self.plan.rid, c, c_pk, s_pk),
+                        )
+                    except keys.CryptoFailure:
+                        continue  # an unauthenticated advert is treated as a dropout
+                self.adverts[c] = {"c_pk": c_pk, "s_pk": s_pk, "sig": adv.get("sig")}
+            self.u1 = set(self.adverts)
+            self._need(stage, len(self.u1), "advertised keys")
+        elif stage == "share":
+            for u, cts in replies.items():
+                u = int(u)
+                if u in self.u1 and isinstance(cts, dict):
+                    self.cipher_out[u] = {int(v): b for v, b in cts.items() if int(v) in self.u1}
+            self.u2 = set(self.cipher_out)
+            self._need(stage, len(self.u2), "completed the share stage")
+        elif stage == "masked_input":
+            for u in sorted(replies):
+                y = replies[u]
+                if int(u) not in self.u2:
+                    continue
+                if not isinstance(y, np.ndarray) or y.dtype != np.uint64 or y.shape != (self.plan.length,):
+                    self._abort(stage, f"client {u} sent a malformed masked vector")
+                np.add(self.acc, y, out=self.acc)
+                self.u3.append(int(u))
+            self._need(stage, len(self.u3), "sent masked input")
+        elif stage == "unmask":
+            self.unmask_replies = {int(c): r for c, r in replies.items() if isinstance(r, dict)}
+
+    # ------------------------------------------------------------------ result
+    def _collect(self, kind: str, owners: list[int]) -> list[list[bytes]]:
+        """For each owner, the shares of ``kind`` returned by its holders (sorted by holder)."""
+        wanted = set(owners)
+        found: dict[int, list[bytes]] = {o: [] for o in owners}
+        for r in sorted(self.unmask_replies):
+            sh = self.unmask_replies[r].get(kind)
+            if not isinstance(sh, dict):
+                continue
+            for owner, share in sh.items():
+                if owner in wanted and isinstance(share, bytes):
+                    found[owner].append(share)
+        for owner in owners:
+            if len(found[owner]) < self.plan.t_share:
+                self._abort(
+                    "unmask",
+                    f"only {len(found[owner])} {kind}-shares of client {owner} came back, threshold is "
+                    f"{self.plan.t_share} ({len(self.unmask_replies)} clients answered unmask)",
+                )
+        return [found[o] for o in owners]
+
+    def result(self):
+        plan = self.plan
+        if not self.u3:
+            self._abort("unmask", "no masked input was received")
+        survivors = sorted(self.u3)
+        dropped = sorted(self.u2 - set(survivors))
+        try:
+            b_seeds = shamir.reconstruct_many(self._collect("b", survivors), plan.t_share)
+            s_keys = shamir.reconstruct_many(self._collect("s", dropped), plan.t_share) if dropped else []
+        except shamir.ShareError as exc:
+            self._abort("unmask", f"secret reconstruction failed ({exc})")
+        acc = self.acc.copy()
+        expander = MaskExpander(plan.length, self.cipher)
+        for b in b_seeds:
+            expander.add(acc, b, -1)
+        surv_set = set(survivors)
+        for v, s_sk in zip(dropped, s_keys):
+            if keys.x25519_public(s_sk) != self.adverts[v]["s_pk"]:
+                self._abort("unmask", f"the reconstructed mask key of dropped client {v} does not match its advertised key (bad shares)")
+            peers = [u for u in plan.graph.neighbours(v).tolist() if u in surv_set]
+            sk = keys.load_x25519(s_sk)
+            for u in peers:
+                seed = keys.hkdf(
+                    keys.x25519_agree(sk, self.adverts[u]["s_pk"]),
+                    keys.mask_seed_info(plan.rid, u, v, self.digest),
+                )
+                # survivor u added +PRG(s_uv) if u < v else -PRG(s_uv): remove it
+                expander.add(acc, seed, -1 if u < v else +1)
+        check = int(acc[-1])
+        if check != len(survivors):
+            self._abort(
+                "unmask",
+                "the aggregate failed to decode: the check slot reads "
+                f"{check} instead of the {len(survivors)} contributors, so the pairwise masks did not "
+                "cancel. Clients saw inconsistent broadcasts (the model-inconsistency attack: the "
+                "server sent different centres/parameters to different clients) or inconsistent "
+                "share lists",
+            )
+        sums = self.codec.decode(acc[:-1], tuple(self.ctx.specs))
+        return sums, tuple(survivors)
