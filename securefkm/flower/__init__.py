@@ -1,0 +1,36 @@
+"""securefkm as a Flower app (Message API): ServerApp, ClientApp, transport, local deployment.
+
+This is the only part of securefkm that imports ``flwr`` (install ``securefkm[flower]``).
+
+* :mod:`securefkm.flower.serverapp` -- the ServerApp: the federation runtime over Flower.
+* :mod:`securefkm.flower.clientapp` -- the ClientApp: one data owner, data from its CSV.
+* :mod:`securefkm.flower.transport` -- :class:`FlowerTransport`, one message per (client, stage).
+* :mod:`securefkm.flower.spec` -- :class:`RunSpec`, the JSON run spec both sides build from.
+* :mod:`securefkm.flower.deploy` -- start/stop a local SuperLink + SuperNodes, run, collect.
+
+See ``docs/deployment.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "RunSpec": "securefkm.flower.spec",
+    "build_federation": "securefkm.flower.spec",
+    "FlowerTransport": "securefkm.flower.transport",
+    "LocalDeployment": "securefkm.flower.deploy",
+    "DeploymentResult": "securefkm.flower.deploy",
+    "deploy": "securefkm.flower.deploy",
+    "write_client_csvs": "securefkm.flower.deploy",
+    "read_client_csv": "securefkm.flower.clientapp",
+    "APP_DIR": "securefkm.flower.deploy",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'securefkm.flower' has no attribute {name!r}")

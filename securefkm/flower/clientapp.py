@@ -1,0 +1,189 @@
+"""The securefkm ClientApp: one data owner's side of every round, over Flower.
+
+Each SuperNode is started with ``--node-config "data-path='/path/to/its.csv'"``. For every
+``train.securefkm`` message the ClientApp
+
+1. reads the run spec from the run config and builds the algorithm, the protection layers
+   (after ``setup``) and the RunInfo exactly as the server does
+   (:func:`securefkm.flower.spec.build_federation`);
+2. loads its records from ``data-path`` (numeric CSV, optional header row; NaN, inf and text
+   are refused with an error naming the file, row and column);
+3. restores its :class:`~securefkm.federation.ClientRuntime` persistent state
+   (``ClientContext.state``: the algorithm's private memory and the protection layers'
+   client-side secrets and counters) and its open aggregator session from Flower's
+   ``context.state`` -- in a deployment each message may run in a fresh process;
+4. answers the stage with :meth:`ClientRuntime.handle` and stores state and session back.
+
+A client that cannot take part (bad data, a refused protocol message) answers with a
+status and a reason instead of a payload, so the server records a refusal with that reason
+and the other clients finish the round.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import pickle
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from .._validation import check_array
+from ..exceptions import InputError
+from ..layers import ProtocolRefusal
+from . import _wire
+
+log = logging.getLogger("securefkm.flower")
+
+STATE_KEY = "securefkm-client"
+
+app = ClientApp()
+
+
+# ---------------------------------------------------------------- local data
+def read_client_csv(path: str) -> np.ndarray:
+    """A client's records from a numeric CSV (one record per row, optional header row).
+
+    Raises :class:`InputError` naming the file, the row and the column of the first cell
+    that is not a finite number.
+    """
+    if not path:
+        raise InputError(
+            "this SuperNode has no data: start it with --node-config \"data-path='/path/to/data.csv'\"."
+        )
+    if not os.path.isfile(path):
+        raise InputError(f"data-path {path!r} does not exist or is not a file; fix the SuperNode's --node-config.")
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.reader(fh) if r and any(cell.strip() for cell in r)]
+    if not rows:
+        raise InputError(f"data-path {os.path.basename(path)!r} is empty; give this node at least one record.")
+
+    def _is_number(cell: str) -> bool:
+        try:
+            float(cell)
+            return True
+        except ValueError:
+            return False
+
+    first_line = 1
+    if not any(_is_number(c) for c in rows[0]):  # a header row
+        rows, first_line = rows[1:], 2
+    if not rows:
+        raise InputError(f"data-path {os.path.basename(path)!r} has a header but no records.")
+    width = len(rows[0])
+    out = np.empty((len(rows), width))
+    for i, row in enumerate(rows):
+        if len(row) != width:
+            raise InputError(
+                f"data-path {os.path.basename(path)!r} line {i + first_line} has {len(row)} columns, "
+                f"expected {width}; every record needs the same number of features."
+            )
+        for j, cell in enumerate(row):
+            try:
+                out[i, j] = float(cell)
+            except ValueError:
+                raise InputError(
+                    f"data-path {os.path.basename(path)!r} line {i + first_line} column {j + 1} is "
+                    f"{cell.strip()[:40]!r}, not a number; clean or drop that record."
+                ) from None
+    try:
+        return check_array(out, f"data-path {os.path.basename(path)!r}")
+    except InputError as exc:
+        raise InputError(str(exc).replace("row ", "record ")) from None
+
+
+_DATA_CACHE: dict[tuple[str, float, int], np.ndarray] = {}
+_FED_CACHE: dict[tuple[str, int, int], object] = {}
+
+
+def _load_data(path: str) -> np.ndarray:
+    st = os.stat(path) if path and os.path.isfile(path) else None
+    key = (path, st.st_mtime if st else 0.0, st.st_size if st else -1)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE.clear()
+        _DATA_CACHE[key] = read_client_csv(path)
+    return _DATA_CACHE[key]
+
+
+def _federation(spec_json: str, n_clients: int, n_features: int):
+    from .spec import PlaceholderTransport, RunSpec, build_federation
+
+    key = (spec_json, n_clients, n_features)
+    if key not in _FED_CACHE:
+        spec = RunSpec.from_json(spec_json)
+        _, fed = build_federation(spec, n_clients, n_features, PlaceholderTransport(n_clients), verbose=0)
+        _FED_CACHE.clear()
+        _FED_CACHE[key] = fed
+    return _FED_CACHE[key]
+
+
+# ---------------------------------------------------------------- persistent state
+def _load_state(context: Context) -> dict:
+    rec = context.state.get(STATE_KEY) if hasattr(context.state, "get") else None
+    if rec is None:
+        return {}
+    # written by this node only (never by a peer): plain pickle
+    return pickle.loads(rec["blob"])
+
+
+def _save_state(context: Context, saved: dict) -> None:
+    context.state[STATE_KEY] = ConfigRecord({"blob": pickle.dumps(saved, protocol=pickle.HIGHEST_PROTOCOL)})
+
+
+def make_runtime(context: Context, client_id: int, saved: dict):
+    """The node's ClientRuntime, with its persistent state and open session restored."""
+    from ..federation import ClientRuntime
+
+    cfg = context.run_config
+    n_clients = int(cfg["num-nodes"])
+    n_features = int(cfg["n-features"])
+    if not 0 <= client_id < n_clients:
+        raise ProtocolRefusal(f"client id {client_id} outside 0..{n_clients - 1}")
+    if "client_id" in saved and saved["client_id"] != client_id:
+        raise ProtocolRefusal(
+            f"the server addressed this node as client {client_id}, earlier as {saved['client_id']}"
+        )
+    X = _load_data(str(context.node_config.get("data-path", "")))
+    if X.shape[1] != n_features:
+        raise InputError(
+            f"data-path {os.path.basename(str(context.node_config.get('data-path')))!r} has "
+            f"{X.shape[1]} features, the run expects n-features={n_features}."
+        )
+    fed = _federation(str(cfg["spec"]), n_clients, n_features)
+    runtime = ClientRuntime(
+        client_id, X, fed.algorithm, fed.layers, fed.aggregator, fed.info, state=saved.get("state", {})
+    )
+    runtime.session = saved.get("session")
+    return runtime
+
+
+def handle_message(msg: Message, context: Context) -> Message:
+    """Answer one securefkm stage message (the body of the ClientApp)."""
+    record = msg.content[_wire.RECORD_KEY]
+    stage = str(record["stage"])
+    client_id = int(record["client-id"])
+    saved = _load_state(context)
+    reply: dict = {"stage": stage}
+    try:
+        payload = _wire.loads(record["data"])
+        runtime = make_runtime(context, client_id, saved)
+        answer = runtime.handle(stage, payload)
+        reply.update(status="ok", data=_wire.dumps(answer))
+        saved = {"client_id": client_id, "state": runtime.context.state, "session": runtime.session}
+    except ProtocolRefusal as exc:
+        log.warning("refused stage %s: %s", stage, exc)
+        reply.update(status="refused", reason=f"refused: {exc}")
+        saved = {**saved, "session": None}
+    except Exception as exc:  # report, never crash the node: the others must finish
+        log.error("stage %s failed: %s: %s", stage, type(exc).__name__, exc)
+        reply.update(status="error", reason=f"{type(exc).__name__}: {exc}")
+        saved = {**saved, "session": None}
+    _save_state(context, saved)
+    return Message(RecordDict({_wire.RECORD_KEY: ConfigRecord(reply)}), reply_to=msg)
+
+
+@app.train(_wire.ACTION)
+def _train(msg: Message, context: Context) -> Message:
+    return handle_message(msg, context)

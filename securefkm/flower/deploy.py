@@ -1,0 +1,517 @@
+"""Start and stop a local Flower deployment (SuperLink + N SuperNodes on 127.0.0.1), run
+securefkm on it and collect the result.
+
+Used by the CLI (``securefkm deploy ...``), the tests and the deployment benchmark::
+
+    from securefkm.flower.deploy import deploy
+    result = deploy([X0, X1, X2], algorithm="dwf",
+                    params={"n_clusters": 3, "init_bounds": (-10, 10), "max_rounds": 20},
+                    protection=["masking"], random_state=0)
+    result.centres, result.transcript, result.privacy_spent
+
+Each SuperNode gets its own CSV through ``--node-config "data-path='...'"``; every process
+is started in its own process group on loopback, with ``FLWR_HOME`` in the deployment's
+work directory, and is stopped by PID (with every descendant it spawned) when the
+deployment closes, also on errors and timeouts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .._validation import check_array
+from ..exceptions import InputError, SecureFKMError
+from .spec import RunSpec
+
+#: the Flower app directory shipped inside the package (only a pyproject.toml)
+APP_DIR = Path(__file__).resolve().parent / "app"
+HOST = "127.0.0.1"
+
+
+class DeploymentError(SecureFKMError, RuntimeError):
+    """The local deployment could not start, or the run failed (the message says where)."""
+
+
+# ------------------------------------------------------------------ helpers
+def free_port(host: str = HOST) -> int:
+    """A TCP port that is free on ``host`` right now (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def write_client_csvs(clients: Sequence[np.ndarray], directory, *, prefix: str = "client") -> list[Path]:
+    """Write one CSV per client (header ``x0,x1,...``, full float precision); return the paths.
+
+    Values are written with ``repr`` precision so a deployment reads back bit-identical
+    records (the in-process comparison relies on it).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    width = len(str(max(len(clients) - 1, 0)))
+    for i, X in enumerate(clients):
+        X = check_array(X, f"clients[{i}]")
+        path = directory / f"{prefix}_{i:0{width}d}.csv"
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow([f"x{j}" for j in range(X.shape[1])])
+            for row in X:
+                w.writerow([repr(float(v)) for v in row])
+        paths.append(path)
+    return paths
+
+
+def _children_of() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (Linux /proc), including those in new sessions."""
+    if not os.path.isdir("/proc"):
+        return []
+    children, out, todo = _children_of(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a process we started, its process group and every descendant, by PID."""
+    if proc is None:
+        return
+    pids = [proc.pid] + _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group we created with start_new_session
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not any(_alive(p) for p in pids):
+            break
+        time.sleep(0.05)
+    pids += [p for p in _descendants(proc.pid) if p not in pids]
+    for pid in pids:
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+
+
+@dataclass
+class DeploymentResult:
+    """What the ServerApp reported, plus where everything lives.
+
+    ``client_paths[i]`` is the CSV of client ``i`` (the node with the i-th smallest id);
+    ``errors`` maps client ids to the errors those clients reported about themselves.
+    """
+
+    centres: np.ndarray
+    transcript: object
+    privacy_spent: tuple[float, float] | None
+    n_iter: int
+    errors: dict[int, str]
+    node_ids: list[int]
+    client_paths: list[Path | None]
+    timings: list[tuple]
+    rounds_seconds: float
+    total_seconds: float
+    protection_report: dict = field(default_factory=dict)
+    federated_score: float | None = None
+    workdir: Path | None = None
+
+    @property
+    def n_rounds(self) -> int:
+        return len(self.transcript)
+
+    def summary(self) -> str:
+        lines = [
+            f"centres ({self.centres.shape[0]} x {self.centres.shape[1]}):",
+            np.array2string(self.centres, precision=4),
+            f"rounds: {self.n_rounds} ({self.rounds_seconds:.2f} s, {self.rounds_seconds / max(self.n_rounds, 1):.3f} s/round)",
+        ]
+        if self.privacy_spent is not None:
+            lines.append(f"privacy spent: epsilon={self.privacy_spent[0]:.4g}, delta={self.privacy_spent[1]:.3g}")
+        for c, err in sorted(self.errors.items()):
+            path = self.client_paths[c] if c < len(self.client_paths) else None
+            lines.append(f"client {c} ({path.name if path else '?'}) failed: {err}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ deployment
+class LocalDeployment:
+    """A SuperLink and one SuperNode per CSV on 127.0.0.1; a context manager.
+
+    ``with LocalDeployment(paths) as dep: result = dep.run(spec)`` starts every process,
+    runs the spec (as many times as you like: each ``run`` is one ``flwr run``) and stops
+    every process on exit. Processes run in their own process groups; logs go to
+    ``workdir/logs``. ``kill_node(i)`` SIGKILLs the SuperNode holding ``csv_paths[i]``
+    (fault injection in tests).
+    """
+
+    def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0, env: dict | None = None):
+        if not csv_paths:
+            raise InputError("csv_paths is empty; give one CSV per SuperNode.")
+        self.csv_paths = [Path(p).resolve() for p in csv_paths]
+        for p in self.csv_paths:
+            if not p.is_file():
+                raise InputError(f"csv_paths: {p} does not exist.")
+        self._own_workdir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix="securefkm-deploy-") if workdir is None else workdir).resolve()
+        self.startup_timeout = float(startup_timeout)
+        self.extra_env = dict(env or {})
+        self.superlink: subprocess.Popen | None = None
+        self.supernodes: list[subprocess.Popen | None] = []
+        self.node_ids: list[int | None] = []
+        self.port: int | None = None
+        self._runs = 0
+
+    # ---------------------------------------------------------------- env
+    @property
+    def flwr_home(self) -> Path:
+        return self.workdir / "flwr_home"
+
+    def environ(self) -> dict:
+        env = dict(os.environ)
+        env.update(
+            FLWR_HOME=str(self.flwr_home),
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            FLWR_TELEMETRY_ENABLED="0",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        fh = open(logs / log_name, "ab")
+        try:
+            return subprocess.Popen(
+                args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.environ(), cwd=self.workdir, start_new_session=True,
+            )
+        finally:
+            fh.close()
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> LocalDeployment:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self):
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local-deployment"\n\n'
+            f'[superlink.local-deployment]\naddress = "{HOST}:{self.port}"\ninsecure = true\n'
+        )
+        exe = shutil.which("flower-superlink")
+        if exe is None:
+            raise DeploymentError("flower-superlink is not on PATH; pip install 'securefkm[flower]'.")
+        self.superlink = self._spawn(
+            [exe, "--insecure", "--host", HOST, "--port", str(self.port),
+             "--database", str(self.workdir / "state.db"),
+             "--disable-runtime-dependency-installation"],
+            "superlink.log",
+        )
+        self._wait(lambda: _port_open(self.port), "the SuperLink to listen on "
+                   f"{HOST}:{self.port}", self.superlink, "superlink.log")
+        for i in range(len(self.csv_paths)):
+            self.supernodes.append(None)
+            self.node_ids.append(None)
+            self._start_node(i)
+        for i in range(len(self.csv_paths)):
+            self._wait(lambda i=i: self._read_node_id(i) is not None,
+                       f"SuperNode {i} to register", self.supernodes[i], f"supernode_{i}.log")
+
+    def _start_node(self, i: int) -> None:
+        exe = shutil.which("flower-supernode")
+        if exe is None:
+            raise DeploymentError("flower-supernode is not on PATH; pip install 'securefkm[flower]'.")
+        path = str(self.csv_paths[i])
+        if "'" in path:
+            raise InputError(f"CSV path {path!r} contains a single quote; Flower's --node-config cannot carry it.")
+        self.supernodes[i] = self._spawn(
+            [exe, "--insecure", "--superlink", f"{HOST}:{self.port}", "--host", HOST,
+             "--port", str(free_port()), "--node-config", f"data-path='{path}'"],
+            f"supernode_{i}.log",
+        )
+
+    def _read_node_id(self, i: int) -> int | None:
+        if self.node_ids[i] is not None:
+            return self.node_ids[i]
+        log = self.workdir / "logs" / f"supernode_{i}.log"
+        if log.exists():
+            m = re.search(r"SuperNode ID:\s*(\d+)", log.read_text(errors="replace"))
+            if m:
+                self.node_ids[i] = int(m.group(1))
+        return self.node_ids[i]
+
+    def _wait(self, ready, what, proc, log_name):
+        deadline = time.monotonic() + self.startup_timeout
+        while not ready():
+            if proc is not None and proc.poll() is not None:
+                raise DeploymentError(f"{what}: the process exited ({proc.returncode}); see {self.log_tail(log_name)}")
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"timed out after {self.startup_timeout:.0f} s waiting for {what}; {self.log_tail(log_name)}")
+            time.sleep(0.1)
+
+    def log_tail(self, log_name: str, n: int = 20) -> str:
+        path = self.workdir / "logs" / log_name
+        if not path.exists():
+            return f"{path} (missing)"
+        lines = path.read_text(errors="replace").splitlines()[-n:]
+        return f"{path}:\n" + "\n".join(lines)
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and its ClientApp processes (a crashed data owner)."""
+        proc = self.supernodes[i]
+        if proc is None:
+            return
+        pids = [proc.pid] + _descendants(proc.pid)
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop every process this deployment started (SuperNodes first), by PID."""
+        for proc in self.supernodes:
+            _stop_tree(proc)
+        _stop_tree(self.superlink)
+        if self._own_workdir and os.environ.get("SECUREFKM_KEEP_DEPLOY_DIR") != "1":
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ---------------------------------------------------------------- mapping
+    def client_paths(self, node_ids: Sequence[int]) -> list[Path | None]:
+        """CSV of each client id, given the ServerApp's sorted node ids."""
+        by_node = {self._read_node_id(i): p for i, p in enumerate(self.csv_paths)}
+        return [by_node.get(n) for n in node_ids]
+
+    def client_order(self) -> list[int]:
+        """``order[c]`` = index in ``csv_paths`` of client ``c`` (sorted node ids)."""
+        ids = [self._read_node_id(i) for i in range(len(self.csv_paths))]
+        return sorted(range(len(ids)), key=lambda i: ids[i])
+
+    # ---------------------------------------------------------------- runs
+    def run(self, spec: RunSpec, *, n_features: int | None = None, num_nodes: int | None = None,
+            stage_timeout: float = 60.0, suspect_timeout: float = 3.0, poll_interval: float = 0.05,
+            timeout: float = 600.0, progress_path=None, on_progress=None) -> DeploymentResult:
+        """One ``flwr run`` of ``spec`` on this deployment; returns the ServerApp's result.
+
+        ``on_progress(event_dict)`` is called for each line of the progress log while the
+        run is going on (the tests use it to kill a node in the middle of a round).
+        """
+        if not isinstance(spec, RunSpec):
+            raise InputError("spec must be a securefkm.flower.spec.RunSpec.")
+        if self.superlink is None:
+            raise DeploymentError("the deployment is not started; use `with LocalDeployment(...)` or .start().")
+        if n_features is None:
+            from .clientapp import read_client_csv
+
+            n_features = read_client_csv(str(self.csv_paths[0])).shape[1]
+        num_nodes = len(self.csv_paths) if num_nodes is None else num_nodes
+        self._runs += 1
+        run_dir = self.workdir / f"run_{self._runs}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        app_dir = run_dir / "app"
+        shutil.copytree(APP_DIR, app_dir)
+        result_path = run_dir / "result.pkl"
+        progress_path = Path(progress_path) if progress_path else run_dir / "progress.jsonl"
+        config = {
+            "spec": spec.to_json(),
+            "num-nodes": int(num_nodes),
+            "n-features": int(n_features),
+            "stage-timeout": float(stage_timeout),
+            "suspect-timeout": float(suspect_timeout),
+            "node-wait-timeout": float(min(timeout, 120.0)),
+            "poll-interval": float(poll_interval),
+            "result-path": str(result_path),
+            "progress-path": str(progress_path),
+        }
+        cfg_path = run_dir / "run_config.toml"
+        cfg_path.write_text("".join(
+            f"{k} = {_toml_str(v) if isinstance(v, str) else repr(v)}\n" for k, v in config.items()
+        ))
+        exe = shutil.which("flwr")
+        if exe is None:
+            raise DeploymentError("flwr is not on PATH; pip install 'securefkm[flower]'.")
+        log_name = f"flwr_run_{self._runs}.log"
+        proc = self._spawn([exe, "run", str(app_dir), "local-deployment", "--stream", "--run-config", str(cfg_path)], log_name)
+        seen = 0
+        deadline = time.monotonic() + timeout
+        exited_at = None
+        try:
+            while True:
+                if proc.poll() is not None:
+                    # `flwr run --stream` returns when the run ends; give the result file a moment
+                    exited_at = exited_at or time.monotonic()
+                    if result_path.exists() or time.monotonic() - exited_at > 5.0:
+                        break
+                if on_progress is not None and progress_path.exists():
+                    lines = progress_path.read_text().splitlines()
+                    for line in lines[seen:]:
+                        try:
+                            on_progress(json.loads(line))
+                        except json.JSONDecodeError:
+                            break
+                        seen += 1
+                if result_path.exists():
+                    break
+                if time.monotonic() > deadline:
+                    raise DeploymentError(f"the run did not finish within timeout={timeout:.0f} s; {self.log_tail(log_name)}")
+                time.sleep(0.05)
+        finally:
+            _stop_tree(proc, grace=2.0)
+        if not result_path.exists():
+            raise DeploymentError(f"the ServerApp wrote no result; {self.log_tail(log_name, 40)}\n{self.log_tail('superlink.log', 40)}")
+        with open(result_path, "rb") as fh:
+            raw = pickle.load(fh)  # written by our own ServerApp
+        if not raw.get("ok"):
+            raise DeploymentError(f"the ServerApp failed: {raw.get('error')}\n{raw.get('traceback', '')}")
+        return DeploymentResult(
+            centres=raw["centres"],
+            transcript=raw["transcript"],
+            privacy_spent=raw["privacy_spent"],
+            n_iter=raw["n_iter"],
+            errors=raw["errors"],
+            node_ids=raw["node_ids"],
+            client_paths=self.client_paths(raw["node_ids"]),
+            timings=raw["timings"],
+            rounds_seconds=raw["rounds_seconds"],
+            total_seconds=raw["total_seconds"],
+            protection_report=raw["protection_report"],
+            federated_score=raw["federated_score"],
+            workdir=self.workdir,
+        )
+
+
+# ------------------------------------------------------------------ one call
+def _clients_of(data) -> list[np.ndarray]:
+    clients = getattr(data, "clients", data)
+    if isinstance(clients, np.ndarray) or not isinstance(clients, Sequence) or not len(clients):
+        raise InputError("data must be a FederatedDataset or a non-empty list of per-client 2-D arrays.")
+    return [check_array(X, f"data client {i}") for i, X in enumerate(clients)]
+
+
+def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | None = None,
+           protection=None, random_state: int | None = None, stage_timeout: float = 60.0,
+           timeout: float = 900.0, workdir=None, verbose: bool = False) -> DeploymentResult:
+    """Run securefkm on a fresh local Flower deployment and return the result.
+
+    Give either ``data`` (a FederatedDataset or a list of client arrays: one CSV per client
+    is written to the work directory) or ``csv_dir`` (a directory of ``*.csv`` files, one
+    per node, taken in sorted name order). Starts a SuperLink and one SuperNode per CSV on
+    127.0.0.1, runs ``algorithm`` with ``params`` and the ``protection`` layer specs (names
+    or dicts, as in :func:`securefkm.registry.make_protection`), collects the ServerApp's
+    result and stops every process. ``random_state=None`` draws a seed (reported in the
+    transcript meta). ``result.client_paths[i]`` says which CSV became client ``i``.
+    """
+    if (data is None) == (csv_dir is None):
+        raise InputError("deploy needs exactly one of data= (client arrays) or csv_dir= (a directory of CSVs).")
+    if random_state is None:
+        random_state = secrets.randbelow(2**31)
+    spec = RunSpec(algorithm=algorithm, params=dict(params or {}), protection=list(protection or []), random_state=random_state)
+    own = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="securefkm-deploy-") if own else workdir)
+    try:
+        if data is not None:
+            paths = write_client_csvs(_clients_of(data), workdir / "data")
+        else:
+            paths = sorted(Path(csv_dir).glob("*.csv"))
+            if not paths:
+                raise InputError(f"csv_dir {str(csv_dir)!r} holds no *.csv files; put one CSV per client there.")
+        with LocalDeployment(paths, workdir=workdir / "flower") as dep:
+            result = dep.run(spec, stage_timeout=stage_timeout, timeout=timeout)
+        if verbose:
+            print(result.summary(), file=sys.stderr)
+        result.workdir = None if own else workdir
+        return result
+    finally:
+        if own and os.environ.get("SECUREFKM_KEEP_DEPLOY_DIR") != "1":
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,177 @@
+"""The run specification that makes the ServerApp and every ClientApp build identical objects.
+
+A :class:`RunSpec` names the estimator (``"dwf"``, ``"ewf"``, ... from
+:mod:`securefkm.registry`), its parameters, the protection stack as layer specs
+(``["masking"]``, ``[{"name": "dp", "epsilon": 1, ...}, "masking"]``) and the
+``random_state``. It travels as one JSON string in Flower's run config (key ``spec``);
+together with the number of clients and features (run config ``num-nodes`` and
+``n-features``) it determines the algorithm, the layers after ``setup`` and the
+:class:`~securefkm.layers.RunInfo` exactly as :meth:`FederatedClusterer.fit` would build
+them in process, so a deployment reproduces the in-process run with the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_int, check_random_state
+from ..exceptions import InputError
+
+#: estimator parameters that a deployment sets itself
+_RESERVED = ("protection", "random_state", "dropout_rate")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class RunSpec:
+    """Estimator name + parameters + protection layer specs + seed, as JSON.
+
+    ``protection`` holds layer *specs* (names or dicts ``{"name": ..., **params}``, see
+    :func:`securefkm.registry.make_protection`), not layer objects: both sides build their
+    own layers from them. ``random_state`` must be an int (the deployment draws one when the
+    user gives ``None``), because every client derives its seeded randomness from it.
+    """
+
+    algorithm: str = "dwf"
+    params: dict = field(default_factory=dict)
+    protection: list = field(default_factory=list)
+    random_state: int = 0
+
+    def __post_init__(self):
+        from ..registry import ALGORITHMS
+
+        if self.algorithm not in ALGORITHMS:
+            raise InputError(
+                f"spec algorithm {self.algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}."
+            )
+        if not isinstance(self.params, dict):
+            raise InputError(f"spec params must be a dict of estimator parameters, got {self.params!r}.")
+        clash = [k for k in _RESERVED if k in self.params]
+        if clash:
+            raise InputError(
+                f"spec params must not contain {clash}: pass protection= and random_state= as "
+                "their own fields (a deployment has real dropouts, no dropout_rate)."
+            )
+        if self.protection is None:
+            self.protection = []
+        if not isinstance(self.protection, (list, tuple)):
+            raise InputError(
+                "spec protection must be a list of layer specs, e.g. ['masking'] or "
+                "[{'name': 'dp', 'epsilon': 1.0, 'delta': 1e-5, 'clip': 2.0}, 'masking']."
+            )
+        for i, layer in enumerate(self.protection):
+            if not isinstance(layer, (str, dict)):
+                raise InputError(
+                    f"spec protection[{i}] is {layer!r}; a deployment needs layer specs (a name or "
+                    "a dict with 'name' and the layer's parameters), not layer objects."
+                )
+        self.protection = list(self.protection)
+        self.random_state = check_int(self.random_state, "random_state", minimum=0)
+
+    # -------------------------------------------------------------- JSON
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "algorithm": self.algorithm,
+                "params": _jsonable(self.params),
+                "protection": _jsonable(self.protection),
+                "random_state": self.random_state,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        try:
+            raw = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise InputError(f"run config 'spec' is not valid JSON ({exc}); build it with RunSpec.to_json().") from None
+        if not isinstance(raw, dict):
+            raise InputError("run config 'spec' must be a JSON object with algorithm, params, protection, random_state.")
+        unknown = set(raw) - {"algorithm", "params", "protection", "random_state"}
+        if unknown:
+            raise InputError(f"run config 'spec' has unknown keys {sorted(unknown)}.")
+        return cls(**raw)
+
+    # -------------------------------------------------------------- objects
+    def estimator(self):
+        """The estimator object the in-process run would use (parameters unchanged)."""
+        from ..registry import make_estimator
+
+        params = dict(self.params)
+        if isinstance(params.get("init"), list):
+            params["init"] = np.asarray(params["init"], dtype=np.float64)
+        if isinstance(params.get("init_bounds"), list):
+            params["init_bounds"] = tuple(params["init_bounds"])
+        return make_estimator(self.algorithm, protection=self.protection, random_state=self.random_state, **params)
+
+
+def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, *, server_policy=None, verbose=None):
+    """(estimator, Federation) exactly as ``estimator.fit`` builds them, over ``transport``.
+
+    Mirrors :meth:`securefkm.estimators.base.FederatedClusterer.fit`: same algorithm from
+    ``_make_algorithm``, fresh copies of the layers, the same seed derivation from
+    ``random_state``, the same RunInfo (``client_sizes`` is ``None`` over a transport).
+    The ServerApp runs the rounds of this federation; each ClientApp builds the same one
+    over a placeholder transport to obtain identical layers (after ``setup``) and RunInfo.
+    """
+    from ..federation import Federation, clone_layers
+
+    n_clients = check_int(n_clients, "num-nodes", minimum=1)
+    n_features = check_int(n_features, "n-features", minimum=1)
+    est = spec.estimator()
+    n_clusters = check_int(est.n_clusters, "n_clusters", minimum=1)
+    del n_clusters
+    seed = int(check_random_state(est.random_state).integers(2**63 - 1))
+    algorithm = est._make_algorithm(n_features, n_clients)
+    federation = Federation(
+        algorithm,
+        None,
+        protection=clone_layers(est.protection),
+        clients_per_round=est.clients_per_round,
+        dropout_rate=None,
+        max_rounds=est.max_rounds,
+        n_runs=est._n_runs(),
+        random_state=seed,
+        verbose=est.verbose if verbose is None else verbose,
+        server_policy=server_policy,
+        transport=transport,
+        n_features=n_features,
+    )
+    return est, federation
+
+
+class PlaceholderTransport:
+    """A transport that only knows the client ids (the ClientApp's view of the federation)."""
+
+    def __init__(self, n_clients: int):
+        self._ids = list(range(n_clients))
+
+    def client_ids(self):
+        return self._ids
+
+    def begin_round(self, ctx, stages):  # pragma: no cover - never driven
+        raise RuntimeError("a client never drives rounds")
+
+    def exchange(self, stage, messages):  # pragma: no cover - never driven
+        raise RuntimeError("a client never drives rounds")

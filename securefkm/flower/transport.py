@@ -1,0 +1,198 @@
+"""A :class:`~securefkm.federation.Transport` over Flower's ``Grid`` (Message API).
+
+One Flower message per (client, stage): the server's payload for that client (the
+``UpdateRequest`` of the ``update`` stage, then the aggregator's stage messages) is pickled
+into a ``ConfigRecord`` under key ``"securefkm"``, sent as ``train.securefkm`` to the
+client's node, and the reply is decoded with the restricted unpickler of
+:mod:`securefkm.flower._wire`. Every stage has a deadline (``stage_timeout``): a client that
+has not answered by then is a dropout for the rest of the round, so a dead SuperNode never
+hangs the server. The Federation then handles it exactly like a simulated dropout (the
+masking protocol's unmask stage recovers the dropped client's masks).
+
+Client ids are the positions of the node ids in sorted order (``sorted(node_ids)[i]`` is
+client ``i``), so the same CSV-to-node assignment always gives the same client ids.
+
+A node that missed a deadline becomes *suspect*: later stages still send it its messages
+but wait for it only ``suspect_timeout`` seconds beyond the other clients' replies, so a
+node that died costs one full ``stage_timeout`` and not one per stage and round. A node
+that answers again is trusted again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from ..exceptions import InputError
+from ..federation import Transport
+from . import _wire
+
+log = logging.getLogger("securefkm.flower")
+
+# Flower error codes (flwr.common.constant.ErrorCode) that mean "the node did not answer"
+# rather than "the ClientApp failed on this message".
+_UNAVAILABLE_CODES = {0, 3, 4, 5, 8}
+
+
+class FlowerTransport(Transport):
+    """Carries the federation's stage messages as Flower messages.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    node_ids : iterable of int
+        The SuperNodes taking part; client ``i`` is ``sorted(node_ids)[i]``.
+    stage_timeout : float
+        Seconds to wait for the replies of one stage before treating the silent clients as
+        dropouts.
+    suspect_timeout : float
+        Extra seconds to wait for a node that already missed a deadline.
+    poll_interval : float
+        Seconds between two polls of the SuperLink for replies (Flower's own
+        ``send_and_receive`` polls every 3 s, which would dominate a multi-stage round).
+    progress_path : str or None
+        If given, one JSON line per stage start/end is appended there (for monitoring and
+        for the fault-injection tests).
+    """
+
+    def __init__(
+        self,
+        grid,
+        node_ids,
+        *,
+        stage_timeout: float = 60.0,
+        suspect_timeout: float = 3.0,
+        poll_interval: float = 0.05,
+        progress_path: str | None = None,
+    ):
+        node_ids = sorted(int(n) for n in node_ids)
+        if not node_ids:
+            raise InputError("FlowerTransport needs at least one node id; no SuperNode is connected.")
+        if len(set(node_ids)) != len(node_ids):
+            raise InputError(f"node_ids contains duplicates: {node_ids}.")
+        for name, value in (("stage_timeout", stage_timeout), ("suspect_timeout", suspect_timeout), ("poll_interval", poll_interval)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise InputError(f"{name} must be a positive number of seconds, got {value!r}.")
+        self.grid = grid
+        self.node_ids = node_ids
+        self.node_of = dict(enumerate(node_ids))
+        self.stage_timeout = float(stage_timeout)
+        self.suspect_timeout = float(suspect_timeout)
+        self.poll_interval = float(poll_interval)
+        self.progress_path = progress_path
+        self.suspect: set[int] = set()
+        #: client id -> last error a client reported about itself (e.g. unreadable data)
+        self.errors: dict[int, str] = {}
+        #: (global round, stage, seconds, n_sent, n_replied) per exchange
+        self.timings: list[tuple[int, str, float, int, int]] = []
+        self._ctx = None
+        self._round = -1
+
+    # ------------------------------------------------------------ Transport
+    def client_ids(self):
+        return list(self.node_of)
+
+    def begin_round(self, ctx, stages):
+        self._ctx = ctx
+        self._round = ctx.round
+        self._stages = tuple(stages)
+
+    def exchange(self, stage: str, messages: dict[int, Any]):
+        start = time.perf_counter()
+        self._progress("start", stage, n=len(messages))
+        out: list[Message] = []
+        for c, payload in messages.items():
+            if c not in self.node_of:
+                raise InputError(f"client id {c} has no Flower node (known: 0..{len(self.node_of) - 1}).")
+            record = ConfigRecord(
+                {
+                    "stage": stage,
+                    "client-id": int(c),
+                    "round": int(self._round),
+                    "data": _wire.dumps(payload),
+                }
+            )
+            out.append(
+                Message(
+                    content=RecordDict({_wire.RECORD_KEY: record}),
+                    dst_node_id=self.node_of[c],
+                    message_type=_wire.MESSAGE_TYPE,
+                    group_id=f"{self._round}:{stage}",
+                    ttl=self.stage_timeout + 30.0,
+                )
+            )
+        replies, refused = self._send_and_receive(out, stage)
+        elapsed = time.perf_counter() - start
+        self.timings.append((self._round, stage, elapsed, len(messages), len(replies)))
+        dropped = [c for c in messages if c not in replies and c not in refused]
+        self._progress("end", stage, n=len(messages), replied=len(replies), refused=sorted(refused), dropped=dropped, seconds=round(elapsed, 4))
+        if dropped:
+            log.warning("round %s stage %s: clients %s did not answer within the deadline (dropouts)", self._round, stage, dropped)
+        for c, why in refused.items():
+            log.warning("round %s stage %s: client %s refused: %s", self._round, stage, c, why)
+        return replies, refused
+
+    # ------------------------------------------------------------ internals
+    def _send_and_receive(self, out: list[Message], stage: str):
+        client_of_node = {n: c for c, n in self.node_of.items()}
+        msg_ids = list(self.grid.push_messages(out)) if out else []
+        pending = {mid: client_of_node[m.metadata.dst_node_id] for mid, m in zip(msg_ids, out)}
+        replies: dict[int, Any] = {}
+        refused: dict[int, str] = {}
+        t0 = time.monotonic()
+        deadline = t0 + self.stage_timeout
+        trusted_done_at = None
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                c = pending.pop(reply.metadata.reply_to_message_id, None)
+                if c is None:
+                    continue
+                self._decode(c, reply, stage, replies, refused)
+            if not pending:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if all(c in self.suspect for c in pending.values()):
+                # every client still missing already missed a deadline: give them a grace period
+                trusted_done_at = trusted_done_at or now
+                if now - trusted_done_at >= self.suspect_timeout:
+                    break
+            time.sleep(self.poll_interval)
+        for c in pending.values():
+            self.suspect.add(c)
+        for c in replies:
+            self.suspect.discard(c)
+        return replies, refused
+
+    def _decode(self, c: int, reply: Message, stage: str, replies: dict, refused: dict) -> None:
+        if reply.has_error():
+            err = reply.error
+            if int(err.code) in _UNAVAILABLE_CODES:
+                return  # the node is unavailable: a dropout
+            refused[c] = f"ClientApp failed (Flower error {err.code}): {err.reason}"
+            self.errors[c] = refused[c]
+            return
+        try:
+            record = reply.content[_wire.RECORD_KEY]
+            status = record["status"]
+            if status == "ok":
+                replies[c] = _wire.loads(record["data"])
+                return
+            refused[c] = str(record.get("reason", status))
+            if status == "error":
+                self.errors[c] = refused[c]
+        except (KeyError, TypeError, _wire.WireError) as exc:
+            refused[c] = f"malformed reply to stage {stage!r}: {exc}"
+            self.errors[c] = refused[c]
+
+    def _progress(self, event: str, stage: str, **extra) -> None:
+        if not self.progress_path:
+            return
+        line = {"t": time.time(), "event": event, "round": self._round, "stage": stage, **extra}
+        with open(self.progress_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
