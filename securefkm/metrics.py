@@ -67,7 +67,9 @@ def _check_label_pair(y_true, y_pred):
     if a.ndim != 1 or b.ndim != 1:
         raise InputError(f"y_true and y_pred must be 1-D, got shapes {a.shape} and {b.shape}.")
     if len(a) != len(b):
-        raise InputError(f"y_true has {len(a)} labels but y_pred has {len(b)}; they must label the same records.")
+        raise InputError(
+            f"y_true has {len(a)} labels but y_pred has {len(b)}; they must label the same records."
+        )
     if len(a) == 0:
         raise InputError("y_true and y_pred are empty.")
     return a, b
@@ -75,7 +77,11 @@ def _check_label_pair(y_true, y_pred):
 
 def _sq_dist(X, C):
     """Squared distances (n, k) by the BLAS expansion, used only to choose centres."""
-    d = np.einsum("ij,ij->i", X, X)[:, None] - 2.0 * (X @ C.T) + np.einsum("ij,ij->i", C, C)[None, :]
+    d = (
+        np.einsum("ij,ij->i", X, X)[:, None]
+        - 2.0 * (X @ C.T)
+        + np.einsum("ij,ij->i", C, C)[None, :]
+    )
     return np.maximum(d, 0.0, out=d)
 
 
@@ -93,7 +99,9 @@ def sum_terms(terms) -> dict:
         raise InputError("terms must be a dict of summed terms or a list of per-client term dicts.")
     terms = list(terms)
     if not terms or not all(isinstance(t, Mapping) for t in terms):
-        raise InputError("terms must be a non-empty list of per-client term dicts (or one summed dict).")
+        raise InputError(
+            "terms must be a non-empty list of per-client term dicts (or one summed dict)."
+        )
     keys = set(terms[0])
     for i, t in enumerate(terms):
         if set(t) != keys:
@@ -191,14 +199,22 @@ def silhouette(X, labels, sample_size=None, random_state=None) -> float:
     X = check_array(X, "X")
     labels = np.asarray(labels)
     if labels.ndim != 1 or len(labels) != len(X):
-        raise InputError(f"labels must be 1-D with one entry per row of X ({len(X)}), got shape {labels.shape}.")
+        raise InputError(
+            f"labels must be 1-D with one entry per row of X ({len(X)}), got shape {labels.shape}."
+        )
     n_lab = len(np.unique(labels))
     if not 2 <= n_lab <= len(X) - 1:
-        raise InputError(f"silhouette needs 2 <= number of clusters <= n_samples - 1, got {n_lab} clusters.")
+        raise InputError(
+            f"silhouette needs 2 <= number of clusters <= n_samples - 1, got {n_lab} clusters."
+        )
     if sample_size is not None:
         sample_size = check_int(sample_size, "sample_size", minimum=2, maximum=len(X))
     rng = check_random_state(random_state)
-    return float(silhouette_score(X, labels, sample_size=sample_size, random_state=int(rng.integers(2**31 - 1))))
+    return float(
+        silhouette_score(
+            X, labels, sample_size=sample_size, random_state=int(rng.integers(2**31 - 1))
+        )
+    )
 
 
 def _simplified_silhouette_values(X, C):
@@ -245,10 +261,14 @@ def davies_bouldin(X, labels) -> float:
     X = check_array(X, "X")
     labels = np.asarray(labels)
     if labels.ndim != 1 or len(labels) != len(X):
-        raise InputError(f"labels must be 1-D with one entry per row of X ({len(X)}), got shape {labels.shape}.")
+        raise InputError(
+            f"labels must be 1-D with one entry per row of X ({len(X)}), got shape {labels.shape}."
+        )
     n_lab = len(np.unique(labels))
     if not 2 <= n_lab <= len(X) - 1:
-        raise InputError(f"Davies-Bouldin needs 2 <= number of clusters <= n_samples - 1, got {n_lab}.")
+        raise InputError(
+            f"Davies-Bouldin needs 2 <= number of clusters <= n_samples - 1, got {n_lab}."
+        )
     return float(davies_bouldin_score(X, labels))
 
 
@@ -259,7 +279,10 @@ def davies_bouldin_terms(X, centres) -> dict:
     X, C = _check_X_centres(X, centres)
     labels, d = _nearest(X, C)
     k = len(C)
-    return {"dist_sum": np.bincount(labels, weights=d, minlength=k), "count": np.bincount(labels, minlength=k).astype(np.float64)}
+    return {
+        "dist_sum": np.bincount(labels, weights=d, minlength=k),
+        "count": np.bincount(labels, minlength=k).astype(np.float64),
+    }
 
 
 def federated_davies_bouldin(terms, centres) -> float:

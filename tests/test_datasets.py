@@ -27,7 +27,11 @@ from securefkm.exceptions import InputError
 
 def _is_partition(parts, n):
     allidx = np.concatenate(parts)
-    return len(allidx) == n and np.array_equal(np.sort(allidx), np.arange(n)) and all(len(p) > 0 for p in parts)
+    return (
+        len(allidx) == n
+        and np.array_equal(np.sort(allidx), np.arange(n))
+        and all(len(p) > 0 for p in parts)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +72,10 @@ def test_non_iid_clients_are_compact(grid):
 def test_half_iid_is_between(grid):
     X, _ = grid
     within = lambda parts: np.mean([X[p].var(axis=0).sum() for p in parts])  # noqa: E731
-    v = {s: within(split_indices(s, X, n_clients=16, random_state=0)) for s in ("iid", "half-iid", "non-iid")}
+    v = {
+        s: within(split_indices(s, X, n_clients=16, random_state=0))
+        for s in ("iid", "half-iid", "non-iid")
+    }
     assert v["non-iid"] < v["half-iid"] < v["iid"]
 
 
@@ -164,7 +171,9 @@ def test_stallmann_motivational():
 def test_g2():
     X, y = g2(8, 30.0, random_state=0)
     assert X.shape == (2048, 8) and np.array_equal(np.bincount(y), [1024, 1024])
-    assert np.allclose(X[y == 0].mean(0), 500, atol=5) and np.allclose(X[y == 1].mean(0), 600, atol=5)
+    assert np.allclose(X[y == 0].mean(0), 500, atol=5) and np.allclose(
+        X[y == 1].mean(0), 600, atol=5
+    )
     with pytest.raises(InputError, match="even"):
         g2(2, 10.0, n=11)
 
@@ -193,7 +202,13 @@ def test_digits():
 # ----------------------------------------------------------------- registry
 def test_registry_defaults_and_errors():
     assert set(DATASETS) == {
-        "dwf-blobs", "digits", "triebe-1d", "garst-grid", "garst-extreme", "stallmann-motivational", "g2",
+        "dwf-blobs",
+        "digits",
+        "triebe-1d",
+        "garst-grid",
+        "garst-extreme",
+        "stallmann-motivational",
+        "g2",
     }
     ds = load_dataset("g2", dim=4, sigma=20.0, random_state=0)
     assert ds.n_clients == 2 and ds.n_features == 4
@@ -265,7 +280,9 @@ def test_from_pooled_and_column_drop():
 
 def test_csv_round_trip(tmp_path):
     rng = np.random.default_rng(0)
-    clients = [rng.normal(size=(n, 3)) * 10.0 ** rng.integers(-5, 5) for n in (4, 1, 7)] + [rng.normal(size=(2, 3))] * 9
+    clients = [rng.normal(size=(n, 3)) * 10.0 ** rng.integers(-5, 5) for n in (4, 1, 7)] + [
+        rng.normal(size=(2, 3))
+    ] * 9
     labels = [rng.integers(0, 5, size=len(c)) for c in clients]
     ds = FederatedDataset(clients, labels=labels)
     ds.to_csv_dir(tmp_path / "h")

@@ -49,14 +49,19 @@ def test_federated_equals_central(data):
     t_db = [m.davies_bouldin_terms(c, C) for c in clients]
     central_db = m.federated_davies_bouldin(m.davies_bouldin_terms(X, C), C)
     assert abs(m.federated_davies_bouldin(t_db, C) - central_db) < 1e-12
-    assert abs(m.federated_mean_intra_cluster_distance(t_db) - m.mean_intra_cluster_distance(X, C)) < 1e-12
+    assert (
+        abs(m.federated_mean_intra_cluster_distance(t_db) - m.mean_intra_cluster_distance(X, C))
+        < 1e-12
+    )
 
 
 def test_federated_db_matches_sklearn(data):
     X, _, C, parts = data
     lab = m.assign(X, C)
     terms = [m.davies_bouldin_terms(X[p], C) for p in parts]
-    assert np.isclose(m.federated_davies_bouldin(terms, C), davies_bouldin_score(X, lab), rtol=1e-10, atol=0)
+    assert np.isclose(
+        m.federated_davies_bouldin(terms, C), davies_bouldin_score(X, lab), rtol=1e-10, atol=0
+    )
     assert m.davies_bouldin(X, lab) == davies_bouldin_score(X, lab)
 
 

@@ -35,14 +35,18 @@ def _check_labels(labels, sizes: list[int]) -> list[np.ndarray] | None:
             f"got {type(labels).__name__}. Use FederatedDataset.from_pooled(X, y) for pooled labels."
         )
     if len(labels) != len(sizes):
-        raise InputError(f"labels has {len(labels)} entries but there are {len(sizes)} clients; give one per client.")
+        raise InputError(
+            f"labels has {len(labels)} entries but there are {len(sizes)} clients; give one per client."
+        )
     out = []
     for i, (lab, n) in enumerate(zip(labels, sizes)):
         arr = np.asarray(lab)
         if arr.ndim != 1:
             raise InputError(f"labels[{i}] must be 1-D, got shape {arr.shape}.")
         if len(arr) != n:
-            raise InputError(f"labels[{i}] has {len(arr)} entries but clients[{i}] has {n} rows; they must match.")
+            raise InputError(
+                f"labels[{i}] has {len(arr)} entries but clients[{i}] has {n} rows; they must match."
+            )
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
             raise InputError(f"labels[{i}] contains NaN or infinity.")
         out.append(arr)
@@ -97,12 +101,16 @@ def _read_client_csv(file: Path, label_column):
     if not all(_is_number(v) for v in rows[0]):
         header, rows = [h.strip() for h in rows[0]], rows[1:]
     if not rows:
-        raise InputError(f"{file}: only a header row, no records; every client needs at least one record.")
+        raise InputError(
+            f"{file}: only a header row, no records; every client needs at least one record."
+        )
     width = len(header) if header is not None else len(rows[0])
     for r, row in enumerate(rows):
         if len(row) != width:
             line = r + 1 + (header is not None)
-            raise InputError(f"{file}: line {line} has {len(row)} fields, expected {width}; fix the ragged row.")
+            raise InputError(
+                f"{file}: line {line} has {len(row)} fields, expected {width}; fix the ragged row."
+            )
     table = np.array(rows, dtype=str)
     names = header if header is not None else [str(j) for j in range(width)]
     labels = None
@@ -118,7 +126,9 @@ def _read_client_csv(file: Path, label_column):
         else:
             j = int(label_column)
             if not -width <= j < width:
-                raise InputError(f"{file}: label_column={label_column} is out of range for {width} columns.")
+                raise InputError(
+                    f"{file}: label_column={label_column} is out of range for {width} columns."
+                )
             j %= width
         labels = _labels_from_strings(np.char.strip(table[:, j]))
         table = np.delete(table, j, axis=1)
@@ -244,7 +254,15 @@ class FederatedDataset:
 
     @classmethod
     def from_pooled(
-        cls, X, y=None, *, split: str = "iid", n_clients: int | None = 10, random_state=None, name=None, **split_kwargs
+        cls,
+        X,
+        y=None,
+        *,
+        split: str = "iid",
+        n_clients: int | None = 10,
+        random_state=None,
+        name=None,
+        **split_kwargs,
     ) -> FederatedDataset:
         """Split one pooled array into clients with a splitter of :mod:`securefkm.datasets.splitters`.
 
@@ -257,18 +275,26 @@ class FederatedDataset:
         if y is not None:
             y = np.asarray(y)
             if y.ndim != 1 or len(y) != len(X):
-                raise InputError(f"y must be 1-D with one label per row of X ({len(X)}), got shape {y.shape}.")
-        parts = split_indices(split, X, y, n_clients=n_clients, random_state=random_state, **split_kwargs)
+                raise InputError(
+                    f"y must be 1-D with one label per row of X ({len(X)}), got shape {y.shape}."
+                )
+        parts = split_indices(
+            split, X, y, n_clients=n_clients, random_state=random_state, **split_kwargs
+        )
         if split == "column" and split_kwargs.get("drop", True):
             X = np.delete(X, split_kwargs.get("column", 0), axis=1)
             if X.shape[1] == 0:
-                raise InputError("split='column' with drop=True leaves no features; pass drop=False.")
+                raise InputError(
+                    "split='column' with drop=True leaves no features; pass drop=False."
+                )
         clients = [X[idx] for idx in parts]
         labels = None if y is None else [y[idx] for idx in parts]
         return cls(clients, labels=labels, name=name if name is not None else split)
 
     @classmethod
-    def from_csv_dir(cls, path, label_column=None, pattern: str = "*.csv", name=None) -> FederatedDataset:
+    def from_csv_dir(
+        cls, path, label_column=None, pattern: str = "*.csv", name=None
+    ) -> FederatedDataset:
         """One CSV per client in ``path`` (client id = file stem, natural name order).
 
         ``label_column`` (a header name or an integer index, negative allowed) is split off
@@ -278,9 +304,13 @@ class FederatedDataset:
         folder = Path(path)
         if not folder.is_dir():
             raise InputError(f"path={str(path)!r} is not a directory of per-client CSV files.")
-        files = sorted((f for f in folder.glob(pattern) if f.is_file()), key=lambda f: _natural_key(f.name))
+        files = sorted(
+            (f for f in folder.glob(pattern) if f.is_file()), key=lambda f: _natural_key(f.name)
+        )
         if not files:
-            raise InputError(f"no files match pattern={pattern!r} in {str(path)!r}; one CSV per client is expected.")
+            raise InputError(
+                f"no files match pattern={pattern!r} in {str(path)!r}; one CSV per client is expected."
+            )
         clients, labels = [], []
         for f in files:
             X, lab = _read_client_csv(f, label_column)
@@ -338,7 +368,17 @@ def as_federated(data, name: str = "X") -> FederatedDataset:
             if isinstance(c, np.ndarray):
                 nd = c.ndim
             elif isinstance(c, Sequence) and not isinstance(c, str):
-                nd = 2 if (len(c) > 0 and all(isinstance(r, (Sequence, np.ndarray)) and not isinstance(r, str) for r in c)) else 1
+                nd = (
+                    2
+                    if (
+                        len(c) > 0
+                        and all(
+                            isinstance(r, (Sequence, np.ndarray)) and not isinstance(r, str)
+                            for r in c
+                        )
+                    )
+                    else 1
+                )
             else:
                 nd = 0
             if nd != 2:
@@ -354,5 +394,7 @@ def as_federated(data, name: str = "X") -> FederatedDataset:
 def _check_n_clients(n_clients, n: int, name: str = "n_clients") -> int:
     n_clients = check_int(n_clients, name, minimum=1)
     if n_clients > n:
-        raise InputError(f"{name}={n_clients} exceeds the number of records ({n}); every client needs a record.")
+        raise InputError(
+            f"{name}={n_clients} exceeds the number of records ({n}); every client needs a record."
+        )
     return n_clients

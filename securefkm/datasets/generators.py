@@ -49,7 +49,9 @@ def triebe_1d(
     scale = check_float(scale, "scale", minimum=0.0)
     means = np.asarray(means, dtype=np.float64)
     if means.ndim != 1 or len(means) == 0 or not np.all(np.isfinite(means)):
-        raise InputError(f"means must be a non-empty 1-D sequence of finite numbers, got {means!r}.")
+        raise InputError(
+            f"means must be a non-empty 1-D sequence of finite numbers, got {means!r}."
+        )
     rng = check_random_state(random_state)
     comp = rng.integers(len(means), size=n_clients)
     X = rng.normal(means[comp][:, None], scale, size=(n_clients, n_per_client))
@@ -68,7 +70,9 @@ def garst_centres(spacing: float = 5.0) -> np.ndarray:
     return np.column_stack([np.repeat(g, 4), np.tile(g, 4)])
 
 
-def garst_grid(points_per_centre: int = 50, std: float = 1.0, spacing: float = 5.0, random_state=None):
+def garst_grid(
+    points_per_centre: int = 50, std: float = 1.0, spacing: float = 5.0, random_state=None
+):
     """Garst & Reinders, section 3: 16 isotropic Gaussians (std ``std``; the paper uses 1 and
     the noise study 1.0 .. 1.5) on a 4 x 4 grid with ``spacing`` 5, ``points_per_centre``
     (50, 100 or 200 in the paper) each. Returns ``(X, y)`` ordered by centre."""
@@ -82,7 +86,11 @@ def garst_grid(points_per_centre: int = 50, std: float = 1.0, spacing: float = 5
 
 
 def garst_federated(
-    beta: float, n_clients: int = 4, points_per_centre: int = 50, std: float = 1.0, spacing: float = 5.0,
+    beta: float,
+    n_clients: int = 4,
+    points_per_centre: int = 50,
+    std: float = 1.0,
+    spacing: float = 5.0,
     random_state=None,
 ) -> FederatedDataset:
     """The grid of :func:`garst_grid` distributed with the distance split of eq. 2
@@ -93,11 +101,17 @@ def garst_federated(
     rng = check_random_state(random_state)
     X, y = garst_grid(points_per_centre, std, spacing, rng)
     half = 2.5 * float(spacing)
-    parts = split_distance(X, y, n_clients=n_clients, random_state=rng, beta=beta, box=(-half, half))
-    return FederatedDataset([X[p] for p in parts], labels=[y[p] for p in parts], name=f"garst-beta{beta:g}")
+    parts = split_distance(
+        X, y, n_clients=n_clients, random_state=rng, beta=beta, box=(-half, half)
+    )
+    return FederatedDataset(
+        [X[p] for p in parts], labels=[y[p] for p in parts], name=f"garst-beta{beta:g}"
+    )
 
 
-def garst_extreme_split(points_per_centre: int = 50, std: float = 1.0, spacing: float = 5.0, random_state=None):
+def garst_extreme_split(
+    points_per_centre: int = 50, std: float = 1.0, spacing: float = 5.0, random_state=None
+):
     """Garst & Reinders, section 3 ("High variability in number of local clusters"): the grid
     data over 5 clients holding data from exactly 1, 4, 7, 10 and 16 clusters.
 
@@ -119,7 +133,9 @@ def garst_extreme_split(points_per_centre: int = 50, std: float = 1.0, spacing: 
         idx = np.flatnonzero(y == cluster)
         owner[idx] = np.repeat(holders, [len(c) for c in np.array_split(idx, len(holders))])
     parts = [np.flatnonzero(owner == i) for i in range(len(counts))]
-    return FederatedDataset([X[p] for p in parts], labels=[y[p] for p in parts], name="garst-extreme")
+    return FederatedDataset(
+        [X[p] for p in parts], labels=[y[p] for p in parts], name="garst-extreme"
+    )
 
 
 def stallmann_motivational(random_state=None) -> FederatedDataset:
@@ -160,7 +176,11 @@ def g2(dim: int, sigma: float, n: int = 2048, random_state=None):
 
 
 def dwf_blobs(
-    n_samples: int = 10_000, n_noise: int = 100, std: float = 0.2, random_state=18042023, noise_seed: int | None = 1
+    n_samples: int = 10_000,
+    n_noise: int = 100,
+    std: float = 0.2,
+    random_state=18042023,
+    noise_seed: int | None = 1,
 ):
     """The synthetic set of Holzer et al. (2023), DWF paper section 3.2, as the authors'
     ``experiment.py`` builds it:
@@ -177,7 +197,10 @@ def dwf_blobs(
     std = check_float(std, "std", minimum=0.0)
     rng = check_random_state(random_state)
     X, y = make_blobs(
-        n_samples=n_samples, centers=5, cluster_std=std, center_box=(-1.0, 1.0),
+        n_samples=n_samples,
+        centers=5,
+        cluster_std=std,
+        center_box=(-1.0, 1.0),
         random_state=_sk_seed(random_state, rng),
     )
     if noise_seed is None:
@@ -186,7 +209,11 @@ def dwf_blobs(
         if not isinstance(noise_seed, numbers.Integral) or isinstance(noise_seed, bool):
             raise InputError(f"noise_seed must be an int or None, got {noise_seed!r}.")
         r = random.Random(int(noise_seed))
-        noise = np.array([r.random() for _ in range(2 * n_noise)], dtype=np.float64).reshape(n_noise, 2) * 2 - 1
+        noise = (
+            np.array([r.random() for _ in range(2 * n_noise)], dtype=np.float64).reshape(n_noise, 2)
+            * 2
+            - 1
+        )
     X = np.concatenate([X.astype(np.float64), noise])
     y = np.concatenate([y.astype(np.int64), np.full(n_noise, 5, dtype=np.int64)])
     return X, y

@@ -49,10 +49,14 @@ _FIXED_DATA_SEED = {"dwf-blobs"}
 
 def _split_kwargs(func, kw: dict) -> tuple[dict, dict]:
     params = set(inspect.signature(func).parameters) - {"random_state"}
-    return {k: v for k, v in kw.items() if k in params}, {k: v for k, v in kw.items() if k not in params}
+    return {k: v for k, v in kw.items() if k in params}, {
+        k: v for k, v in kw.items() if k not in params
+    }
 
 
-def load_dataset(name: str, *, split=None, n_clients=None, random_state=None, **kw) -> FederatedDataset:
+def load_dataset(
+    name: str, *, split=None, n_clients=None, random_state=None, **kw
+) -> FederatedDataset:
     """A named dataset (see :data:`DATASETS`) as a :class:`FederatedDataset`.
 
     Datasets whose paper fixes the distribution (``triebe-1d``, ``garst-extreme``,
@@ -88,7 +92,9 @@ def load_dataset(name: str, *, split=None, n_clients=None, random_state=None, **
                     "into a different number."
                 )
             if split_kw:
-                raise InputError(f"unexpected options {sorted(split_kw)} for {name!r} without a split.")
+                raise InputError(
+                    f"unexpected options {sorted(split_kw)} for {name!r} without a split."
+                )
             return out
         X, y = out.pooled(), out.pooled_labels()
     else:

@@ -56,7 +56,9 @@ def split_iid(X, y=None, n_clients: int = 10, random_state=None) -> list[np.ndar
     X = check_array(X, "X")
     n_clients = _check_n_clients(n_clients, len(X))
     rng = check_random_state(random_state)
-    return _finish(np.array_split(rng.permutation(len(X)), n_clients), len(X), "iid", "use fewer clients")
+    return _finish(
+        np.array_split(rng.permutation(len(X)), n_clients), len(X), "iid", "use fewer clients"
+    )
 
 
 def _kmeans_parts(X, n_clients, seed, max_iter, n_init):
@@ -85,28 +87,36 @@ def split_non_iid(
     return _finish(parts, len(X), "non-iid", "use fewer clients")
 
 
-def split_half_iid(X, y=None, n_clients: int = 10, random_state=None, max_iter: int = 5, n_init: int = 5):
+def split_half_iid(
+    X, y=None, n_clients: int = 10, random_state=None, max_iter: int = 5, n_init: int = 5
+):
     """Half-IID split (DWF paper section 3.2): a random half of the records (``n // 2``) is
     split IID, the other half non-IID (k-means on that half only, as in the authors'
     ``distribute_to_clients(mode="half")``); client ``i`` gets IID chunk ``i`` plus k-means
     cluster ``i``."""
     X = check_array(X, "X")
     n = len(X)
-    if n < 2 * n_clients:
-        raise InputError(f"half-iid split needs at least 2 * n_clients = {2 * n_clients} records, got {n}.")
     n_clients = _check_n_clients(n_clients, n)
+    if n < 2 * n_clients:
+        raise InputError(
+            f"half-iid split needs at least 2 * n_clients = {2 * n_clients} records, got {n}."
+        )
     rng = check_random_state(random_state)
     perm = rng.permutation(n)
     iid_idx, cl_idx = perm[: n // 2], perm[n // 2 :]
     if len(np.unique(X[cl_idx], axis=0)) < n_clients:
-        raise InputError(f"half-iid split needs at least n_clients={n_clients} distinct records in each half.")
+        raise InputError(
+            f"half-iid split needs at least n_clients={n_clients} distinct records in each half."
+        )
     iid_parts = np.array_split(iid_idx, n_clients)
     cl_parts = _kmeans_parts(X[cl_idx], n_clients, _sk_seed(random_state, rng), max_iter, n_init)
     parts = [np.concatenate([a, cl_idx[b]]) for a, b in zip(iid_parts, cl_parts)]
     return _finish(parts, n, "half-iid", "use fewer clients")
 
 
-def split_dirichlet(X, y=None, n_clients: int = 10, random_state=None, alpha: float = 0.5) -> list[np.ndarray]:
+def split_dirichlet(
+    X, y=None, n_clients: int = 10, random_state=None, alpha: float = 0.5
+) -> list[np.ndarray]:
     """Label-skew split: for every class, client shares ``p ~ Dir(alpha * 1)`` and the
     class's (shuffled) records are cut at the cumulative shares (Hsu, Qi & Brown 2019,
     "Measuring the effects of non-identical data distribution", section 3).
@@ -120,7 +130,9 @@ def split_dirichlet(X, y=None, n_clients: int = 10, random_state=None, alpha: fl
         raise InputError("the 'dirichlet' split needs labels: pass y (one class label per record).")
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != len(X):
-        raise InputError(f"y must be 1-D with one label per row of X ({len(X)}), got shape {y.shape}.")
+        raise InputError(
+            f"y must be 1-D with one label per row of X ({len(X)}), got shape {y.shape}."
+        )
     n_clients = _check_n_clients(n_clients, len(X))
     alpha = check_float(alpha, "alpha", minimum=0.0, min_inclusive=False)
     rng = check_random_state(random_state)
@@ -130,7 +142,9 @@ def split_dirichlet(X, y=None, n_clients: int = 10, random_state=None, alpha: fl
     for c in range(len(classes)):  # loop over classes, not records
         idx = rng.permutation(np.flatnonzero(inverse == c))
         cuts = np.round(np.cumsum(props[c])[:-1] * len(idx)).astype(np.int64)
-        owner[idx] = np.repeat(np.arange(n_clients), np.diff(np.concatenate([[0], cuts, [len(idx)]])))
+        owner[idx] = np.repeat(
+            np.arange(n_clients), np.diff(np.concatenate([[0], cuts, [len(idx)]]))
+        )
     counts = np.bincount(owner, minlength=n_clients)
     for e in np.flatnonzero(counts == 0):
         donor = int(np.argmax(counts))
@@ -189,7 +203,9 @@ def split_distance(
         if loc.shape[1] != d:
             raise InputError(f"locations has {loc.shape[1]} columns but X has {d} features.")
         if n_clients is not None and n_clients != len(loc):
-            raise InputError(f"locations gives {len(loc)} clients but n_clients={n_clients}; pass one or match them.")
+            raise InputError(
+                f"locations gives {len(loc)} clients but n_clients={n_clients}; pass one or match them."
+            )
         n_clients = len(loc)
     else:
         n_clients = _check_n_clients(n_clients, n)
@@ -199,7 +215,9 @@ def split_distance(
             try:
                 low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in box)
             except (TypeError, ValueError):
-                raise InputError(f"box must be (low, high) scalars or arrays of length {d}, got {box!r}.") from None
+                raise InputError(
+                    f"box must be (low, high) scalars or arrays of length {d}, got {box!r}."
+                ) from None
             if not np.all(high > low):
                 raise InputError(f"box needs high > low in every feature, got {box!r}.")
         loc = rng.uniform(low, high, size=(n_clients, d))
@@ -250,7 +268,9 @@ SPLITTERS = {
 def split_indices(name: str, X, y=None, n_clients=10, random_state=None, **kw) -> list[np.ndarray]:
     """Dispatch to the splitter called ``name`` (one of :data:`SPLITTERS`)."""
     if name not in SPLITTERS:
-        raise InputError(f"split={name!r} is unknown; choose one of {', '.join(map(repr, SPLITTERS))}.")
+        raise InputError(
+            f"split={name!r} is unknown; choose one of {', '.join(map(repr, SPLITTERS))}."
+        )
     if name == "column":
         n_clients = None  # one client per distinct value; any n_clients is ignored
     elif n_clients is None:
