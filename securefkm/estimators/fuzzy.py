@@ -239,14 +239,17 @@ def _k_bounds(k_min, k_max, n_samples):
     return k_min, k_max
 
 
-def select_n_clusters(data, k_min=2, k_max=8, *, local_scores=True, **params) -> KSelection:
+def select_n_clusters(
+    data, k_min=2, k_max=8, *, local_scores=True, local_k_max=None, **params
+) -> KSelection:
     """The complete framework of Stallmann & Wilbik (sec. 2.2.3) over K in [k_min, k_max].
 
     For each K, fits :class:`FederatedFuzzyCMeans` (``params`` are its parameters, e.g.
     ``averaging``, ``random_state``, ``protection``) and records its FedFuzzDB
     (``fuzzy_index_``, computed in a protected validity round). With ``local_scores=True``
-    every client also computes its local-only fuzzy DB curve (as in Table 1; in a
-    deployment each client would do this on its own machine and keep it).
+    every client also computes its local-only fuzzy DB curve over K in [k_min,
+    ``local_k_max``] (default ``k_max``; the paper's Table 1 uses 5) -- in a deployment each
+    client would do this on its own machine and keep it.
     """
     fed = as_federated(data)
     k_min, k_max = _k_bounds(k_min, k_max, fed.n_samples)
@@ -271,9 +274,12 @@ def select_n_clusters(data, k_min=2, k_max=8, *, local_scores=True, **params) ->
         m = check_fuzzifier(params.get("m", 2.0))
         tol = check_float(params.get("local_tol", 1e-3), "local_tol", minimum=0.0)
         seed = params.get("random_state")
+        local_hi = (
+            k_max if local_k_max is None else check_int(local_k_max, "local_k_max", minimum=k_min)
+        )
         for i, X in enumerate(fed.clients):
             curve = local_fuzzy_db_scores(
-                X, range(k_min, k_max + 1), m=m, tol=tol, random_state=seed
+                X, range(k_min, local_hi + 1), m=m, tol=tol, random_state=seed
             )
             result.local_scores[i] = curve
             finite = {k: v for k, v in curve.items() if np.isfinite(v)}
