@@ -2,9 +2,12 @@
 and the :class:`GaussianDP` layer. Importing this package does not import torch/opacus."""
 
 from .accounting import PrivacyAccountant, epsilon_for, gdp_epsilon, noise_multiplier_for
+from .layer import GaussianDP, kls21_tau
 from .sampler import lattice_gaussian, sample_discrete_gaussian, sample_discrete_laplace
 
 __all__ = [
+    "GaussianDP",
+    "kls21_tau",
     "PrivacyAccountant",
     "epsilon_for",
     "gdp_epsilon",

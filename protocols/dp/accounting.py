@@ -163,9 +163,9 @@ class PrivacyAccountant:
     ``spent()`` returns the (epsilon, delta) of the history; ``would_exceed(sample_rate)``
     says whether one more such round would take epsilon past the target.
 
-    A fast path avoids recomputing the PRV: a history of n steps with rates <= q_max is
-    dominated by n steps at q_max (the subsampled Gaussian's epsilon grows with q and
-    with the number of steps), so if that bound is within the target no exact evaluation
+    A fast path avoids recomputing the PRV: a history of n steps with rates <= q_max and
+    noise multipliers >= z_min is dominated by n steps at (z_min, q_max) (the subsampled
+    Gaussian's epsilon grows with q, with 1/z and with the number of steps), so if that bound is within the target no exact evaluation
     is needed. ``spent()`` reports the smaller of the exact value and that bound (both
     are valid upper bounds).
     """
@@ -196,8 +196,9 @@ class PrivacyAccountant:
         if len(history) == 1:
             return epsilon_for_history(history, self.target_delta, self.accountant)
         q_max = max(q for _, q, _ in history)
+        z_min = min(z for z, _, _ in history)
         n = sum(n for _, _, n in history)
-        bound = epsilon_for_history([(self.noise_multiplier, q_max, n)], self.target_delta, self.accountant)
+        bound = epsilon_for_history([(z_min, q_max, n)], self.target_delta, self.accountant)
         if bound <= self.target_epsilon:
             return bound
         exact = epsilon_for_history(history, self.target_delta, self.accountant)

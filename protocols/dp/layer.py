@@ -1,0 +1,543 @@
+"""GaussianDP: record-level differential privacy for the sum-fields of every round.
+
+Mechanism (one round)
+---------------------
+A round releases the sum over clients of its sum-fields f = 1..F (those the algorithm
+declares with :class:`~securefkm.messages.FieldSpec`). Adding or removing one record
+changes field f by at most Delta_f in L2 norm (``securefkm.messages.FIELD_KINDS``):
+
+====================  ==========================================================
+kind                  Delta_f (R = clip, or the largest norm in the ``bounds`` box)
+====================  ==========================================================
+``count``             1 (a record adds non-negative weights summing to <= 1)
+``sum``               R (a record adds w_j x to row j with sum_j w_j <= 1, ||x|| <= R)
+``score``             (2R)^2 (a squared distance; ``bounds``: squared box diameter)
+``value``             unbounded: refused, except in ``mode="local"`` (see below)
+====================  ==========================================================
+
+Every field gets independent Gaussian noise of standard deviation
+``sigma_f = z * sqrt(F) * Delta'_f`` (Delta'_f = Delta_f plus the lattice rounding term
+below). **Proof that this is one Gaussian mechanism with noise multiplier z.** Divide
+field f by ``sqrt(F) Delta'_f``; the release becomes ``g(D) + N(0, z^2 I)`` with
+``g(D)_f = S_f(D) / (sqrt(F) Delta'_f)``, and for neighbouring D, D'
+``||g(D) - g(D')||_2^2 = sum_f ||S_f(D) - S_f(D')||^2 / (F Delta'_f^2) <= sum_f 1/F = 1``.
+So the round is the Gaussian mechanism with L2 sensitivity 1 and noise z, i.e. *one*
+composition in the accountant (Dwork & Roth 2014, Thm A.1; Balle & Wang 2018 for the
+exact (epsilon, delta) curve used by the PRV accountant). For DWF's training round
+(counts + coordinate sums, F = 2): sigma_count = sqrt(2) z, sigma_sum = sqrt(2) z clip.
+Post-processing (the server's division, centre update) keeps the guarantee.
+
+Noise is exact discrete Gaussian (Canonne, Kamath & Steinke 2020) drawn from the OS CSPRNG
+(:mod:`protocols.dp.sampler`). Values are first rounded to a lattice ``gamma_f Z``; the
+rounded difference of neighbours is at most ``Delta_f + sqrt(n_f) gamma_f`` (each of the
+n_f coordinates of each of the two vectors moves by <= gamma_f / 2), which is the
+``Delta'_f`` used above. The discrete Gaussian on the lattice with integer-lattice shifts
+has the same zCDP as the continuous one (CKS20 Thm 14); the PRV/RDP accountants treat it
+as continuous, an approximation CKS20 sec. 4 show to be negligible for sigma/gamma >= 1
+(here sigma/gamma ~ 2^20 in central and local modes).
+
+Accounting: no amplification by client sampling
+------------------------------------------------
+The guarantee is *record-level*. Client sampling does **not** amplify it: a record's
+presence is tied to its client's other records (whose presence reveals whether the client
+was sampled), and in the distributed and local modes the server itself chose and saw the
+participants. So every round in which a record's client contributes is one full
+composition at sampling rate 1, and rounds without the client cost that record nothing.
+The layer counts, per client, the rounds it contributed to (``agg.contributors``);
+the epsilon reported is that of the most-used client. With a
+:class:`~protocols.participation.ParticipationCap` (``max_rounds=R``) in the stack the
+calibration uses ``min(planned_rounds, R)`` compositions -- the cap is enforced by the
+clients themselves -- which is the way to spend the budget on fewer, less noisy rounds.
+
+Modes and trust models
+----------------------
+``mode="central"`` -- *trusted aggregator*. Clients send exact sum-fields (use a secure
+aggregator if the server should not see them); the server adds the noise to the decoded
+aggregate in ``server_aggregate`` before the algorithm uses it. The server (or whoever runs
+the aggregation) must be trusted: it sees the un-noised sums; only what it releases
+afterwards (centres, transcripts of the aggregate) is DP. Does not protect against a
+curious server.
+
+``mode="distributed"`` -- *no trusted party, honest-majority secure aggregation*
+(Kairouz, Liu & Steinke 2021, "The Distributed Discrete Gaussian Mechanism for Federated
+Learning with Secure Aggregation"). Each client rounds its sum-fields to the secure
+aggregator's fixed-point lattice (``codec.resolution``; integer fields to Z) and adds a
+discrete Gaussian share of variance ``sigma_f^2 / min_clients`` (raised, if needed, to the
+smallest lattice variance whose KLS21 tau below is <= 1e-6 -- e.g. ~1.8 lattice units^2 for
+4 clients on an integer count field); the sum over at least
+``min_clients`` survivors carries variance >= sigma_f^2. The server learns only the noised
+sum. Requires a secure aggregator (PairwiseMasking / Paillier) after this layer. Caveats:
+(i) a sum of discrete Gaussians is not exactly a discrete Gaussian; KLS21 (Thm 1) bound the
+gap by ``tau = 10 sum_{k=1}^{m-1} exp(-2 pi^2 s^2 k/(k+1))`` with s^2 the per-client
+lattice variance; ``report()["kls21_tau"]`` gives it (negligible when s >= 1), and the
+accountant treats the sum as a Gaussian; (ii) if fewer than ``min_clients`` clients survive
+the noise is smaller than calibrated -- clients decline when fewer than ``min_clients`` are
+sampled, and the round is aborted *after* decoding if fewer survived (the server has then
+seen an under-noised sum; the accountant charges that round at the actual noise), so choose
+``min_clients`` no larger than the aggregator's dropout threshold; (iii) colluding clients
+can subtract their own shares: with c colluders the noise falls to (m - c)/m of the
+variance. Does not protect against a server that lies about who was sampled to make
+clients add too little noise beyond (ii).
+
+``mode="local"`` -- *no trust in anyone*. Each client noises its own message with the full
+sigma_f (sum-fields *and* set-fields), so the guarantee holds even though the server sees
+each message separately; no secure aggregator needed. Epsilon is still per record of that
+client, against an adversary who sees every individual message. Fields with no per-record
+bound (``value`` sum-fields such as EWF's local centres, and the set-field ``centres``) are
+projected row-wise onto the declared ball (``clip``) or box (``bounds``) -- the only
+transformation applied to an algorithm's output, done because the user chose local
+mode -- and charged sensitivity ``2 R sqrt(rows)`` (box: diameter * sqrt(rows)), the worst
+case of one record moving every local centre; for rounds releasing only such fields this
+is also client-level DP. The set-field ``sizes`` has no useful bound and is refused.
+Noise is the sum of n client noises: far noisier aggregates than the other modes.
+
+Clipping and bounds
+-------------------
+``clip=R``: ``client_data`` scales each record with ||x|| > R to norm R (McMahan et al.
+2018; explicit because the user asked for it). ``bounds=(low, high)``: the records must lie
+in the box; a record outside raises :class:`~securefkm.exceptions.InputError` (no silent
+clipping). Caveat for ``score`` fields: the bound (2R)^2 also needs the broadcast centres
+in the ball/box; the layer cannot see them (hooks receive no broadcast), so algorithms must
+keep their score centres inside (projection of the centres is a core change proposed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from fractions import Fraction
+
+import numpy as np
+
+from securefkm._validation import check_choice, check_float, check_int
+from securefkm.exceptions import (
+    InputError,
+    PrivacyBudgetExceededError,
+    ProtectionConfigError,
+    RoundAbortedError,
+)
+from securefkm.layers import Layer
+from securefkm.messages import AggregatedUpdate, FieldSpec, Update
+
+from .accounting import PrivacyAccountant, _check_accountant, noise_multiplier_for
+from .sampler import round_up_variance, sample_discrete_gaussian
+
+MODES = ("central", "distributed", "local")
+_FINE = 2.0**-20  # lattice step relative to sigma in central/local modes
+SET_FIELDS_BOUNDED = ("centres",)
+
+
+def _lattice_noise(sigma2_lattice: Fraction, size: int) -> np.ndarray:
+    return sample_discrete_gaussian(sigma2_lattice, size).astype(np.float64)
+
+
+def kls21_tau(share_variance: float, m: int) -> float:
+    """KLS21 Thm 1 tau: distance of a sum of m N_Z(0, s^2) shares from N_Z(0, m s^2)."""
+    return 10.0 * sum(math.exp(-2 * math.pi**2 * share_variance * k / (k + 1)) for k in range(1, m))
+
+
+def min_share_variance(m: int, tau: float = 1e-6) -> float:
+    """Smallest per-client lattice variance s^2 with kls21_tau(s^2, m) <= tau (bisection)."""
+    if m <= 1:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while kls21_tau(hi, m) > tau:
+        hi *= 2
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if kls21_tau(mid, m) <= tau else (mid, hi)
+    return hi
+
+
+class GaussianDP(Layer):
+    """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
+
+    Parameters: ``epsilon``, ``delta`` -- the target for the whole fit (all runs);
+    ``clip`` (L2 radius, records clipped) or ``bounds`` ((low, high) box, records checked);
+    ``mode`` in {"central", "distributed", "local"}; ``accountant`` "prv" (default) or
+    "rdp"; ``min_clients`` (distributed mode: survivors the noise is sized for; default
+    the run's clients_per_round); ``noise_multiplier`` (skip calibration, still enforce
+    the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
+    explicitly requested k-means++ seeding through un-noised; privacy_spent is then
+    reported as infinite). See the module docstring for the mechanism, the proof of the
+    joint sensitivity and each mode's trust model.
+    """
+
+    side = "client"
+
+    def __init__(
+        self,
+        epsilon,
+        delta,
+        clip=None,
+        bounds=None,
+        mode: str = "central",
+        accountant: str = "prv",
+        min_clients=None,
+        noise_multiplier=None,
+        allow_plain_set_fields: bool = False,
+    ):
+        self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
+        self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+        self.mode = check_choice(mode, "mode", MODES)
+        self.accountant_name = _check_accountant(accountant)
+        if (clip is None) == (bounds is None):
+            raise InputError(
+                "GaussianDP needs exactly one of clip= (records are clipped to this L2 norm) or "
+                "bounds=(low, high) (records must lie in this box); e.g. GaussianDP(epsilon=1, delta=1e-5, clip=2.0)."
+            )
+        self.clip = None if clip is None else check_float(clip, "clip", minimum=0.0, min_inclusive=False)
+        self.bounds = None
+        if bounds is not None:
+            try:
+                low, high = bounds
+                low = np.asarray(low, dtype=np.float64)
+                high = np.asarray(high, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise InputError(f"bounds must be a pair (low, high) of numbers or arrays, got {bounds!r}.") from None
+            if low.ndim > 1 or high.ndim > 1 or not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+                raise InputError("bounds=(low, high) must be finite scalars or 1-D arrays of length n_features.")
+            if np.any(low >= high):
+                raise InputError(f"bounds: every low must be < high, got low={low}, high={high}.")
+            self.bounds = (low, high)
+        self.min_clients = None if min_clients is None else check_int(min_clients, "min_clients", minimum=1)
+        self.noise_multiplier = (
+            None if noise_multiplier is None else check_float(noise_multiplier, "noise_multiplier", minimum=0.0, min_inclusive=False)
+        )
+        self.allow_plain_set_fields = bool(allow_plain_set_fields)
+        # distributed noise only makes sense under a secure aggregator (instance attribute
+        # shadows the base-class ClassVar; the runtime reads it per instance).
+        self.requires_secure_aggregator = self.mode == "distributed"
+        self._repr_params = {"epsilon": self.epsilon, "delta": self.delta, "clip": clip, "mode": self.mode}
+        self._codec = None
+        self._cap = None
+        self._sens_factor = 1.0
+        self._d = None
+        self.z = None
+        self._acc = None
+        self._counts: Counter = Counter()
+        self._plain_rounds = 0
+        self._last_sigmas: dict[str, float] = {}
+        self._tau = 0.0
+        self._planned = None
+
+    # ------------------------------------------------------------------ geometry
+    def _radius(self, d: int) -> float:
+        if self.clip is not None:
+            return self.clip
+        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
+
+    def _diameter(self, d: int) -> float:
+        if self.clip is not None:
+            return 2 * self.clip
+        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        return float(np.linalg.norm(high - low))
+
+    def sensitivity(self, spec: FieldSpec, d: int) -> float:
+        """Per-record L2 sensitivity Delta_f of one field (before lattice rounding)."""
+        f = self._sens_factor
+        if spec.kind == "count":
+            return f * 1.0
+        if spec.kind == "sum":
+            return f * self._radius(d)
+        if spec.kind == "score":
+            return f * self._diameter(d) ** 2
+        if self.mode == "local" and len(spec.shape) >= 1 and spec.shape[-1] == d:
+            rows = spec.size // d
+            return self._diameter(d) * math.sqrt(rows)  # already the whole range: no factor
+        raise ProtectionConfigError(self._value_message(spec))
+
+    def _value_message(self, spec) -> str:
+        return (
+            f"GaussianDP(mode={self.mode!r}) cannot protect sum-field {spec.name!r}: its kind is 'value' "
+            "(e.g. local centres after several local steps), which one record can change without bound. "
+            "Change the algorithm so it sends plain sums (for DWF: max_local_steps=1 and weighting='dynamic'), "
+            "or use GaussianDP(mode='local', ...), which bounds such fields by projecting them onto the "
+            "declared clip ball / bounds box."
+        )
+
+    def _project_rows(self, arr: np.ndarray, d: int) -> np.ndarray:
+        rows = np.asarray(arr, dtype=np.float64).reshape(-1, d)
+        if self.clip is not None:
+            norms = np.linalg.norm(rows, axis=1)
+            scale = np.minimum(1.0, self.clip / np.maximum(norms, 1e-300))
+            rows = rows * scale[:, None]
+        else:
+            low, high = self.bounds
+            rows = np.clip(rows, low, high)
+        return rows.reshape(np.shape(arr))
+
+    # ------------------------------------------------------------------ hooks
+    def validate_stack(self, stack, algorithm):
+        from protocols.min_cluster import MinClusterSize
+        from protocols.participation import ParticipationCap
+        from protocols.rounding import Rounding
+
+        aggs = [layer for layer in stack if layer.side == "aggregator"]
+        caps = [layer for layer in stack if isinstance(layer, ParticipationCap)]
+        self._cap = caps[0] if caps else None
+        me = next(i for i, layer in enumerate(stack) if layer is self)
+        for i, layer in enumerate(stack):
+            if isinstance(layer, Rounding) and (i < me or self.mode == "central"):
+                raise ProtectionConfigError(
+                    f"Rounding runs before GaussianDP(mode={self.mode!r}) adds its noise, which changes the "
+                    "per-record sensitivity (one record can move a rounded count by a whole multiple). "
+                    + ("Place Rounding after GaussianDP (rounding noised values is post-processing)."
+                       if self.mode != "central" else
+                       "In central mode the noise is added on the server, after every client layer: drop "
+                       "Rounding or use mode='distributed' with Rounding after GaussianDP.")
+                )
+        # Suppression before the noise lets one record switch a whole cluster of p records.
+        self._sens_factor = 1.0
+        for i, layer in enumerate(stack):
+            if isinstance(layer, MinClusterSize) and (i < me or self.mode == "central"):
+                self._sens_factor = max(1.0, float(layer.p))
+        if self.mode == "distributed":
+            agg = aggs[0] if aggs else None
+            codec = getattr(agg, "codec", None)
+            if codec is None or getattr(codec, "resolution", None) is None:
+                raise ProtectionConfigError(
+                    f"GaussianDP(mode='distributed') adds noise on the secure aggregator's integer lattice "
+                    f"but {getattr(agg, 'name', 'the aggregator')} exposes no codec.resolution; use "
+                    "PairwiseMasking() or Paillier() after GaussianDP in protection."
+                )
+            self._codec = codec
+        if getattr(algorithm, "uses_set_fields", False) and self.mode != "local" and not self.allow_plain_set_fields:
+            raise ProtectionConfigError(
+                f"{getattr(algorithm, 'name', 'this algorithm')} sends per-client set-fields (local centres), "
+                f"which GaussianDP(mode={self.mode!r}) cannot noise; use GaussianDP(mode='local', ...), or the "
+                "algorithm's secure (sum-only) mode."
+            )
+
+    def setup(self, info):
+        d = info.n_features
+        if self.bounds is not None:
+            for b in self.bounds:
+                if b.ndim == 1 and b.shape[0] != d:
+                    raise InputError(f"bounds arrays have length {b.shape[0]}, the data has n_features={d}.")
+        self._d = d
+        rounds = info.planned_rounds
+        if self._cap is not None:
+            rounds = min(rounds, self._cap.max_rounds)
+        self._planned = rounds
+        if self.noise_multiplier is not None:
+            self.z = self.noise_multiplier
+        else:
+            self.z = noise_multiplier_for(self.epsilon, self.delta, rounds, 1.0, accountant=self.accountant_name)
+        self._acc = PrivacyAccountant(self.z, self.epsilon, self.delta, accountant=self.accountant_name)
+        self._counts = Counter()
+        self._plain_rounds = 0
+        if self.mode == "distributed" and self.min_clients is None:
+            self.min_clients = info.clients_per_round
+        if self.mode == "distributed" and self.min_clients > info.clients_per_round:
+            raise ProtectionConfigError(
+                f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
+                "no round could carry the calibrated noise. Lower min_clients or sample more clients."
+            )
+
+    def _noised_specs(self, specs):
+        return tuple(s for s in specs if s.kind != "value" or self.mode == "local")
+
+    def _steps(self, spec: FieldSpec) -> float:
+        """Lattice step gamma_f of a field in the current mode (0 means: fine lattice)."""
+        if self.mode == "distributed":
+            if spec.integer:
+                return 1.0
+            per = getattr(self._codec, "resolution_for", None)
+            return float(per(spec)) if per is not None else float(self._codec.resolution)
+        return 0.0
+
+    def field_sigmas(self, specs, extra_deltas: dict | None = None) -> dict[str, tuple[float, float, float]]:
+        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together this round."""
+        d = self._d
+        deltas = {s.name: (self.sensitivity(s, d), s.size, self._steps(s), s.integer) for s in specs}
+        for name, (delta, size) in (extra_deltas or {}).items():
+            deltas[name] = (delta, size, 0.0, False)
+        F = len(deltas)
+        out = {}
+        for name, (delta, size, step, integer) in deltas.items():
+            if step == 0.0:
+                step = self.z * math.sqrt(F) * delta * _FINE
+            inflated = delta if integer else delta + math.sqrt(size) * step
+            out[name] = (self.z * math.sqrt(F) * inflated, step, inflated)
+        return out
+
+    def before_round(self, ctx):
+        specs = ctx.specs
+        for s in specs:
+            if s.kind == "value" and self.mode != "local":
+                raise ProtectionConfigError(self._value_message(s))
+        if self.mode == "distributed" and specs and len(ctx.sampled) < self.min_clients:
+            raise RoundAbortedError(
+                f"GaussianDP(mode='distributed') needs at least min_clients={self.min_clients} clients in a "
+                f"round, {len(ctx.sampled)} were sampled (action {ctx.action!r}); the noise would be too small.",
+                round=ctx.round,
+                stage="before_round",
+            )
+        if not specs and self.mode != "local":
+            return
+        cap = self._cap.max_rounds if self._cap is not None else None
+        needed = max((self._counts[c] + 1 for c in ctx.sampled), default=0)
+        if cap is not None:
+            needed = min(needed, cap)
+        if needed > self._acc.steps and self._acc.would_exceed(1.0):
+            spent = self._acc.spent()[0]
+            raise PrivacyBudgetExceededError(
+                f"GaussianDP: round {ctx.round} ({ctx.action!r}) would take a client to {needed} noised rounds, "
+                f"beyond the budget epsilon={self.epsilon}, delta={self.delta} (spent so far epsilon={spent:.4g} "
+                f"with noise multiplier {self.z:.4g}, calibrated for {self._planned} rounds). Raise epsilon, "
+                "lower max_rounds, or add ParticipationCap(max_rounds=...).",
+                round=ctx.round,
+                stage="before_round",
+            )
+
+    def client_data(self, X, client, ctx):
+        if self.clip is not None:
+            norms = np.linalg.norm(X, axis=1)
+            over = norms > self.clip
+            if not np.any(over):
+                return X
+            X = np.array(X, dtype=np.float64, copy=True)
+            X[over] *= (self.clip / norms[over])[:, None]
+            return X
+        low, high = self.bounds
+        bad = np.any((X < low) | (X > high), axis=1)
+        if np.any(bad):
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(
+                f"GaussianDP bounds: client {client.client_id} has {int(bad.sum())} record(s) outside the "
+                f"declared box (first: row {i}); the sensitivity assumes records inside bounds=(low, high). "
+                "Widen bounds, or use clip= to clip records explicitly."
+            )
+        return X
+
+    def client_update(self, update: Update, client, ctx):
+        if update.items and self.mode != "local":
+            if not self.allow_plain_set_fields:
+                raise ProtectionConfigError(
+                    f"GaussianDP(mode={self.mode!r}): round action {ctx.action!r} sends set-fields "
+                    f"{sorted(update.items)} that this mode cannot noise. Use an init that sends no data "
+                    "(init_bounds / init='uniform' / an array / init='private'), GaussianDP(mode='local'), or "
+                    "pass allow_plain_set_fields=True to accept the leak (privacy_spent becomes infinite)."
+                )
+        if self.mode == "central":
+            return update
+        if self.mode == "distributed":
+            if ctx.specs and len(ctx.sampled) < self.min_clients:
+                return None  # the share would be too small: decline (KLS21, dropout-robust sizing)
+            sigmas = self.field_sigmas(ctx.specs)  # a 'value' field raises here, on the client too
+            sums = dict(update.sums)
+            for s in ctx.specs:
+                sigma, step, _ = sigmas[s.name]
+                share = round_up_variance(self._share_variance(sigma, step))
+                lattice = np.rint(np.asarray(sums[s.name], dtype=np.float64) / step)
+                noise = _lattice_noise(share, s.size).reshape(s.shape)
+                sums[s.name] = (lattice + noise) * step
+            return Update(sums=sums, items=update.items)
+        # local mode
+        d = self._d
+        extra = {}
+        items = dict(update.items)
+        for name, arr in items.items():
+            arr = np.asarray(arr)
+            if name not in SET_FIELDS_BOUNDED or arr.size == 0:
+                if name == "sizes" or arr.size:
+                    raise ProtectionConfigError(
+                        f"GaussianDP(mode='local') cannot bound the set-field {name!r} per record "
+                        f"(only {SET_FIELDS_BOUNDED} are bounded by projection); remove it from the algorithm's "
+                        "messages or use the algorithm's secure (sum-only) mode."
+                    )
+                continue
+            rows = arr.size // d
+            extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
+        sigmas = self.field_sigmas(self._noised_specs(ctx.specs), extra)
+        sums = dict(update.sums)
+        for s in ctx.specs:
+            val = np.asarray(sums[s.name], dtype=np.float64)
+            if s.kind == "value":
+                val = self._project_rows(val, d)
+            sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2])
+        for name in extra:
+            items[name] = self._noise_fine(self._project_rows(items[name], d), *sigmas[name][:2])
+        return Update(sums=sums, items=items)
+
+    def _share_variance(self, sigma: float, step: float) -> float:
+        """Per-client lattice variance: sigma^2 / (step^2 min_clients), raised if needed so that
+        the KLS21 tau of the sum stays <= 1e-6 (more noise only strengthens the guarantee)."""
+        return max((sigma / step) ** 2 / self.min_clients, min_share_variance(self.min_clients))
+
+    @staticmethod
+    def _noise_fine(val: np.ndarray, sigma: float, step: float) -> np.ndarray:
+        lattice = np.rint(np.asarray(val, dtype=np.float64) / step)
+        noise = _lattice_noise(round_up_variance((sigma / step) ** 2), lattice.size).reshape(lattice.shape)
+        return (lattice + noise) * step
+
+    def server_aggregate(self, agg: AggregatedUpdate, ctx):
+        specs = self._noised_specs(agg.specs or ctx.specs)
+        if not specs:
+            return agg
+        sigmas = self.field_sigmas(specs)
+        self._last_sigmas = {k: v[0] for k, v in sigmas.items()}
+        if self.mode == "distributed":
+            m = self.min_clients
+            self._tau = max(
+                [self._tau]
+                + [kls21_tau(self._share_variance(sig, step), agg.n_contributors) for sig, step, _ in sigmas.values()]
+            )
+            if agg.n_contributors < m:
+                # Under-noised sum already decoded: charge it at the actual noise, then abort.
+                factor = math.sqrt(agg.n_contributors / m)
+                self._charge(agg.contributors, self.z * factor)
+                raise RoundAbortedError(
+                    f"GaussianDP(mode='distributed'): only {agg.n_contributors} clients survived, fewer than "
+                    f"min_clients={m}; the aggregate carries too little noise and is discarded (charged at "
+                    f"noise multiplier {self.z * factor:.3g}). Lower min_clients to the aggregator's dropout threshold.",
+                    round=ctx.round,
+                    stage="server_aggregate",
+                )
+            return agg
+        if self.mode == "local":
+            return agg
+        sums = dict(agg.sums)
+        for s in specs:
+            sigma, step, _ = sigmas[s.name]
+            sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
+        return AggregatedUpdate(sums=sums, items=agg.items, contributors=agg.contributors, specs=agg.specs)
+
+    def _charge(self, contributors, z=None):
+        for c in contributors:
+            self._counts[c] += 1
+        top = max(self._counts.values(), default=0)
+        if z is not None and z != self.z:
+            # an under-noised round: record it as a separate entry at its actual noise
+            self._acc.history.append((z, 1.0, 1))
+            return
+        while self._acc.steps < top:
+            self._acc.step(1.0)
+
+    def after_round(self, ctx, agg):
+        released = bool(self._noised_specs(ctx.specs)) or (self.mode == "local" and agg.items)
+        if agg.items and self.mode != "local":
+            self._plain_rounds += 1
+        if released:
+            self._charge(agg.contributors)
+
+    def report(self):
+        if self._acc is None:
+            return {}
+        eps, delta = self._acc.spent()
+        if self._plain_rounds:
+            eps, delta = float("inf"), self.delta
+        return {
+            "privacy_spent": (eps, delta),
+            "noise_multiplier": self.z,
+            "accountant": self.accountant_name,
+            "mode": self.mode,
+            "target": (self.epsilon, self.delta),
+            "planned_compositions": self._planned,
+            "max_client_rounds": max(self._counts.values(), default=0),
+            "field_sigmas": dict(self._last_sigmas),
+            "kls21_tau": self._tau,
+            "plain_set_field_rounds": self._plain_rounds,
+        }
