@@ -198,7 +198,7 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         if state.phase == "local":
             if self.secure_mode:
                 if state.extra["secure_start"] is None:
-                    return replace(state, phase="seed", round=1)
+                    return replace(state, phase="seed")
                 return self._start_secure(state, state.extra["secure_start"], state.extra["secure_coarse"])
             received = [it for it in agg.items.values() if len(it.get("centres", ())) > 0]
             if not received:
@@ -222,13 +222,13 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         state = replace(state, extra={**state.extra, "sk": sk, "secure_total": state.extra["secure_total"] + 1})
         if G is None:
             return state
-        return replace(state, centres=G, phase="done")
+        return replace(state, centres=G, phase="done", round=1)
 
     def _start_secure(self, state, G, coarse):
         # k-means / online-mean centres are exact means of their records; with unweighted
         # k-FED the weights are ones, not record counts.
         sk = self.secure.start(G, exact_means=self.weighted, coarse=coarse)
-        return replace(state, phase="secure", round=1, extra={**state.extra, "sk": sk})
+        return replace(state, phase="secure", extra={**state.extra, "sk": sk})
 
     def close(self, state):
         if state.phase == "done":
@@ -236,7 +236,7 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         sk = state.extra.get("sk")
         if sk is None or sk["stage"] == "coarse":
             raise InputError("max_rounds ended before the server k-means finished; raise max_rounds.")
-        return replace(state, centres=sk["G"], phase="done")
+        return replace(state, centres=sk["G"], phase="done", round=1)
 
     def converged(self, state):
         return state.phase == "done"
