@@ -39,7 +39,12 @@ class MaskingClient(ClientSession):
         registry: dict[int, bytes] | None = None,
     ):
         self.me = int(client_id)
-        self.plan = plan
+        # only this client's slice of the public plan is kept: O(k) state to persist
+        self.rid = plan.rid
+        self.neigh = frozenset(plan.graph.neighbours(self.me).tolist())
+        self.t_share = plan.t_share
+        self.min_survivors = plan.min_survivors
+        self.length = plan.length
         self.vector = vector
         self.digest = digest
         self.cipher = cipher
@@ -76,7 +81,7 @@ class MaskingClient(ClientSession):
         self.s_sk, s_pk = keys.x25519_keypair()
         sig = None
         if self.identity_private is not None:
-            sig = keys.sign(self.identity_private, keys.advert_message(self.plan.rid, self.me, c_pk, s_pk))
+            sig = keys.sign(self.identity_private, keys.advert_message(self.rid, self.me, c_pk, s_pk))
         self.my_keys = (c_pk, s_pk)
         self.done.append("advertise")
         return {"c_pk": c_pk, "s_pk": s_pk, "sig": sig}
@@ -84,7 +89,6 @@ class MaskingClient(ClientSession):
     # ------------------------------------------------------------------ stage 1
     def _share(self, message):
         self._enter("share", ("advertise",))
-        plan = self.plan
         if not isinstance(message, dict) or not isinstance(message.get("keys"), dict):
             self._refuse("the share request carries no key list")
         adverts = message["keys"]
@@ -95,7 +99,7 @@ class MaskingClient(ClientSession):
         peers = []
         for v, adv in adverts.items():
             v = int(v)
-            if v != self.me and (v not in plan.members or not plan.graph.is_neighbour(self.me, v)):
+            if v != self.me and v not in self.neigh:
                 self._refuse(f"key list names client {v}, who is not my neighbour this round")
             try:
                 c_pk, s_pk = adv["c_pk"], adv["s_pk"]
@@ -112,17 +116,17 @@ class MaskingClient(ClientSession):
                 if ident is None or not isinstance(sig, bytes):
                     self._refuse(f"client {v}'s advertised keys carry no valid signature")
                 try:
-                    keys.verify(ident, sig, keys.advert_message(plan.rid, v, c_pk, s_pk))
+                    keys.verify(ident, sig, keys.advert_message(self.rid, v, c_pk, s_pk))
                 except keys.CryptoFailure:
                     self._refuse(f"client {v}'s advertised keys fail signature verification (tampered key)")
             if v != self.me:
                 peers.append(v)
         peers.sort()
         holders = sorted(peers + [self.me])
-        if len(holders) < plan.t_share:
+        if len(holders) < self.t_share:
             self._refuse(
                 f"only {len(holders)} holders (me and {len(peers)} neighbours) advertised keys; "
-                f"my secrets need threshold {plan.t_share}"
+                f"my secrets need threshold {self.t_share}"
             )
         # pairwise mask seeds and share-encryption keys, computed once here
         self.pair_seeds: dict[int, bytes] = {}
@@ -137,18 +141,18 @@ class MaskingClient(ClientSession):
                 c_shared = keys.x25519_agree(c_key, adv["c_pk"])
             except keys.CryptoFailure as exc:
                 self._refuse(f"client {v}'s advertised key is invalid ({exc})")
-            self.pair_seeds[v] = keys.hkdf(s_shared, keys.mask_seed_info(plan.rid, self.me, v, bind))
-            send_keys[v], self.recv_keys[v] = keys.share_keys(c_shared, plan.rid, self.me, v)
+            self.pair_seeds[v] = keys.hkdf(s_shared, keys.mask_seed_info(self.rid, self.me, v, bind))
+            send_keys[v], self.recv_keys[v] = keys.share_keys(c_shared, self.rid, self.me, v)
         self.peer_pks = {v: adverts[v]["s_pk"] for v in peers}
         self.b_seed = os.urandom(32)
-        s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], plan.t_share, [h + 1 for h in holders])
+        s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
         out = {}
         self.held: dict[int, tuple[bytes, bytes]] = {}
         for i, h in enumerate(holders):
             if h == self.me:
                 self.held[self.me] = (s_shares[i], b_shares[i])
                 continue
-            out[h] = keys.encrypt_shares(send_keys[h], plan.rid, self.me, h, s_shares[i] + b_shares[i])
+            out[h] = keys.encrypt_shares(send_keys[h], self.rid, self.me, h, s_shares[i] + b_shares[i])
         del self.c_sk, self.s_sk
         self.done.append("share")
         return out
@@ -156,7 +160,6 @@ class MaskingClient(ClientSession):
     # ------------------------------------------------------------------ stage 2
     def _masked_input(self, message):
         self._enter("masked_input", ("advertise", "share"))
-        plan = self.plan
         if not isinstance(message, dict):
             self._refuse("the masked-input request carries no share ciphertexts")
         mask_peers = []
@@ -165,7 +168,7 @@ class MaskingClient(ClientSession):
             if u not in self.recv_keys:
                 self._refuse(f"received shares from client {u}, who is not one of my key-sharing neighbours")
             try:
-                payload = keys.decrypt_shares(self.recv_keys[u], plan.rid, u, self.me, blob)
+                payload = keys.decrypt_shares(self.recv_keys[u], self.rid, u, self.me, blob)
             except keys.CryptoFailure as exc:
                 self._refuse(f"shares from client {u} do not decrypt ({exc})")
             if len(payload) != 2 * _SHARE_LEN:
@@ -173,12 +176,12 @@ class MaskingClient(ClientSession):
             self.held[u] = (payload[:_SHARE_LEN], payload[_SHARE_LEN:])
             mask_peers.append(u)
         mask_peers.sort()
-        if len(mask_peers) + 1 < plan.t_share:
+        if len(mask_peers) + 1 < self.t_share:
             self._refuse(
                 f"only {len(mask_peers)} neighbours completed the share stage; "
-                f"threshold {plan.t_share} cannot be met"
+                f"threshold {self.t_share} cannot be met"
             )
-        expander = MaskExpander(plan.length, self.cipher)
+        expander = MaskExpander(self.length, self.cipher)
         y = self.vector.astype(np.uint64, copy=True)
         expander.add(y, self.b_seed, +1)
         for v in mask_peers:
@@ -193,30 +196,29 @@ class MaskingClient(ClientSession):
     # ------------------------------------------------------------------ stage 3
     def _unmask(self, message):
         self._enter("unmask", ("advertise", "share", "masked_input"))
-        plan = self.plan
         try:
-            survivors = {int(c) for c in message["survivors"]}
-            dropped = {int(c) for c in message["dropped"]}
+            survivors = set(message["survivors"])
+            dropped = set(message["dropped"])
         except (KeyError, TypeError, ValueError):
             self._refuse("the unmask request must list survivors and dropped clients")
-        both = survivors & dropped
-        if both:
+        if not survivors.isdisjoint(dropped):
+            both = survivors & dropped
             self._refuse(
                 f"clients {sorted(both)[:5]} are listed as both survivor and dropped: answering "
                 "would reveal both the self-mask and the mask key of one client"
             )
         if self.me not in survivors:
             self._refuse("I sent my masked input but am not listed as a survivor")
-        if len(survivors) < plan.min_survivors:
+        if len(survivors) < self.min_survivors:
             self._refuse(
                 f"only {len(survivors)} survivors listed, fewer than the round's minimum "
-                f"{plan.min_survivors}: the sum would expose too few clients"
+                f"{self.min_survivors}: the sum would expose too few clients"
             )
         mine = set(self.mask_peers) | {self.me}
-        if len(survivors & mine) < plan.t_share:
+        if len(survivors & mine) < self.t_share:
             self._refuse(
                 f"only {len(survivors & mine)} of my neighbourhood survived, fewer than the "
-                f"threshold {plan.t_share}"
+                f"threshold {self.t_share}"
             )
         b_out, s_out = {}, {}
         for v in sorted(mine):

@@ -144,10 +144,16 @@ class PairwiseMasking(Aggregator):
                 round=ctx.round,
                 stage="advertise",
             )
+        key = (rid, tuple(ctx.sampled), length)
+        cached = getattr(self, "_plan_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]  # in-process simulation: clients of one round share the plan
         try:
-            return make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length)
+            plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length)
         except InputError as exc:
             raise RoundAbortedError(str(exc), round=ctx.round, stage="advertise") from None
+        self._plan_cache = (key, plan)
+        return plan
 
     def before_round(self, ctx: RoundContext) -> None:
         self.codec.check_capacity(ctx.specs, len(ctx.sampled))

@@ -1,0 +1,422 @@
+"""PairwiseMasking: secure sum == plain sum under dropouts at every stage, refusals of an
+honest client, the model-inconsistency check, signed keys, and the uniformity of what the
+server sees. Drives the aggregator directly through its sessions and through Federation."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from protocols.codec import FixedPointCodec
+from protocols.masking import PairwiseMasking
+from securefkm.algorithms.base import Algorithm, AlgorithmState
+from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.federation import Federation, ServerPolicy
+from securefkm.layers import ClientContext, ProtocolRefusal, RoundContext, RunInfo
+from securefkm.messages import Broadcast, FieldSpec, Update
+
+STAGES = ("advertise", "share", "masked_input", "unmask")
+SPECS = (FieldSpec("count", (1,), "count", integer=True), FieldSpec("total", (3,), "sum"))
+
+
+# --------------------------------------------------------------------------- direct driver
+def make_ctx(n, specs=SPECS, digest=b"D" * 32, rnd=0):
+    info = RunInfo(algorithm=None, n_clients=n, n_features=3, clients_per_round=n, max_rounds=1, planned_rounds=1)
+    return RoundContext(0, rnd, "sum", tuple(range(n)), specs, info, digest)
+
+
+def random_sums(n, rng, specs=SPECS):
+    out = {}
+    for c in range(n):
+        out[c] = {
+            s.name: (rng.integers(0, 1000, s.shape).astype(float) if s.integer else rng.normal(size=s.shape) * 50)
+            for s in specs
+        }
+    return out
+
+
+def open_sessions(layer, n, sums, specs=SPECS, digests=None):
+    ctx = make_ctx(n, specs)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    server = layer.server_session(ctx)
+    clients = {}
+    for c in range(n):
+        cctx = ctx if digests is None else make_ctx(n, specs, digests.get(c, ctx.broadcast_digest))
+        clients[c] = layer.client_session(ClientContext(c, 10), cctx, sums[c])
+    return server, clients
+
+
+def drive(layer, n, sums, drops=None, specs=SPECS, digests=None, hook=None, persist=None):
+    """Run one round; ``drops`` maps a stage to the clients that vanish at it.
+
+    Client sessions are pickled and restored between stages (a deployment restores them
+    from persistent state). ``hook(stage, messages)`` may rewrite the server's messages.
+    """
+    drops = drops or {}
+    persist = n <= 100 if persist is None else persist
+    server, clients = open_sessions(layer, n, sums, specs, digests)
+    alive = tuple(range(n))
+    gone: set[int] = set()
+    for stage in STAGES:
+        gone |= set(drops.get(stage, ()))
+        msgs = server.messages(stage, alive)
+        if hook is not None:
+            msgs = hook(stage, msgs)
+        replies = {}
+        for c, m in msgs.items():
+            if c in gone:
+                continue
+            if persist:
+                clients[c] = pickle.loads(pickle.dumps(clients[c]))
+            replies[c] = clients[c].respond(stage, pickle.loads(pickle.dumps(m)))
+        server.receive(stage, replies)
+        alive = tuple(c for c in alive if c in replies)
+    return server.result(), clients, server
+
+
+def check_sum(result, sums, codec=None):
+    agg, contributors = result
+    codec = codec or FixedPointCodec()
+    for s in SPECS:
+        plain = sum(np.asarray(sums[c][s.name]) for c in contributors)
+        if s.integer:
+            assert np.array_equal(agg[s.name], plain), s.name
+        else:
+            assert np.max(np.abs(agg[s.name] - plain)) <= len(contributors) * codec.resolution / 2
+
+
+def spread(clients, stages=STAGES):
+    """Distribute ``clients`` over the stages round-robin."""
+    out: dict[str, list[int]] = {}
+    for i, c in enumerate(clients):
+        out.setdefault(stages[i % len(stages)], []).append(c)
+    return out
+
+
+# --------------------------------------------------------------------------- correctness
+@pytest.mark.parametrize("stage", STAGES)
+def test_n3_drop_at_each_stage(stage):
+    rng = np.random.default_rng(1)
+    sums = random_sums(3, rng)
+    result = drive(PairwiseMasking(threshold=2), 3, sums, {stage: [1]})[0]
+    check_sum(result, sums)
+    expected = (0, 2) if stage != "unmask" else (0, 1, 2)
+    assert result[1] == expected
+
+
+def test_no_dropouts_n3_default_threshold():
+    sums = random_sums(3, np.random.default_rng(2))
+    result = drive(PairwiseMasking(), 3, sums)[0]
+    check_sum(result, sums)
+    assert result[1] == (0, 1, 2)
+
+
+def test_n3_default_threshold_tolerates_no_dropout():
+    sums = random_sums(3, np.random.default_rng(2))
+    with pytest.raises(RoundAbortedError, match="threshold"):
+        drive(PairwiseMasking(), 3, sums, {"masked_input": [2]})
+
+
+@pytest.mark.parametrize("cipher", ["chacha20", "aes-ctr"])
+def test_n10_max_dropouts_spread_over_stages(cipher):
+    sums = random_sums(10, np.random.default_rng(3))
+    layer = PairwiseMasking(cipher=cipher)  # t = 7: 3 may drop
+    result = drive(layer, 10, sums, {"advertise": [4], "share": [7], "masked_input": [9]})[0]
+    check_sum(result, sums)
+    assert result[1] == (0, 1, 2, 3, 5, 6, 8)
+
+
+def test_n100_complete_with_n_minus_t_dropouts():
+    n = 100
+    sums = random_sums(n, np.random.default_rng(4))
+    layer = PairwiseMasking()  # t = 67: 33 may drop
+    drops = spread(list(range(5, 5 + 33)))
+    result = drive(layer, n, sums, drops)[0]
+    check_sum(result, sums)
+    assert len(result[1]) == n - 33 + len(drops["unmask"])
+
+
+def test_sparse_n1000():
+    n = 1000
+    sums = random_sums(n, np.random.default_rng(5))
+    layer = PairwiseMasking(graph="sparse", neighbours=16)
+    drops = spread(list(range(0, 1000, 125)))  # 8 clients, 2 per stage
+    result, clients, server = drive(layer, n, sums, drops)
+    check_sum(result, sums)
+    assert server.plan.graph.kind == "sparse" and server.plan.graph.degree == 16
+    assert len(result[1]) == n - 6
+
+
+@pytest.mark.slow
+def test_sparse_n1000_default_degree():
+    n = 1000
+    sums = random_sums(n, np.random.default_rng(6))
+    result = drive(PairwiseMasking(graph="sparse"), n, sums, spread(list(range(0, 1000, 50))))[0]
+    check_sum(result, sums)
+
+
+@pytest.mark.slow
+def test_complete_n1000():
+    n = 1000
+    sums = random_sums(n, np.random.default_rng(7))
+    result = drive(PairwiseMasking(), n, sums, spread(list(range(0, 1000, 10))))[0]
+    check_sum(result, sums)
+
+
+def test_sparse_graph_is_regular_and_public():
+    layer = PairwiseMasking(graph="sparse", neighbours=6)
+    ctx = make_ctx(50)
+    g1, g2 = layer.plan(ctx).graph, layer.plan(ctx).graph
+    assert np.array_equal(g1.order, g2.order)  # every party derives the same graph
+    degrees = [len(g1.neighbours(u)) for u in range(50)]
+    assert set(degrees) == {6}
+    assert all(g1.is_neighbour(v, u) for u in range(50) for v in g1.neighbours(u).tolist())
+    assert not np.array_equal(layer.plan(make_ctx(50, rnd=1)).graph.order, g1.order)
+
+
+# --------------------------------------------------------------------------- thresholds
+def test_one_fewer_survivor_aborts_direct():
+    sums = random_sums(10, np.random.default_rng(8))
+    with pytest.raises(RoundAbortedError, match="fewer than the threshold"):
+        drive(PairwiseMasking(), 10, sums, {"advertise": [1], "share": [2], "masked_input": [3, 4]})
+    with pytest.raises(RoundAbortedError, match="b-shares"):
+        drive(PairwiseMasking(), 10, sums, {"share": [2], "masked_input": [3], "unmask": [5, 6]})
+
+
+# --------------------------------------------------------------------------- refusals
+def _after_masked_input(n=5, **kw):
+    sums = random_sums(n, np.random.default_rng(9))
+    layer = PairwiseMasking(**kw)
+    server, clients = open_sessions(layer, n, sums)
+    alive = tuple(range(n))
+    for stage in STAGES[:3]:
+        msgs = server.messages(stage, alive)
+        replies = {c: clients[c].respond(stage, m) for c, m in msgs.items()}
+        server.receive(stage, replies)
+    return clients
+
+
+def test_refuses_peer_listed_as_survivor_and_dropped():
+    clients = _after_masked_input()
+    with pytest.raises(ProtocolRefusal, match="both survivor and dropped"):
+        clients[0].respond("unmask", {"survivors": (0, 1, 2, 3, 4), "dropped": (3,)})
+
+
+def test_refuses_second_share_type_of_a_peer():
+    clients = _after_masked_input(threshold=3)
+    first = clients[0].respond("unmask", {"survivors": (0, 1, 2, 3), "dropped": (4,)})
+    assert set(first["b"]) == {0, 1, 2, 3} and set(first["s"]) == {4}
+    # the server now claims 3 dropped (to get s_3 on top of b_3): refused
+    with pytest.raises(ProtocolRefusal, match="already answered"):
+        clients[0].respond("unmask", {"survivors": (0, 1, 2, 4), "dropped": (3,)})
+
+
+def test_refuses_too_few_survivors_and_self_not_survivor():
+    clients = _after_masked_input()  # t = 4 of 5
+    with pytest.raises(ProtocolRefusal, match="minimum"):
+        clients[0].respond("unmask", {"survivors": (0, 1, 2), "dropped": (3, 4)})
+    with pytest.raises(ProtocolRefusal, match="not listed as a survivor"):
+        clients[1].respond("unmask", {"survivors": (0, 2, 3, 4), "dropped": (1,)})
+
+
+def test_refuses_replayed_stage():
+    sums = random_sums(3, np.random.default_rng(10))
+    _, clients = open_sessions(PairwiseMasking(), 3, sums)
+    clients[0].respond("advertise", {})
+    with pytest.raises(ProtocolRefusal, match="already answered"):
+        clients[0].respond("advertise", {})
+
+
+# --------------------------------------------------------------------------- signatures
+def test_signed_keys_reject_tampered_key():
+    sums = random_sums(4, np.random.default_rng(11))
+    layer = PairwiseMasking(sign_keys=True, threshold=3)
+    result = drive(layer, 4, sums)[0]
+    check_sum(result, sums)
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    evil = X25519PrivateKey.generate().public_key().public_bytes_raw()
+
+    def tamper(stage, msgs):
+        if stage != "share":
+            return msgs
+        out = {}
+        for c, m in msgs.items():
+            ks = {v: dict(adv) for v, adv in m["keys"].items()}
+            if c != 2:
+                ks[2]["s_pk"] = evil  # man in the middle on client 2's mask key
+            out[c] = {"keys": ks}
+        return out
+
+    with pytest.raises(ProtocolRefusal, match="signature"):
+        drive(PairwiseMasking(sign_keys=True, threshold=3), 4, sums, hook=tamper)
+    # without signatures the substitution goes unnoticed at the share stage
+    drive_unsigned = PairwiseMasking(threshold=3)
+    with pytest.raises(RoundAbortedError, match="check slot"):
+        drive(drive_unsigned, 4, sums, hook=tamper)
+
+
+# --------------------------------------------------------------------------- broadcast binding
+def test_inconsistent_digest_fails_only_when_bound():
+    sums = random_sums(6, np.random.default_rng(12))
+    digests = {2: b"E" * 32}
+    with pytest.raises(RoundAbortedError, match="inconsistent broadcasts"):
+        drive(PairwiseMasking(), 6, sums, digests=digests)
+    result = drive(PairwiseMasking(bind_broadcast=False), 6, sums, digests=digests)[0]
+    check_sum(result, sums)
+
+
+# --------------------------------------------------------------------------- transcript view
+def test_masked_vector_looks_uniform_plain_encoding_does_not():
+    specs = (FieldSpec("count", (64,), "count", integer=True), FieldSpec("total", (4000,), "sum"))
+    rng = np.random.default_rng(13)
+    sums = {c: {"count": rng.integers(0, 30, 64).astype(float), "total": rng.normal(size=4000)} for c in range(3)}
+    layer = PairwiseMasking(threshold=2)
+    server, clients = open_sessions(layer, 3, sums, specs)
+    alive = (0, 1, 2)
+    for stage in STAGES[:3]:
+        msgs = server.messages(stage, alive)
+        replies = {c: clients[c].respond(stage, m) for c, m in msgs.items()}
+        server.receive(stage, replies)
+    masked = replies[0]
+    plain = layer.codec.encode(sums[0], specs, 3)
+
+    def byte_pvalue(words):
+        hist = np.bincount(np.ascontiguousarray(words).view(np.uint8), minlength=256)
+        return stats.chisquare(hist).pvalue
+
+    def top_bits_pvalue(words):
+        top = (words >> np.uint64(56)).astype(np.int64)
+        return stats.chisquare(np.bincount(top, minlength=256)).pvalue
+
+    assert byte_pvalue(masked) > 1e-4 and top_bits_pvalue(masked) > 1e-4
+    assert byte_pvalue(plain) < 1e-12 and top_bits_pvalue(plain) < 1e-12
+
+
+# --------------------------------------------------------------------------- Federation
+class SumAlgorithm(Algorithm):
+    """One action, one integer count field and one float sum field."""
+
+    name = "test-sum"
+
+    def init(self, n_clients, n_features, rng):
+        return AlgorithmState(centres=np.zeros((1, n_features)))
+
+    def configure(self, state, round):
+        return Broadcast("sum", centres=state.centres, sample="all")
+
+    def sum_fields(self, broadcast):
+        return SPECS
+
+    def client_update(self, X, broadcast, rng, memory=None):
+        return Update(sums={"count": np.array([float(len(X))]), "total": X.sum(axis=0)})
+
+    def aggregate(self, state, agg):
+        return AlgorithmState(
+            centres=(agg.sums["total"] / agg.sums["count"][0])[None, :],
+            round=state.round + 1,
+            extra={"sums": agg.sums, "contributors": agg.contributors},
+        )
+
+    def converged(self, state):
+        return state.round >= 1
+
+
+def _clients(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(int(rng.integers(3, 9)), 3)) * 10 for _ in range(n)]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_federation_n10_dropouts_at_stage(stage):
+    data = _clients(10)
+    fed = Federation(SumAlgorithm(), data, protection=[PairwiseMasking()], dropout_rate={0: {stage: [1, 4, 8]}}, random_state=0)
+    state = fed.algorithm.init(10, 3, None)
+    new = fed.run_round(state, round=0)
+    contributors = new.extra["contributors"]
+    expected = tuple(range(10)) if stage == "unmask" else tuple(c for c in range(10) if c not in (1, 4, 8))
+    assert contributors == expected
+    assert new.extra["sums"]["count"][0] == sum(len(data[c]) for c in contributors)
+    plain = sum(data[c].sum(axis=0) for c in contributors)
+    assert np.max(np.abs(new.extra["sums"]["total"] - plain)) <= 10 * 2.0**-24
+    rec = fed.transcript[-1]
+    masked = rec.stage("masked_input").received
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.uint64 for v in masked.values())
+    assert rec.plain_sums() == {}
+
+
+def test_federation_one_fewer_survivor_aborts_state_unchanged():
+    data = _clients(10)
+    fed = Federation(
+        SumAlgorithm(), data, protection=[PairwiseMasking()],
+        dropout_rate={0: {"advertise": [1], "share": [4], "masked_input": [8], "unmask": [9]}}, random_state=0,
+    )
+    state = fed.algorithm.init(10, 3, None)
+    before = state.centres.copy()
+    with pytest.raises(RoundAbortedError, match="threshold"):
+        fed.run_round(state, round=0)
+    assert np.array_equal(state.centres, before) and state.round == 0 and state.extra == {}
+    rec = fed.transcript[-1]
+    assert rec.aborted and rec.aggregate is None
+
+
+class SplitViewPolicy(ServerPolicy):
+    """A malicious server that sends client 0 different centres (model inconsistency)."""
+
+    def plan(self, state, round, broadcast, sampled, n_clients):
+        per = {c: broadcast for c in sampled}
+        per[0] = Broadcast(broadcast.action, centres=broadcast.centres + 1.0, params=broadcast.params)
+        return sampled, per
+
+
+@pytest.mark.parametrize("bind", [True, False])
+def test_federation_model_inconsistency_attack(bind):
+    data = _clients(6)
+    fed = Federation(
+        SumAlgorithm(), data, protection=[PairwiseMasking(bind_broadcast=bind)],
+        server_policy=SplitViewPolicy(), random_state=0,
+    )
+    state = fed.algorithm.init(6, 3, None)
+    if bind:
+        with pytest.raises(RoundAbortedError, match="inconsistent broadcasts"):
+            fed.run_round(state, round=0)
+        assert state.extra == {}
+    else:
+        new = fed.run_round(state, round=0)
+        assert new.extra["sums"]["count"][0] == sum(len(x) for x in data)
+
+
+def test_federation_codec_overflow_precheck():
+    fed = Federation(
+        SumAlgorithm(), _clients(4),
+        protection=[PairwiseMasking(codec=FixedPointCodec(frac_bits=50, bound=1e6))], random_state=0,
+    )
+    with pytest.raises(InputError, match="frac_bits"):
+        fed.run_round(fed.algorithm.init(4, 3, None), round=0)
+
+
+def test_federation_out_of_bound_value_names_field():
+    fed = Federation(
+        SumAlgorithm(), _clients(4),
+        protection=[PairwiseMasking(threshold=3, codec=FixedPointCodec(bound=1.0))], random_state=0,
+    )
+    with pytest.raises(InputError, match="'count'|'total'"):
+        fed.run_round(fed.algorithm.init(4, 3, None), round=0)
+
+
+def test_constructor_errors():
+    with pytest.raises(InputError, match="graph"):
+        PairwiseMasking(graph="ring")
+    with pytest.raises(InputError, match="threshold"):
+        PairwiseMasking(threshold=1)
+    with pytest.raises(InputError, match="threshold"):
+        PairwiseMasking(threshold=1.5)
+    with pytest.raises(InputError, match="neighbours"):
+        PairwiseMasking(neighbours=4)
+    with pytest.raises(InputError, match="cipher"):
+        PairwiseMasking(cipher="rc4")
