@@ -1,0 +1,124 @@
+"""Estimator for Garst & Reinders' federated k-means with cluster alignment (FKM)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validation import check_centres
+from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
+from .base import FederatedClusterer, resolve_init
+
+__all__ = ["AligningFederatedKMeans", "pooled_ari", "client_weighted_ari"]
+
+
+def _secure_init(estimator, n_features):
+    """The start of the secure server k-means (only used with ``secure_mode=True``).
+
+    "auto" is the data-independent uniform start in ``init_bounds`` when bounds are given
+    (protected or not), and k-FED seeding (plain local centres) without protection and
+    without bounds. Under protection without bounds ``resolve_init`` raises and says the fix.
+    """
+    init = estimator.init
+    if isinstance(init, str) and init == "auto" and estimator.init_bounds is not None:
+        return "uniform"
+    init = resolve_init(init, estimator.protection, estimator.init_bounds, default_plain="kfed")
+    if not isinstance(init, str):
+        init = check_centres(init, estimator.n_clusters, n_features)
+    return init
+
+
+class AligningFederatedKMeans(FederatedClusterer):
+    """Federated k-means with cluster alignment (Garst & Reinders, Algorithm 1).
+
+    Clients seed K_g local centres with k-means++ and send them with their sizes; each round
+    the server runs a size-weighted k-means over all local centres (eq. 1), the clients
+    assign their records to the global centres, drop the empty ones, run one local k-means
+    iteration and send their new local centres and sizes. Clusters with fewer than
+    ``min_cluster_size`` records are never sent.
+
+    Parameters
+    ----------
+    n_clusters : int
+        K_g.
+    min_cluster_size : int
+        p of the paper (2): smaller local clusters are not sent.
+    max_rounds : int
+        Training rounds (the paper's communication rounds; its code uses 100).
+    tol : float
+        Stop when the global centres move less than tol between rounds.
+    local_init : {"seeds", "means"}
+        "seeds" sends the k-means++ seeds (raw records, as the paper); "means" the mean of the
+        records nearest to each seed.
+    server_n_init : int
+        Restarts of the plain server k-means (k-means++).
+    secure_mode : bool
+        Run the server k-means as rounds of secure sums over the clients' privately kept
+        local centres (``securefkm.algorithms.secure_centres``), so the protocol runs under
+        PairwiseMasking / Paillier; the server never sees a client's local centres.
+    server_max_iter, server_tol : int, float
+        Iterations and tolerance of each secure server k-means.
+    oversample : int
+        Secure mode with a uniform start: ``oversample * n_clusters`` uniform centres are
+        refined first and reduced to n_clusters by the server (see secure_centres).
+    init : "auto", "uniform", "k-means++", "random", "kfed" or array
+        Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
+        ``init_bounds`` is given, else "kfed" without protection.
+    init_bounds : (low, high) or None
+    clients_per_round, protection, dropout_rate, random_state, verbose
+    """
+
+    def __init__(
+        self,
+        n_clusters=8,
+        *,
+        min_cluster_size=2,
+        max_rounds=100,
+        tol=1e-4,
+        local_init="seeds",
+        server_n_init=10,
+        secure_mode=False,
+        server_max_iter=300,
+        server_tol=1e-6,
+        oversample=4,
+        init="auto",
+        init_bounds=None,
+        clients_per_round=1.0,
+        protection=None,
+        dropout_rate=None,
+        random_state=None,
+        verbose=0,
+    ):
+        self.n_clusters = n_clusters
+        self.min_cluster_size = min_cluster_size
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.local_init = local_init
+        self.server_n_init = server_n_init
+        self.secure_mode = secure_mode
+        self.server_max_iter = server_max_iter
+        self.server_tol = server_tol
+        self.oversample = oversample
+        self.init = init
+        self.init_bounds = init_bounds
+        self.clients_per_round = clients_per_round
+        self.protection = protection
+        self.dropout_rate = dropout_rate
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _make_algorithm(self, n_features, n_clients):
+        init = _secure_init(self, n_features) if self.secure_mode else "uniform"
+        return AligningFederatedKMeansAlgorithm(
+            self.n_clusters,
+            min_cluster_size=self.min_cluster_size,
+            max_rounds=self.max_rounds,
+            tol=self.tol,
+            local_init=self.local_init,
+            server_n_init=self.server_n_init,
+            secure_mode=self.secure_mode,
+            server_max_iter=self.server_max_iter,
+            server_tol=self.server_tol,
+            oversample=self.oversample,
+            init=init if isinstance(init, (str, np.ndarray)) else np.asarray(init),
+            init_bounds=self.init_bounds,
+        )

@@ -1,0 +1,105 @@
+"""Estimator for mini-batch federated k-means (Triebe & Rajagopal 2019)."""
+
+from __future__ import annotations
+
+from .._validation import check_centres
+from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
+from .base import FederatedClusterer, resolve_init
+
+
+class MiniBatchFederatedKMeans(FederatedClusterer):
+    """Federated (mini-batch) k-means of Triebe & Rajagopal (2019), Algorithms 1 and 2.
+
+    Every round a fraction C of the clients runs ``ClientKMeans`` (E epochs of mini-batch
+    k-means with client rate beta) from the global centres and returns its cluster sizes and
+    size-weighted centres as sum-fields; the server moves the centres towards their
+    size-weighted mean with server rate alpha. Runs under secure aggregation.
+
+    Parameters
+    ----------
+    n_clusters : int
+    clients_per_round : int or float
+        The paper's C: a client count or a fraction of all clients (m = max(C M, 1)).
+    local_epochs : int
+        E, local epochs per round.
+    batch_size : int or None
+        B, the local mini-batch size; None is the paper's B = infinity (full batch).
+    server_rate : float
+        alpha in (0, 1].
+    client_rate : float
+        beta in (0, 1].
+    max_rounds : int
+        T, the number of global rounds.
+    tol : float
+        Stop early when the centres move less than tol and no cluster is on a small-size streak.
+    reassign : bool
+        Reassign a cluster smaller than ``reassign_fraction`` of the round's records for
+        ``reassign_patience`` consecutive rounds (paper: 1 % and 20 rounds) to a uniform point
+        in ``init_bounds`` (or in the box of the current centres).
+    reassign_fraction : float
+    reassign_patience : int
+    init : "auto", "random", "k-means++", "kfed", "uniform" or array (n_clusters, n_features)
+        "auto" is "random" without protection (the paper initialises randomly: one random
+        client sends k of its records) and "uniform" in ``init_bounds`` under protection.
+    init_bounds : (low, high) or None
+    protection : list of layers
+    dropout_rate : float or dict
+    random_state, verbose
+    """
+
+    def __init__(
+        self,
+        n_clusters=8,
+        *,
+        clients_per_round=1.0,
+        local_epochs=1,
+        batch_size=None,
+        server_rate=1.0,
+        client_rate=1.0,
+        max_rounds=200,
+        tol=1e-6,
+        reassign=True,
+        reassign_fraction=0.01,
+        reassign_patience=20,
+        init="auto",
+        init_bounds=None,
+        protection=None,
+        dropout_rate=None,
+        random_state=None,
+        verbose=0,
+    ):
+        self.n_clusters = n_clusters
+        self.clients_per_round = clients_per_round
+        self.local_epochs = local_epochs
+        self.batch_size = batch_size
+        self.server_rate = server_rate
+        self.client_rate = client_rate
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.reassign = reassign
+        self.reassign_fraction = reassign_fraction
+        self.reassign_patience = reassign_patience
+        self.init = init
+        self.init_bounds = init_bounds
+        self.protection = protection
+        self.dropout_rate = dropout_rate
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _make_algorithm(self, n_features, n_clients):
+        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="random")
+        if not isinstance(init, str):
+            init = check_centres(init, self.n_clusters, n_features)
+        return MiniBatchFederatedKMeansAlgorithm(
+            self.n_clusters,
+            local_epochs=self.local_epochs,
+            batch_size=self.batch_size,
+            server_rate=self.server_rate,
+            client_rate=self.client_rate,
+            tol=self.tol,
+            reassign=self.reassign,
+            reassign_fraction=self.reassign_fraction,
+            reassign_patience=self.reassign_patience,
+            init=init,
+            init_bounds=self.init_bounds,
+        )
