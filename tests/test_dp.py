@@ -73,7 +73,7 @@ def test_discrete_gaussian_large_sigma_is_fast_and_scaled():
 
     t0 = time.perf_counter()
     x = sample_discrete_gaussian(1e10, 5000)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 5.0  # ~0.1 s unloaded; generous for shared CI
     assert 0.9 < x.astype(float).std() / 1e5 < 1.1
 
 

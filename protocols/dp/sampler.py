@@ -25,7 +25,7 @@ do not apply.
 Speed. The loops of Algorithms 1-3 run *vectorised*: all samples that still need a coin
 draw it in one numpy operation; only the rational digits are Python integers (object
 arrays). ``python -m protocols.dp.sampler`` prints timings; on the development machine
-(see docs/protocols/differential-privacy.md) 5,000 draws with sigma = 10^4 take ~0.1 s.
+(2 cores) 5,000 draws take ~0.1 s for any sigma^2 in [1, 1e12] when idle, ~1 s under load 12.
 
 Randomness comes only from ``os.urandom`` (the OS CSPRNG), never from numpy's generator.
 """
