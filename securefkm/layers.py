@@ -74,6 +74,8 @@ class RoundContext:
     specs: tuple[FieldSpec, ...]
     info: RunInfo
     broadcast_digest: bytes = b""
+    #: the broadcast this round acts on (on a client: the one it received)
+    broadcast: Any = None
 
     @property
     def sampling_rate(self) -> float:

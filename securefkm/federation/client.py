@@ -87,6 +87,7 @@ class ClientRuntime:
             specs=specs,
             info=self.info,
             broadcast_digest=req.broadcast.digest(),
+            broadcast=req.broadcast,
         )
 
     def rng(self, req: UpdateRequest):

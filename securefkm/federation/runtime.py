@@ -266,6 +266,7 @@ class Federation:
             specs=specs,
             info=self.info,
             broadcast_digest=broadcast.digest(),
+            broadcast=broadcast,
         )
         record = RoundRecord(
             run=run,
