@@ -32,3 +32,7 @@ class RoundAbortedError(SecureFKMError, RuntimeError):
 
 class PrivacyBudgetExceededError(RoundAbortedError):
     """Running the next round would spend more privacy budget than the declared target."""
+
+
+class NoParticipantsError(RoundAbortedError):
+    """Every sampled client declined the round (e.g. all reached their participation cap)."""

@@ -31,12 +31,14 @@ class UnprotectedInitWarning(UserWarning):
     """An init that sends client data in plain was chosen explicitly under protection."""
 
 
-def resolve_init(init, protection, init_bounds, default_plain="k-means++"):
+def resolve_init(init, protection, init_bounds, default_plain="k-means++", default_protected="uniform"):
     """Pick the seeding method, refusing plain-data seeding under protection by default.
 
     ``init="auto"`` means ``default_plain`` without protection and a protected seeding
-    ("uniform" over ``init_bounds``) with protection. An explicit plain init under
-    protection is honoured with a warning: the user asked for it.
+    with protection: ``default_protected`` over the declared ``init_bounds`` -- "private"
+    (a seeding round of per-bucket sums through the same layers and budget) for the
+    algorithms that support it, else "uniform" (data-independent). An explicit plain init
+    under protection is honoured with a warning: the user asked for it.
     """
     protected = bool(protection)
     if isinstance(init, str) and init == "auto":
@@ -49,7 +51,7 @@ def resolve_init(init, protection, init_bounds, default_plain="k-means++"):
                 "for a data-independent uniform start, pass init=<array of centres>, or pass "
                 "init='k-means++' explicitly to accept that leak."
             )
-        return "uniform"
+        return default_protected
     if isinstance(init, str):
         if init not in _seeding.INIT_CHOICES:
             raise InputError(f"init must be 'auto', one of {_seeding.INIT_CHOICES} or an array, got {init!r}.")

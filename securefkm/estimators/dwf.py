@@ -37,7 +37,9 @@ class WeightedFederatedKMeans(FederatedClusterer):
     init : "auto", "k-means++", "random", "kfed", "uniform" or array (n_clusters, n_features)
         "auto" is k-FED seeding without protection (the paper's suggestion, sec. 2.3: on
         non-IID clients k-means++ on one random client puts every seed in that client's
-        blob) and a data-independent start within ``init_bounds`` under protection.
+        blob) and, under protection, "private": a seeding round of per-bucket counts and
+        coordinate sums over a data-independent partition of ``init_bounds``, protected by
+        the same layers (and DP budget) as the training rounds.
     init_bounds : (low, high) or None
         Declared data range, for init="uniform".
     protection : list of layers
@@ -88,7 +90,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         return check_int(self.n_init, "n_init", minimum=1)
 
     def _make_algorithm(self, n_features, n_clients):
-        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="kfed")
+        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="kfed", default_protected="private")
         if not isinstance(init, str):
             from .._validation import check_centres
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .._validation import check_fraction_or_count, check_int
-from ..exceptions import InputError, RoundAbortedError
+from ..exceptions import InputError, NoParticipantsError, RoundAbortedError
 from ..layers import Layer, ProtocolRefusal, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
 from ..transcript import RECORD_LEVELS, RoundRecord, StageRecord, Transcript
@@ -232,7 +233,13 @@ class Federation:
                 if t >= hard_cap:
                     raise RuntimeError(f"{self.algorithm.name} made {t} rounds without finishing")
                 before = state.round
-                state = self.run_round(state, run=run, round=t)
+                try:
+                    state = self.run_round(state, run=run, round=t)
+                except NoParticipantsError as exc:
+                    # Clients refuse (participation caps): the run ends with the last
+                    # completed round's state; nothing of the refused round is used.
+                    warnings.warn(f"run {run} stopped after {state.round} rounds: {exc}", stacklevel=2)
+                    break
                 bar.update(state.round - before)
                 t += 1
         self.elapsed += time.perf_counter() - start
@@ -300,7 +307,9 @@ class Federation:
             )
             alive = tuple(c for c in sampled if c in replies and replies[c].declined is None)
             if not alive:
-                raise RoundAbortedError(
+                declined = sum(1 for r in replies.values() if r.declined)
+                error = NoParticipantsError if declined and declined == len(replies) else RoundAbortedError
+                raise error(
                     f"no sampled client answered round {round} (sampled {len(sampled)}, "
                     f"declined {sum(1 for r in replies.values() if r.declined)})",
                     round=round,
