@@ -7,10 +7,15 @@ dataset)``). Every attack returns a :class:`LeakageReport`; the dataset is used 
 score the attack against the ground truth.
 """
 
+from .active import ActiveAggregateDifferencing, CraftedCentroids, ModelInconsistency, Sybil
 from .passive import AggregateDifferencing, Differencing, SmallClusterDisclosure
 from .report import LeakageReport, score_reconstructions
 
 __all__ = [
+    "ActiveAggregateDifferencing",
+    "CraftedCentroids",
+    "ModelInconsistency",
+    "Sybil",
     "AggregateDifferencing",
     "Differencing",
     "LeakageReport",
