@@ -125,3 +125,13 @@ def test_bad_input_names_argument():
         AligningFederatedKMeans(4, local_init="bogus").fit([np.random.default_rng(0).normal(size=(20, 2))] * 2)
     with pytest.raises(InputError, match="init_bounds"):
         AligningFederatedKMeansAlgorithm(4, secure_mode=True, init="uniform").init(2, 2, np.random.default_rng(0))
+
+
+def test_secure_mode_runs_under_pairwise_masking():
+    protocols = pytest.importorskip("protocols")
+    ds = garst_federated(1, random_state=0)
+    kw = {"secure_mode": True, "init_bounds": (-12.5, 12.5), "random_state": 0}
+    plain_sum = AligningFederatedKMeans(16, **kw).fit(ds)
+    masked = AligningFederatedKMeans(16, protection=[protocols.PairwiseMasking()], **kw).fit(ds)
+    assert np.max(np.abs(masked.cluster_centers_ - plain_sum.cluster_centers_)) < 1e-3
+    assert pooled_ari(masked.cluster_centers_, ds.clients, ds.labels) > 0.93
