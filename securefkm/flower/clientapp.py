@@ -114,6 +114,10 @@ def _federation(spec_json: str, n_clients: int, n_features: int):
     if key not in _FED_CACHE:
         spec = RunSpec.from_json(spec_json)
         _, fed = build_federation(spec, n_clients, n_features, PlaceholderTransport(n_clients), verbose=0)
+        # In process, clients share the server's algorithm object, on which ``init`` has set
+        # attributes that ``sum_fields`` reads (e.g. DWF's ``n_features_``). Replay ``init`` on a
+        # throw-away generator so the client's copy has them too (its result is discarded).
+        fed.algorithm.init(n_clients, n_features, np.random.default_rng(0))
         _FED_CACHE.clear()
         _FED_CACHE[key] = fed
     return _FED_CACHE[key]

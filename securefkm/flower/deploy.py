@@ -164,6 +164,17 @@ def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
         pass
 
 
+def _entry_point(name: str) -> str:
+    """Flower's console script ``name``, preferring this interpreter's bin dir (no shims)."""
+    local = Path(sys.executable).parent / name
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise DeploymentError(f"{name} is not on PATH; pip install 'securefkm[flower]'.")
+    return found
+
+
 def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string literal is a valid TOML basic string
 
@@ -219,7 +230,8 @@ class LocalDeployment:
     (fault injection in tests).
     """
 
-    def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0, env: dict | None = None):
+    def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0,
+                 env: dict | None = None, fast_poll: bool = True):
         if not csv_paths:
             raise InputError("csv_paths is empty; give one CSV per SuperNode.")
         self.csv_paths = [Path(p).resolve() for p in csv_paths]
@@ -230,6 +242,7 @@ class LocalDeployment:
         self.workdir = Path(tempfile.mkdtemp(prefix="securefkm-deploy-") if workdir is None else workdir).resolve()
         self.startup_timeout = float(startup_timeout)
         self.extra_env = dict(env or {})
+        self.fast_poll = bool(fast_poll)
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen | None] = []
         self.node_ids: list[int | None] = []
@@ -248,7 +261,12 @@ class LocalDeployment:
             FLWR_DISABLE_UPDATE_CHECK="1",
             FLWR_TELEMETRY_ENABLED="0",
             PYTHONUNBUFFERED="1",
+            # run Flower's entry points from this interpreter's bin dir, not through shims
+            PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         )
+        if self.fast_poll:
+            # SuperExec (launches ClientApp/ServerApp processes) polls every 1 s by default
+            env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.05")
         env.update(self.extra_env)
         return env
 
@@ -281,9 +299,7 @@ class LocalDeployment:
             f'[superlink]\ndefault = "local-deployment"\n\n'
             f'[superlink.local-deployment]\naddress = "{HOST}:{self.port}"\ninsecure = true\n'
         )
-        exe = shutil.which("flower-superlink")
-        if exe is None:
-            raise DeploymentError("flower-superlink is not on PATH; pip install 'securefkm[flower]'.")
+        exe = _entry_point("flower-superlink")
         self.superlink = self._spawn(
             [exe, "--insecure", "--host", HOST, "--port", str(self.port),
              "--database", str(self.workdir / "state.db"),
@@ -301,14 +317,13 @@ class LocalDeployment:
                        f"SuperNode {i} to register", self.supernodes[i], f"supernode_{i}.log")
 
     def _start_node(self, i: int) -> None:
-        exe = shutil.which("flower-supernode")
-        if exe is None:
-            raise DeploymentError("flower-supernode is not on PATH; pip install 'securefkm[flower]'.")
+        exe = _entry_point("flower-supernode")
         path = str(self.csv_paths[i])
         if "'" in path:
             raise InputError(f"CSV path {path!r} contains a single quote; Flower's --node-config cannot carry it.")
+        launcher = [sys.executable, "-m", "securefkm.flower._supernode"] if self.fast_poll else [exe]
         self.supernodes[i] = self._spawn(
-            [exe, "--insecure", "--superlink", f"{HOST}:{self.port}", "--host", HOST,
+            [*launcher, "--insecure", "--superlink", f"{HOST}:{self.port}", "--host", HOST,
              "--port", str(free_port()), "--node-config", f"data-path='{path}'"],
             f"supernode_{i}.log",
         )
@@ -418,9 +433,7 @@ class LocalDeployment:
         cfg_path.write_text("".join(
             f"{k} = {_toml_str(v) if isinstance(v, str) else repr(v)}\n" for k, v in config.items()
         ))
-        exe = shutil.which("flwr")
-        if exe is None:
-            raise DeploymentError("flwr is not on PATH; pip install 'securefkm[flower]'.")
+        exe = _entry_point("flwr")
         log_name = f"flwr_run_{self._runs}.log"
         proc = self._spawn([exe, "run", str(app_dir), "local-deployment", "--stream", "--run-config", str(cfg_path)], log_name)
         seen = 0

@@ -1,0 +1,313 @@
+"""The Flower app: wire format, run spec, ClientApp/transport over a fake Grid (fast, no
+processes) and a real local deployment (SuperLink + 3 SuperNodes on 127.0.0.1, marked
+``flower``).
+
+The deployment cases share one module-scoped deployment; every process it starts is
+stopped by PID in a finalizer, also when a case fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+
+from securefkm.exceptions import InputError  # noqa: E402
+from securefkm.flower import _wire, clientapp  # noqa: E402
+from securefkm.flower.clientapp import read_client_csv  # noqa: E402
+from securefkm.flower.deploy import LocalDeployment, write_client_csvs  # noqa: E402
+from securefkm.flower.spec import RunSpec  # noqa: E402
+from securefkm.flower.transport import FlowerTransport  # noqa: E402
+
+PARAMS = {"n_clusters": 3, "init_bounds": [-12.0, 12.0], "max_rounds": 2, "tol": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def _flower_env(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path_factory.mktemp("flwr_home")))
+    monkeypatch.setenv("FLWR_DISABLE_UPDATE_CHECK", "1")
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+
+
+@pytest.fixture(scope="module")
+def clients():
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(240, centers=3, cluster_std=0.6, random_state=7)
+    return [X[i::3].copy() for i in range(3)]
+
+
+def in_process(spec: RunSpec, arrays):
+    """The same spec fitted in process (what a deployment must reproduce)."""
+    est = spec.estimator()
+    return est.fit([np.asarray(a) for a in arrays])
+
+
+def assert_same_structure(transcript, reference):
+    assert len(transcript) == len(reference)
+    for r, q in zip(transcript, reference):
+        assert (r.run, r.round, r.action) == (q.run, q.round, q.action)
+        assert [s.stage for s in r.stages] == [s.stage for s in q.stages]
+        assert r.sampled == q.sampled and r.contributors == q.contributors
+        assert r.protection == q.protection and r.specs == q.specs
+        assert sorted(r.plain_sums()) == sorted(q.plain_sums())
+        for c, sums in q.plain_sums().items():
+            for k, v in sums.items():
+                np.testing.assert_array_equal(r.plain_sums()[c][k], v)
+        assert set(r.aggregate) == set(q.aggregate)
+        for k in q.aggregate:
+            np.testing.assert_allclose(r.aggregate[k], q.aggregate[k], rtol=1e-12, atol=1e-9)
+
+
+# ---------------------------------------------------------------- wire & spec
+def test_wire_refuses_code():
+    import subprocess
+
+    assert _wire.loads(_wire.dumps({"a": np.arange(3, dtype=np.uint64)}))["a"].dtype == np.uint64
+    with pytest.raises(_wire.WireError, match="refusing"):
+        _wire.loads(_wire.dumps(subprocess.Popen))
+    with pytest.raises(_wire.WireError, match="refusing"):
+        _wire.loads(_wire.dumps(LocalDeployment))  # securefkm class with side effects
+    with pytest.raises(_wire.WireError, match="malformed"):
+        _wire.loads(b"\x80\x05garbage")
+
+
+def test_runspec_roundtrip_and_errors():
+    spec = RunSpec("dwf", {**PARAMS, "init": np.zeros((3, 2))}, ["masking", {"name": "dp", "epsilon": 1.0, "delta": 1e-5, "clip": 5.0}], 3)
+    again = RunSpec.from_json(spec.to_json())
+    assert again.to_json() == spec.to_json()
+    assert isinstance(again.estimator().init, np.ndarray)
+    with pytest.raises(InputError, match="algorithm"):
+        RunSpec("nope")
+    with pytest.raises(InputError, match="random_state"):
+        RunSpec("dwf", {"random_state": 1})
+    with pytest.raises(InputError, match="layer specs"):
+        RunSpec("dwf", {}, [object()])
+    with pytest.raises(InputError, match="JSON"):
+        RunSpec.from_json("{not json")
+
+
+def test_read_client_csv_errors(tmp_path):
+    good = tmp_path / "good.csv"
+    good.write_text("a,b\n1,2\n3.5,-4e1\n")
+    np.testing.assert_array_equal(read_client_csv(str(good)), [[1, 2], [3.5, -40]])
+    text = tmp_path / "text.csv"
+    text.write_text("a,b\n1,2\n3,hello\n")
+    with pytest.raises(InputError, match=r"line 3 column 2 is 'hello'"):
+        read_client_csv(str(text))
+    nan = tmp_path / "nan.csv"
+    nan.write_text("1,2\nnan,4\n")
+    with pytest.raises(InputError, match="NaN"):
+        read_client_csv(str(nan))
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("1,2\n3\n")
+    with pytest.raises(InputError, match="columns"):
+        read_client_csv(str(ragged))
+    with pytest.raises(InputError, match="does not exist"):
+        read_client_csv(str(tmp_path / "missing.csv"))
+
+
+def test_transport_rejects_bad_arguments():
+    with pytest.raises(InputError, match="node id"):
+        FlowerTransport(object(), [])
+    with pytest.raises(InputError, match="stage_timeout"):
+        FlowerTransport(object(), [1, 2], stage_timeout=0)
+
+
+# ---------------------------------------------------------------- fake Grid (no processes)
+class _FakeGrid:
+    """A Grid whose nodes run the real ClientApp handler in this process, each message as
+    in a fresh ClientApp process (caches cleared, state only in context.state)."""
+
+    def __init__(self, paths_by_node: dict[int, str], run_config: dict):
+        self.contexts = {
+            nid: Context(run_id=1, node_id=nid, node_config={"data-path": p}, state=RecordDict(), run_config=run_config)
+            for nid, p in paths_by_node.items()
+        }
+        self.replies = {}
+        self.dead: set[int] = set()
+        self.kill_at = None  # (round, stage, node id)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            mid = m.object_id
+            m.metadata.__dict__["_message_id"] = mid
+            rec = m.content[_wire.RECORD_KEY]
+            nid = m.metadata.dst_node_id
+            if self.kill_at == (rec["round"], rec["stage"], nid):
+                self.dead.add(nid)
+            if nid not in self.dead:
+                clientapp._FED_CACHE.clear()
+                clientapp._DATA_CACHE.clear()
+                self.replies[mid] = clientapp.handle_message(m, self.contexts[nid])
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+
+
+@pytest.fixture
+def task_identity():
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5):
+    from securefkm.flower.serverapp import run_federation
+
+    paths = [str(p) for p in write_client_csvs(clients, tmp_path)]
+    if extra_csv is not None:
+        paths.append(str(extra_csv))
+    node_ids = [900 - 37 * i for i in range(len(paths))]  # unsorted on purpose
+    run_config = {"spec": spec.to_json(), "num-nodes": len(paths), "n-features": clients[0].shape[1]}
+    grid = _FakeGrid(dict(zip(node_ids, paths)), run_config)
+    order = sorted(range(len(paths)), key=lambda i: node_ids[i])  # client c <- paths[order[c]]
+    if kill is not None:
+        rnd, stage, which = kill
+        grid.kill_at = (rnd, stage, node_ids[which])
+    result = run_federation(grid, spec, n_nodes=len(paths), n_features=clients[0].shape[1],
+                            stage_timeout=stage_timeout, suspect_timeout=0.1, poll_interval=0.01)
+    return result, order
+
+
+@pytest.mark.parametrize("protection", [[], ["masking"]])
+def test_fake_grid_equals_in_process(tmp_path, clients, task_identity, protection):
+    spec = RunSpec("dwf", PARAMS, protection, random_state=11)
+    result, order = _fake_run(tmp_path, clients, spec)
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result["centres"], ref.cluster_centers_)
+    assert_same_structure(result["transcript"], ref.transcript_)
+    assert result["errors"] == {}
+
+
+def test_fake_grid_dropout_is_recovered(tmp_path, clients, task_identity):
+    # threshold 2 of 3: one client may drop after sharing its keys
+    spec = RunSpec("dwf", PARAMS, [{"name": "masking", "threshold": 2}], random_state=5)
+    result, order = _fake_run(tmp_path, clients, spec, kill=(1, "masked_input", 0))
+    dead = order.index(0)
+    r0, r1 = result["transcript"][0], result["transcript"][1]
+    assert r0.contributors == (0, 1, 2)
+    assert r1.aborted is None
+    assert dead in r1.stage("masked_input").dropped
+    assert set(r1.contributors) == {0, 1, 2} - {dead}
+    ref = in_process(spec, [clients[i] for i in order])
+    # round 0 is identical; round 1 sums the two survivors
+    np.testing.assert_array_equal(r0.centres_after, ref.transcript_[0].centres_after)
+    alive = [clients[order[c]] for c in r1.contributors]
+    C = r0.centres_after
+    from securefkm.algorithms._kmeans import assign
+
+    w = sum(np.bincount(assign(X, C)[0], minlength=3) for X in alive)
+    np.testing.assert_array_equal(r1.aggregate["weights"], w)
+
+
+def test_fake_grid_malformed_node_reports_and_others_finish(tmp_path, clients, task_identity):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x0,x1\n1.0,2.0\nNaN,3.0\n")
+    spec = RunSpec("dwf", PARAMS, ["masking"], random_state=5)
+    result, order = _fake_run(tmp_path, clients[:3], spec, extra_csv=bad)
+    bad_client = order.index(3)
+    assert "NaN" in result["errors"][bad_client] and "bad.csv" in result["errors"][bad_client]
+    for r in result["transcript"]:
+        assert r.aborted is None
+        assert bad_client in r.stage("update").refused
+        assert set(r.contributors) == {0, 1, 2, 3} - {bad_client}
+
+
+# ---------------------------------------------------------------- real deployment
+@pytest.fixture(scope="module")
+def deployment(clients, tmp_path_factory):
+    base = tmp_path_factory.mktemp("deploy")
+    paths = write_client_csvs(clients, base / "data")
+    dep = LocalDeployment(paths, workdir=base / "flower", env={"FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_TELEMETRY_ENABLED": "0"})
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()  # every process, by PID, even if a case failed
+
+
+STAGE_TIMEOUT = float(os.environ.get("SECUREFKM_TEST_STAGE_TIMEOUT", "60"))
+
+
+@pytest.mark.flower
+def test_deployment_masking_equals_in_process(deployment, clients):
+    spec = RunSpec("dwf", PARAMS, ["masking"], random_state=3)
+    t0 = time.perf_counter()
+    result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
+    print(f"deployment masking run: {time.perf_counter() - t0:.1f} s, {result.rounds_seconds:.1f} s in rounds")
+    order = deployment.client_order()
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result.centres, ref.cluster_centers_)
+    assert_same_structure(result.transcript, ref.transcript_)
+    assert [s.stage for s in result.transcript[0].stages] == ["update", "advertise", "share", "masked_input", "unmask"]
+    assert result.errors == {}
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_deployment_dp_reports_privacy_spent(deployment, clients):
+    spec = RunSpec("dwf", {**PARAMS, "max_rounds": 1}, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0}, "masking"], random_state=4)
+    result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
+    eps, delta = result.privacy_spent
+    assert 0 < eps <= 2.0 + 1e-9 and delta <= 1e-5
+    assert np.all(np.isfinite(result.centres))
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_deployment_killed_node_is_a_dropout(deployment, clients):
+    """Runs last in this module: it kills one SuperNode of the shared deployment."""
+    spec = RunSpec("dwf", PARAMS, [{"name": "masking", "threshold": 2}], random_state=6)
+    killed = []
+
+    def on_progress(ev):
+        if not killed and ev["event"] == "start" and ev["round"] == 1 and ev["stage"] == "masked_input":
+            deployment.kill_node(0)
+            killed.append(time.time())
+
+    result = deployment.run(spec, stage_timeout=min(STAGE_TIMEOUT, 45.0), timeout=900, on_progress=on_progress)
+    assert killed
+    dead = deployment.client_order().index(0)
+    r1 = result.transcript[1]
+    assert r1.aborted is None
+    assert dead in r1.stage("masked_input").dropped
+    assert dead not in r1.contributors and len(r1.contributors) == 2
+    assert np.all(np.isfinite(result.centres))
+
+
+def test_fake_grid_dp_reports_privacy_spent(tmp_path, clients, task_identity):
+    spec = RunSpec("dwf", PARAMS, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0}, "masking"], random_state=8)
+    result, _ = _fake_run(tmp_path, clients, spec)
+    eps, delta = result["privacy_spent"]
+    assert 0 < eps <= 2.0 + 1e-9 and delta <= 1e-5
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_deployment_malformed_node(clients, tmp_path):
+    """Its own deployment: two good nodes and one whose CSV holds text."""
+    paths = write_client_csvs(clients[:2], tmp_path / "data")
+    bad = tmp_path / "data" / "client_bad.csv"
+    bad.write_text("x0,x1\n1.0,2.0\n3.0,oops\n")
+    spec = RunSpec("dwf", {**PARAMS, "max_rounds": 1}, [], random_state=9)
+    with LocalDeployment([*paths, bad], workdir=tmp_path / "flower") as dep:
+        result = dep.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
+        bad_client = dep.client_order().index(2)
+    assert "oops" in result.errors[bad_client] and "client_bad.csv" in result.errors[bad_client]
+    assert all(r.aborted is None and len(r.contributors) == 2 for r in result.transcript)
