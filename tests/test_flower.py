@@ -91,6 +91,10 @@ def test_runspec_roundtrip_and_errors():
         RunSpec("dwf", {}, [object()])
     with pytest.raises(InputError, match="JSON"):
         RunSpec.from_json("{not json")
+    with pytest.raises(InputError, match="key authority"):
+        RunSpec("dwf", {}, ["paillier"])
+    with pytest.raises(InputError, match="PKI"):
+        RunSpec("dwf", {}, [{"name": "masking", "sign_keys": True}])
 
 
 def test_read_client_csv_errors(tmp_path):

@@ -85,6 +85,20 @@ class RunSpec:
                     "a dict with 'name' and the layer's parameters), not layer objects."
                 )
         self.protection = list(self.protection)
+        for layer in self.protection:
+            name = layer if isinstance(layer, str) else layer.get("name")
+            if name == "paillier":
+                raise InputError(
+                    "protection 'paillier' cannot run over Flower yet: its key authority is created "
+                    "in-process by Paillier.setup, so the server and every node would make different "
+                    "keys. Use 'masking' for secure aggregation in a deployment."
+                )
+            if name == "masking" and isinstance(layer, dict) and layer.get("sign_keys"):
+                raise InputError(
+                    "masking sign_keys=True relies on a simulated in-process PKI that the nodes of a "
+                    "deployment do not share; drop sign_keys and authenticate nodes with Flower's "
+                    "SuperNode authentication (docs/deployment.md)."
+                )
         self.random_state = check_int(self.random_state, "random_state", minimum=0)
 
     # -------------------------------------------------------------- JSON
