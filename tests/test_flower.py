@@ -246,12 +246,14 @@ def deployment(clients, tmp_path_factory):
         dep.stop()  # every process, by PID, even if a case failed
 
 
+# a data-independent start (no seeding round) keeps the deployment cases to 2 rounds
+DEP_PARAMS = {**PARAMS, "init": "uniform"}
 STAGE_TIMEOUT = float(os.environ.get("SECUREFKM_TEST_STAGE_TIMEOUT", "60"))
 
 
 @pytest.mark.flower
 def test_deployment_masking_equals_in_process(deployment, clients):
-    spec = RunSpec("dwf", PARAMS, ["masking"], random_state=3)
+    spec = RunSpec("dwf", DEP_PARAMS, ["masking"], random_state=3)
     t0 = time.perf_counter()
     result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
     print(f"deployment masking run: {time.perf_counter() - t0:.1f} s, {result.rounds_seconds:.1f} s in rounds")
@@ -266,7 +268,7 @@ def test_deployment_masking_equals_in_process(deployment, clients):
 @pytest.mark.flower
 @pytest.mark.slow
 def test_deployment_dp_reports_privacy_spent(deployment, clients):
-    spec = RunSpec("dwf", {**PARAMS, "max_rounds": 1}, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0}, "masking"], random_state=4)
+    spec = RunSpec("dwf", {**DEP_PARAMS, "max_rounds": 1}, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0}, "masking"], random_state=4)
     result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
     eps, delta = result.privacy_spent
     assert 0 < eps <= 2.0 + 1e-9 and delta <= 1e-5
@@ -277,7 +279,7 @@ def test_deployment_dp_reports_privacy_spent(deployment, clients):
 @pytest.mark.slow
 def test_deployment_killed_node_is_a_dropout(deployment, clients):
     """Runs last in this module: it kills one SuperNode of the shared deployment."""
-    spec = RunSpec("dwf", PARAMS, [{"name": "masking", "threshold": 2}], random_state=6)
+    spec = RunSpec("dwf", DEP_PARAMS, [{"name": "masking", "threshold": 2}], random_state=6)
     killed = []
 
     def on_progress(ev):
@@ -309,7 +311,7 @@ def test_deployment_malformed_node(clients, tmp_path):
     paths = write_client_csvs(clients[:2], tmp_path / "data")
     bad = tmp_path / "data" / "client_bad.csv"
     bad.write_text("x0,x1\n1.0,2.0\n3.0,oops\n")
-    spec = RunSpec("dwf", {**PARAMS, "max_rounds": 1}, [], random_state=9)
+    spec = RunSpec("dwf", {**DEP_PARAMS, "max_rounds": 1}, [], random_state=9)
     with LocalDeployment([*paths, bad], workdir=tmp_path / "flower") as dep:
         result = dep.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
         bad_client = dep.client_order().index(2)
