@@ -39,7 +39,8 @@ from ._kmeans import local_kmeans, seed_kmeans_plusplus, uniform_in_bounds, weig
 
 SEEDING_ROUND_INITS = ("k-means++", "random", "kfed", "private")
 INIT_CHOICES = SEEDING_ROUND_INITS + ("uniform",)
-PLAIN_INITS = SEEDING_ROUND_INITS  # inits that reveal client data in plain
+PLAIN_INITS = ("k-means++", "random", "kfed")  # inits that reveal client data in plain ("private" sends
+# protected sum-fields through the stack, like a training round)
 
 
 def initial_centres(init, k: int, n_features: int, rng, init_bounds=None):
@@ -154,12 +155,19 @@ def seeding_aggregate(agg: AggregatedUpdate, k: int, rng: np.random.Generator, i
 def _private_seeding_centres(sums, k, rng, init_bounds):
     """Weighted k-means over the (possibly noisy) bucket means.
 
-    Buckets whose (noisy) count is below 2 are ignored: their mean is dominated by noise.
+    Buckets whose (noisy) count is below ``max(2, 3 * sigma_hat)`` are ignored: their mean
+    is dominated by noise. ``sigma_hat`` is the count noise estimated from the released
+    counts themselves (post-processing, no extra privacy cost): a true count is never
+    negative, so the negative noisy counts come from (nearly) empty buckets and their root
+    mean square estimates the noise standard deviation; without noise there are none and
+    the threshold stays 2.
     Means are kept inside the declared box (noise can push a small bucket's mean out).
     Missing centres are drawn uniformly in the box.
     """
     counts, bsums = sums["bucket_counts"], sums["bucket_sums"]
-    keep = counts >= 2.0
+    negative = counts[counts < 0]
+    sigma_hat = float(np.sqrt(np.mean(negative**2))) if len(negative) >= 3 else 0.0
+    keep = counts >= max(2.0, 3.0 * sigma_hat)
     low, high = init_bounds
     d = bsums.shape[1]
     low = np.broadcast_to(np.asarray(low, dtype=np.float64), (d,))
