@@ -21,7 +21,6 @@ _EXPORTS = {
     "FlowerTransport": "securefkm.flower.transport",
     "LocalDeployment": "securefkm.flower.deploy",
     "DeploymentResult": "securefkm.flower.deploy",
-    "deploy": "securefkm.flower.deploy",
     "write_client_csvs": "securefkm.flower.deploy",
     "read_client_csv": "securefkm.flower.clientapp",
     "APP_DIR": "securefkm.flower.deploy",
