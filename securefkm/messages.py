@@ -27,7 +27,7 @@ import numpy as np
 
 from .exceptions import InputError
 
-FieldKind = Literal["count", "sum", "score", "value"]
+FieldKind = Literal["count", "sum", "distance", "score", "value"]
 
 #: What one record can change in a field, used by DP layers and by the fixed-point codec:
 #:
@@ -35,11 +35,13 @@ FieldKind = Literal["count", "sum", "score", "value"]
 #:   (crisp cluster counts, sums of fuzzy memberships u^m). L2 sensitivity 1.
 #: * ``sum``   -- each record adds ``w_j * x`` to row j with ``sum_j w_j <= 1`` (coordinate sums,
 #:   fuzzy numerators). L2 sensitivity ``max ||x||`` (the clipping norm).
-#: * ``score`` -- each record adds a squared distance to a centre (inertia, fuzzy spreads).
+#: * ``distance`` -- each record adds a distance to a centre (fuzzy spreads with q=1).
+#:   Sensitivity ``2 * max ||x||`` when centres lie in the same ball.
+#: * ``score`` -- each record adds a squared distance to a centre (inertia).
 #:   Sensitivity ``(2 * max ||x||)**2`` when centres lie in the same ball.
 #: * ``value`` -- anything else (a client's local centre coordinates, a client count): no
 #:   record-level bound; record-level DP refuses such a field.
-FIELD_KINDS: tuple[str, ...] = ("count", "sum", "score", "value")
+FIELD_KINDS: tuple[str, ...] = ("count", "sum", "distance", "score", "value")
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,18 @@ class FieldSpec:
 
     ``integer`` marks fields whose per-client values are whole numbers (crisp counts): the
     codec then encodes them without fractional bits and secure sums are bit-exact.
+    ``cells`` is how many entries one record can change, each by up to its kind's bound
+    (1 for crisp per-cluster fields; k when a record adds to every cluster, as the fuzzy
+    spreads do): the L2 sensitivity is then ``sqrt(cells)`` times the kind's bound.
+    For ``count`` and ``sum`` the kind's bound already covers a record spread over several
+    cells with total weight at most 1 (fuzzy memberships), so ``cells`` stays 1 there.
     """
 
     name: str
     shape: tuple[int, ...]
     kind: FieldKind
     integer: bool = False
+    cells: int = 1
 
     def __post_init__(self):
         if self.kind not in FIELD_KINDS:

@@ -236,11 +236,13 @@ class GaussianDP(Layer):
 
     def sensitivity(self, spec: FieldSpec, d: int) -> float:
         """Per-record L2 sensitivity Delta_f of one field (before lattice rounding)."""
-        f = self._sens_factor
+        f = self._sens_factor * math.sqrt(getattr(spec, "cells", 1))
         if spec.kind == "count":
             return f * 1.0
         if spec.kind == "sum":
             return f * self._radius(d)
+        if spec.kind == "distance":
+            return f * self._diameter(d)
         if spec.kind == "score":
             return f * self._diameter(d) ** 2
         if self.mode == "local" and len(spec.shape) >= 1 and spec.shape[-1] == d:

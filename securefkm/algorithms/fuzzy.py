@@ -178,7 +178,10 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             self.name = "fedfcm-secure"
 
     # ----------------------------------------------------------------- server
+    n_features_: int = 0
+
     def init(self, n_clients, n_features, rng):
+        self.n_features_ = n_features
         centres = _seeding.initial_centres(
             self.init_, self.n_clusters, n_features, rng, self.init_bounds
         )
@@ -199,7 +202,9 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
 
     def configure(self, state, round):
         if state.phase == "init":
-            return _seeding.seeding_broadcast(self.init_, self.n_clusters)
+            return _seeding.seeding_broadcast(
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"]
+            )
         if state.phase == "secure":
             b = self.secure.broadcast(state.extra["sk"], state.extra["secure_total"])
             return replace(b, params={**b.params, "train_round": state.round})
@@ -217,6 +222,8 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         return Broadcast(action="train.fedavg", centres=state.centres, params={"m": self.m})
 
     def sum_fields(self, broadcast):
+        if broadcast.action.startswith("init."):
+            return _seeding.seeding_sum_fields(broadcast, self.n_features_)
         if broadcast.centres is None:
             return ()
         if broadcast.action == sc.SECURE_ACTION:
@@ -226,18 +233,19 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             return (FieldSpec("weighted_sums", (k, d), "sum"), FieldSpec("weights", (k,), "count"))
         if broadcast.action == "validity":
             # n: one per record; memberships: each record adds u_ij, sum_j u_ij = 1;
-            # spread: each record adds ||x - c_i||^q to every cell (see docs: DP sensitivity).
+            # spread: each record adds u_ij^m ||x - c_i||^q <= (2R)^q to every one of the k
+            # cells, so its L2 sensitivity is sqrt(k) (2R)^q (FieldSpec.cells = k).
             return (
                 FieldSpec("n", (1,), "count", integer=True),
                 FieldSpec("memberships", (k,), "count"),
-                FieldSpec("spread", (k,), "score"),
+                FieldSpec("spread", (k,), {1.0: "distance", 2.0: "score"}.get(self.q, "value"), cells=k),
             )
         return ()
 
     def aggregate(self, state, agg: AggregatedUpdate):
         rng = state.extra["rng"]
         if state.phase == "init":
-            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
+            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng, self.init_bounds)
             if centres is None:
                 attempts = state.extra["seed_attempts"] + 1
                 if attempts >= 3 * state.extra["n_clients"]:

@@ -128,7 +128,14 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         return self.local_epochs == 1 and self.batch_size is None and self.client_rate == 1.0
 
     # ----------------------------------------------------------------- server
+    n_features_: int = 0
+
+    def planned_rounds(self, max_rounds):
+        seeding = not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS
+        return max_rounds + int(seeding)
+
     def init(self, n_clients, n_features, rng):
+        self.n_features_ = n_features
         centres = _seeding.initial_centres(self.init_, self.n_clusters, n_features, rng, self.init_bounds)
         state = AlgorithmState(centres=centres, phase="train" if centres is not None else "init")
         state.extra.update(rng=rng, streak=np.zeros(self.n_clusters, dtype=np.int64), reassigned=0,
@@ -137,7 +144,9 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
 
     def configure(self, state, round):
         if state.phase == "init":
-            return _seeding.seeding_broadcast(self.init_, self.n_clusters)
+            return _seeding.seeding_broadcast(
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"]
+            )
         return Broadcast(
             action="train",
             centres=state.centres,
@@ -145,6 +154,8 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         )
 
     def sum_fields(self, broadcast):
+        if broadcast.action.startswith("init."):
+            return _seeding.seeding_sum_fields(broadcast, self.n_features_)
         if broadcast.action != "train":
             return ()
         k, d = broadcast.centres.shape
@@ -156,7 +167,7 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
     def aggregate(self, state, agg: AggregatedUpdate):
         rng = state.extra["rng"]
         if state.phase == "init":
-            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
+            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng, self.init_bounds)
             if centres is None:
                 attempts = state.extra["seed_attempts"] + 1
                 if attempts >= 3 * state.extra["n_clients"]:

@@ -125,7 +125,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
 
     def _make_algorithm(self, n_features, n_clients):
         check_int(self.n_clusters, "n_clusters", minimum=2)
-        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="k-means++")
+        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="k-means++", default_protected="private")
         if not isinstance(init, str):
             init = check_centres(init, self.n_clusters, n_features)
         return FederatedFuzzyCMeansAlgorithm(

@@ -87,7 +87,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.verbose = verbose
 
     def _make_algorithm(self, n_features, n_clients):
-        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="random")
+        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="random", default_protected="private")
         if not isinstance(init, str):
             init = check_centres(init, self.n_clusters, n_features)
         return MiniBatchFederatedKMeansAlgorithm(

@@ -216,7 +216,8 @@ class Federation:
         algo_rng = np.random.default_rng(self._algo_seq.spawn(1)[0])
         state = self.algorithm.init(self.n_clients, self.info.n_features, algo_rng)
         start = time.perf_counter()
-        hard_cap = 10 * self.max_rounds + 1000  # guards against an algorithm that never advances
+        # guards against an algorithm that never advances (secure modes run many sub-rounds)
+        hard_cap = 10 * max(self.max_rounds, self.algorithm.planned_rounds(self.max_rounds)) + 1000
         t = 0
         with tqdm(
             total=self.max_rounds,
@@ -238,6 +239,14 @@ class Federation:
                 except NoParticipantsError as exc:
                     # Clients refuse (participation caps): the run ends with the last
                     # completed round's state; nothing of the refused round is used.
+                    if state.centres is None or np.ndim(state.centres) != 2 or state.phase in ("init", "seed"):
+                        raise NoParticipantsError(
+                            f"{exc}; the run had not produced centres yet ({self.algorithm.name} was in "
+                            f"phase {state.phase!r} after {t} rounds). Raise the participation cap or "
+                            "lower max_rounds / use an algorithm mode that needs fewer rounds.",
+                            round=t,
+                            stage=exc.stage,
+                        ) from exc
                     warnings.warn(f"run {run} stopped after {state.round} rounds: {exc}", stacklevel=2)
                     break
                 bar.update(state.round - before)
