@@ -18,7 +18,14 @@ from securefkm.algorithms._kmeans import assign
 from securefkm.exceptions import InputError
 from securefkm.transcript import Transcript
 
-from ._cells import SEEDING_RAW_ACTIONS, cell_fields, dedup, full_data_round, integer_counts, verify_cells
+from ._cells import (
+    SEEDING_RAW_ACTIONS,
+    cell_fields,
+    dedup,
+    full_data_round,
+    integer_counts,
+    verify_cells,
+)
 from .report import LeakageReport, score_reconstructions
 
 
@@ -344,7 +351,7 @@ def isolate_by_aggregates(transcript):
     """
     groups: dict[bytes, list] = {}
     for rec in transcript:
-        if rec.aborted is not None or rec.aggregate is None or not rec.contributors:
+        if rec.aborted is not None or not rec.aggregate or not rec.contributors:
             continue
         digests = {b.digest() for c, b in rec.broadcasts.items() if c in rec.contributors}
         if len(digests) != 1:
