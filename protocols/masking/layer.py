@@ -156,6 +156,8 @@ class PairwiseMasking(Aggregator):
         return plan
 
     def before_round(self, ctx: RoundContext) -> None:
+        if not ctx.specs:  # nothing to aggregate (e.g. a seeding round of set-fields): no masking round
+            return
         self.codec.check_capacity(ctx.specs, len(ctx.sampled))
         self.plan(ctx)
 
