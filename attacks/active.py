@@ -132,7 +132,7 @@ class SlabSearch:
             return
         # pieces: (atom index, lo, hi, slab); unsplit atoms are known
         pieces = []
-        for a, (lo, hi, n, S) in enumerate(self.atoms):
+        for a, (lo, hi, _n, _S) in enumerate(self.atoms):
             inside = t[(t > lo) & (t < hi)]
             bounds = np.concatenate([[lo], inside, [hi]])
             for b in range(len(bounds) - 1):

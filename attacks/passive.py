@@ -210,7 +210,8 @@ def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int = 2, agree_rt
     low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in bounds)
     region_cache: dict = {}
     iters = 0
-    for iters in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):
+        iters = it
         Nr, Sr = N.copy(), S.copy()
         if len(known):
             for t in range(T):
