@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 

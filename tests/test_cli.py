@@ -21,7 +21,7 @@ def test_run_clusters_csv_directory(tmp_path, capsys):
     rng = np.random.default_rng(0)
     centres = np.array([[0.0, 0.0], [5.0, 5.0], [0.0, 5.0]])
     clients, labels = [], []
-    for i in range(4):
+    for _ in range(4):
         y = rng.integers(0, 3, 50)
         clients.append(centres[y] + rng.normal(scale=0.3, size=(50, 2)))
         labels.append(y)

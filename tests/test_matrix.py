@@ -10,7 +10,15 @@ import pytest
 from sklearn.datasets import make_blobs
 from sklearn.metrics import adjusted_rand_score
 
-from protocols import GaussianDP, KeyAuthority, MinClusterSize, Paillier, PairwiseMasking, ParticipationCap, Rounding
+from protocols import (
+    GaussianDP,
+    KeyAuthority,
+    MinClusterSize,
+    Paillier,
+    PairwiseMasking,
+    ParticipationCap,
+    Rounding,
+)
 from securefkm.exceptions import NoParticipantsError, ProtectionConfigError
 from securefkm.registry import make_estimator
 

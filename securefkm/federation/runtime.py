@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 import logging
-import warnings
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..exceptions import InputError, NoParticipantsError, RoundAbortedError
 from ..layers import Layer, ProtocolRefusal, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
 from ..transcript import RECORD_LEVELS, RoundRecord, StageRecord, Transcript
-from .client import UPDATE_STAGE, ClientRuntime, UpdateReply, UpdateRequest, batch_update
+from .client import UPDATE_STAGE, ClientRuntime, UpdateRequest, batch_update
 from .sampling import Dropouts, resolve_sample, sample_clients
 
 log = logging.getLogger("securefkm")
