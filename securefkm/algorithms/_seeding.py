@@ -152,6 +152,25 @@ def seeding_aggregate(agg: AggregatedUpdate, k: int, rng: np.random.Generator, i
     return np.asarray(received[0]["centres"], dtype=np.float64).copy()
 
 
+def seeded_state(state, agg: AggregatedUpdate, init, k: int, init_bounds=None):
+    """The server state after a seeding round: centres set and phase "train", or -- if the
+    asked client could not seed -- the same phase with one more attempt counted (the next
+    round asks another random client). Shared by every algorithm with a seeding phase.
+    """
+    from dataclasses import replace
+
+    centres = seeding_aggregate(agg, k, state.extra["rng"], init_bounds)
+    if centres is None:
+        attempts = state.extra["seed_attempts"] + 1
+        if attempts >= 3 * state.extra["n_clients"]:
+            raise InputError(
+                f"init={init!r}: no sampled client holds n_clusters={k} records; lower n_clusters, "
+                "or use init='kfed', init='private' or init='uniform' with init_bounds."
+            )
+        return replace(state, extra={**state.extra, "seed_attempts": attempts})
+    return replace(state, centres=centres, phase="train", extra={**state.extra, "prev": centres.copy()})
+
+
 def _private_seeding_centres(sums, k, rng, init_bounds):
     """Weighted k-means over the (possibly noisy) bucket means.
 

@@ -167,16 +167,7 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
     def aggregate(self, state, agg: AggregatedUpdate):
         rng = state.extra["rng"]
         if state.phase == "init":
-            centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng, self.init_bounds)
-            if centres is None:
-                attempts = state.extra["seed_attempts"] + 1
-                if attempts >= 3 * state.extra["n_clients"]:
-                    raise InputError(
-                        f"init={self.init_!r}: no sampled client holds n_clusters={self.n_clusters} records; "
-                        "lower n_clusters or use init='uniform' with init_bounds."
-                    )
-                return replace(state, extra={**state.extra, "seed_attempts": attempts})
-            return replace(state, centres=centres, phase="train")
+            return _seeding.seeded_state(state, agg, self.init_, self.n_clusters, self.init_bounds)
         C = state.centres
         lam = agg.sums["sizes"]
         star = C.copy()

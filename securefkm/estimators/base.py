@@ -91,6 +91,21 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         to describe the clients' number of features, e.g. ``[np.empty((1, d))] * n``).
         """
         data = as_federated(X)
+        federation, algorithm = self.make_federation(data, server_policy=server_policy, transport=transport)
+        states = [federation.run(r) for r in range(self._n_runs())]
+        best = states[self._select_run(states)] if len(states) > 1 else states[0]
+        self._set_fitted(data, algorithm, federation, best)
+        return self
+
+    def make_federation(self, X, *, server_policy=None, transport=None, max_rounds=None):
+        """The validated (Federation, Algorithm) pair ``fit`` would run, without running it.
+
+        For callers that drive rounds themselves (active attacks: a malicious server keeps
+        going after the honest algorithm would have converged). ``max_rounds`` overrides
+        the estimator's. The transcript's ``meta`` records the declared ``init_bounds``:
+        the data range the server is told.
+        """
+        data = as_federated(X)
         n_clusters = check_int(self.n_clusters, "n_clusters", minimum=1)
         if n_clusters > data.n_samples:
             raise InputError(
@@ -107,17 +122,15 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             protection=clone_layers(self.protection),
             clients_per_round=self.clients_per_round,
             dropout_rate=self.dropout_rate,
-            max_rounds=self.max_rounds,
+            max_rounds=self.max_rounds if max_rounds is None else max_rounds,
             n_runs=self._n_runs(),
             random_state=seed,
             verbose=verbose,
             server_policy=server_policy,
             **self._transport_kwargs(transport, data),
         )
-        states = [federation.run(r) for r in range(self._n_runs())]
-        best = states[self._select_run(states)] if len(states) > 1 else states[0]
-        self._set_fitted(data, algorithm, federation, best)
-        return self
+        federation.transcript.meta["init_bounds"] = getattr(self, "init_bounds", None)
+        return federation, algorithm
 
     @staticmethod
     def _transport_kwargs(transport, data):

@@ -47,6 +47,9 @@ class ServerPolicy:
     def observe(self, record: RoundRecord) -> None:
         """Called with each completed round record (adaptive attacks learn from it)."""
 
+    def on_abort(self, record: RoundRecord, error: Exception) -> None:
+        """Called when a round aborted (e.g. a consistency check caught this policy)."""
+
 
 class Transport:
     """Carries one stage's messages to clients and returns the replies of those that answered."""
@@ -336,6 +339,7 @@ class Federation:
         except RoundAbortedError as exc:
             record.aborted = str(exc)
             self.transcript.append(record)
+            self.policy.on_abort(record, exc)
             raise
         for layer in self.layers:
             layer.after_round(ctx, agg)
