@@ -202,12 +202,10 @@ class _PlainServer(ServerSession):
                 "no client returned an update this round", round=self.ctx.round, stage="input"
             )
         contributors = tuple(sorted(self.replies))
-        sums = {}
-        for spec in self.ctx.specs:
-            total = np.zeros(spec.shape)
-            for c in contributors:
-                total += self.replies[c][spec.name]
-            sums[spec.name] = total
+        sums = {
+            spec.name: np.sum([self.replies[c][spec.name] for c in contributors], axis=0, dtype=np.float64)
+            for spec in self.ctx.specs
+        }
         return sums, contributors
 
 

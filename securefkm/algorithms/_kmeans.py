@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import sparse
-from sklearn.cluster import KMeans
-from threadpoolctl import threadpool_limits
 
 from ..exceptions import InputError
 
@@ -144,6 +142,9 @@ def weighted_kmeans(
     sum_j S_j min_i ||C_j - C_i||^2. With fewer distinct points than ``k`` the points
     themselves are returned, padded by repeating (k-means is undefined there).
     """
+    from sklearn.cluster import KMeans  # lazy: a deployed client process rarely needs it
+    from threadpoolctl import threadpool_limits
+
     points = np.asarray(points, dtype=np.float64)
     if len(points) == 0:
         raise InputError("server k-means got no points (every client sent an empty set).")

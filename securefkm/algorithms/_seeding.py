@@ -85,7 +85,7 @@ def lsh_buckets(X: np.ndarray, params: dict) -> np.ndarray:
     return bits @ (1 << np.arange(bits.shape[1], dtype=np.int64))
 
 
-def seeding_broadcast(init: str, k: int, *, init_bounds=None, rng=None) -> Broadcast:
+def seeding_broadcast(init: str, k: int, *, init_bounds=None, rng=None, n_features: int | None = None) -> Broadcast:
     if init == "private":
         if init_bounds is None:
             raise InputError("init='private' needs init_bounds=(low, high), the declared data range.")
@@ -94,7 +94,14 @@ def seeding_broadcast(init: str, k: int, *, init_bounds=None, rng=None) -> Broad
         high = np.asarray(high, dtype=np.float64).tolist()
         return Broadcast(
             action="init.private",
-            params={"k": k, "bits": lsh_bits(k), "lsh_seed": int(rng.integers(2**63 - 1)), "low": low, "high": high},
+            params={
+                "k": k,
+                "bits": lsh_bits(k),
+                "lsh_seed": int(rng.integers(2**63 - 1)),
+                "low": low,
+                "high": high,
+                "n_features": int(n_features),
+            },
         )
     if init == "k-means++":
         return Broadcast(action="init.kmeans++", params={"k": k}, sample="one")
@@ -105,13 +112,15 @@ def seeding_broadcast(init: str, k: int, *, init_bounds=None, rng=None) -> Broad
     raise InputError(f"init={init!r} has no seeding round.")
 
 
-def seeding_sum_fields(broadcast: Broadcast, n_features: int):
-    """Sum-fields of a seeding round (only the private seeding has any)."""
+def seeding_sum_fields(broadcast: Broadcast):
+    """Sum-fields of a seeding round (only the private seeding has any). Derived from the
+    broadcast alone, so a client in another process declares the same layout."""
     from ..messages import FieldSpec
 
     if broadcast.action != "init.private":
         return ()
     n_buckets = 1 << broadcast.params["bits"]
+    n_features = broadcast.params["n_features"]
     return (
         FieldSpec("bucket_counts", (n_buckets,), "count", integer=True),
         FieldSpec("bucket_sums", (n_buckets, n_features), "sum"),

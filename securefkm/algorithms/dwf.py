@@ -88,7 +88,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
-                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"]
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
+                n_features=self.n_features_,
             )
         if state.phase == "score":
             return Broadcast(action="score", centres=state.centres, sample="all")
@@ -113,7 +114,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             return specs
         if broadcast.action == "score":
             return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))
-        return _seeding.seeding_sum_fields(broadcast, self.n_features_)
+        return _seeding.seeding_sum_fields(broadcast)
 
     @staticmethod
     def _d(broadcast):

@@ -203,7 +203,8 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
-                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"]
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
+                n_features=self.n_features_,
             )
         if state.phase == "secure":
             b = self.secure.broadcast(state.extra["sk"], state.extra["secure_total"])
@@ -223,7 +224,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
 
     def sum_fields(self, broadcast):
         if broadcast.action.startswith("init."):
-            return _seeding.seeding_sum_fields(broadcast, self.n_features_)
+            return _seeding.seeding_sum_fields(broadcast)
         if broadcast.centres is None:
             return ()
         if broadcast.action == sc.SECURE_ACTION:

@@ -145,7 +145,8 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
-                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"]
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
+                n_features=self.n_features_,
             )
         return Broadcast(
             action="train",
@@ -155,7 +156,7 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
 
     def sum_fields(self, broadcast):
         if broadcast.action.startswith("init."):
-            return _seeding.seeding_sum_fields(broadcast, self.n_features_)
+            return _seeding.seeding_sum_fields(broadcast)
         if broadcast.action != "train":
             return ()
         k, d = broadcast.centres.shape

@@ -91,7 +91,10 @@ class LocalTransport(Transport):
         return False
 
     def exchange(self, stage, messages):
-        live = [c for c in messages if not self._drops(c, stage)]
+        if self._drop_at or self._gone:
+            live = [c for c in messages if not self._drops(c, stage)]
+        else:  # no simulated dropouts this round
+            live = list(messages)
         replies: dict[int, Any] = {}
         refused: dict[int, str] = {}
         if stage == UPDATE_STAGE:
