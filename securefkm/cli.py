@@ -130,6 +130,24 @@ def _run(args, out=print):
     return est
 
 
+def _deploy(args, out=print):
+    """``securefkm deploy``: a local SuperLink and one SuperNode per client CSV on 127.0.0.1."""
+    from .flower.deploy import deploy
+
+    params = {"n_clusters": args.clusters, **dict(args.param)}
+    if args.directory:
+        result = deploy(csv_dir=args.directory, algorithm=args.algorithm, params=params,
+                        protection=args.protection, random_state=args.seed, stage_timeout=args.timeout)
+    else:
+        from .datasets import load_dataset
+
+        data = load_dataset("dwf-blobs", split="non-iid", n_clients=args.clients, random_state=args.seed)
+        result = deploy(data, algorithm=args.algorithm, params=params, protection=args.protection,
+                        random_state=args.seed, stage_timeout=args.timeout)
+    out(result.summary())
+    return result
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -145,9 +163,7 @@ def main(argv=None) -> int:
 
             bench_main(args)
         elif args.command == "deploy":
-            from .flower.deploy import cli_deploy
-
-            cli_deploy(args)
+            _deploy(args)
     except SecureFKMError as exc:
         print(f"securefkm: error: {exc}", file=sys.stderr)
         return 2
