@@ -240,8 +240,7 @@ def _run(estimator, clients, algorithm, policy, max_rounds, random_state):
         try:
             state = fed.run_round(state, round=t)
         except RoundAbortedError as exc:
-            aborted.append(str(exc))
-            policy.on_abort(exc)
+            aborted.append(str(exc))  # the runtime already told the policy (on_abort)
             if policy.stop_on_abort:
                 break
         if policy.done or algorithm.converged(state):
@@ -260,7 +259,7 @@ class _AttackPolicy(ServerPolicy):
     def done(self) -> bool:
         return False
 
-    def on_abort(self, exc):
+    def on_abort(self, record, error):
         self.aborts += 1
 
 
@@ -487,8 +486,8 @@ class _PairPolicy(_SlabPolicy):
             self.rounds += 2
             self.search.observe(n[self.cells], S[self.cells])
 
-    def on_abort(self, exc):
-        super().on_abort(exc)
+    def on_abort(self, record, error):
+        super().on_abort(record, error)
         self.phase = 0
 
 
