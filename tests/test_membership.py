@@ -63,7 +63,8 @@ def test_membership_advantage_bounded_under_gaussian_dp(tiny):
 
     data, members, non = tiny
     eps, delta = 0.5, 1e-5
-    est = WeightedFederatedKMeans(n_clusters=30, max_rounds=2, init_bounds=(-4.0, 4.0),
+    grid = np.stack(np.meshgrid(np.linspace(-2, 2, 6), np.linspace(-2, 2, 5)), -1).reshape(-1, 2)
+    est = WeightedFederatedKMeans(n_clusters=30, max_rounds=1, init=grid,  # data-independent start
                                   protection=[GaussianDP(eps, delta, clip=4.0)], random_state=0).fit(data)
     assert est.privacy_spent_[0] <= eps + 1e-9
     rep = MembershipInference("distance").evaluate(est, data, members, non)
