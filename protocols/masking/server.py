@@ -22,6 +22,93 @@ from .graph import RoundPlan
 from .prg import MaskExpander
 
 
+def _mulmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a * b`` reduced to [0, p + 1] (congruent mod p) for int64 inputs in [0, p + 1]:
+    the product is below 2**62 + 2**33, and two Mersenne folds replace a division."""
+    return shamir._fold(a * b)
+
+
+def _prod_tree(a: np.ndarray) -> np.ndarray:
+    """Product along the last axis, reduced to [0, p + 1] (pairwise tree)."""
+    while a.shape[-1] > 1:
+        if a.shape[-1] % 2:
+            a = np.concatenate([a, np.ones(a.shape[:-1] + (1,), dtype=np.int64)], axis=-1)
+        a = _mulmod(a[..., 0::2], a[..., 1::2])
+    return a[..., 0]
+
+
+def _pow_mod(a: np.ndarray, e: int) -> np.ndarray:
+    """``a**e`` reduced to [0, p + 1], elementwise (square and multiply)."""
+    result = np.ones_like(a)
+    base = a
+    while e:
+        if e & 1:
+            result = _mulmod(result, base)
+        base = _mulmod(base, base)
+        e >>= 1
+    return result
+
+
+def reconstruct_per_holder_set(groups: list[list[bytes]], threshold: int, chunk_elems: int = 1 << 21) -> list[bytes]:
+    """Reconstruct many secrets whose shares are held at *different* points, vectorised.
+
+    Same result and checks as :func:`protocols.shamir.reconstruct_many` (each secret from
+    the shares of its ``threshold`` smallest evaluation points; ``ShareError`` on too few,
+    duplicated, malformed or inconsistent shares), but instead of one Lagrange solve per
+    distinct point set -- one per client in the sparse graph, where every client's holders
+    differ -- the shares of all secrets are parsed from one buffer and the Lagrange
+    coefficients of a chunk of secrets are computed at once:
+    ``lam[g, i] = prod_j x_gj / (x_gi * prod_{j != i} (x_gj - x_gi))`` with one batched
+    product tree and one batched Fermat inversion; then every limb is
+    ``sum_i lam[g, i] * y[g, i] mod p``. For small thresholds (sparse graph): memory is
+    about ``chunk * t * t`` int64 per chunk.
+    """
+    t = int(threshold)
+    P = shamir.P
+    header = 6  # shamir's "<IH" share header: x, secret length
+    out: list[bytes | None] = [None] * len(groups)
+    buckets: dict[tuple[int, int], list[int]] = {}  # (secret length, number of shares) -> groups
+    for gi, group in enumerate(groups):
+        first = group[0] if len(group) else None
+        if not isinstance(first, (bytes, bytearray)) or len(first) < header:
+            raise shamir.ShareError("too few shares: none given." if first is None else "a share must be bytes produced by protocols.shamir.share.")
+        length = int.from_bytes(first[4:6], "little")
+        size = header + 4 * shamir.n_limbs(length)
+        if any(not isinstance(sh, (bytes, bytearray)) or len(sh) != size for sh in group):
+            raise shamir.ShareError("shares of different secrets were mixed or a share is malformed (sizes differ).")
+        if len(group) < t:
+            raise shamir.ShareError(f"too few shares: {len(group)} given, threshold {t} needed.")
+        buckets.setdefault((length, len(group)), []).append(gi)
+    for (length, count), members in buckets.items():
+        m = shamir.n_limbs(length)
+        dt = np.dtype([("x", "<u4"), ("len", "<u2"), ("ys", "<u4", (m,))])
+        rec = np.frombuffer(b"".join(sh for gi in members for sh in groups[gi]), dtype=dt).reshape(len(members), count)
+        if np.any(rec["len"] != length):
+            raise shamir.ShareError("shares of different secrets were mixed (different secret lengths).")
+        xs = rec["x"].astype(np.int64)
+        ys = rec["ys"].astype(np.int64)  # (G, count, m)
+        if np.any(xs < 1) or np.any(xs >= P) or np.any(ys >= P):
+            raise shamir.ShareError("malformed share (x or limb value out of range).")
+        order = np.argsort(xs, axis=1, kind="stable")
+        xs_sorted = np.take_along_axis(xs, order, axis=1)
+        if count > 1 and np.any(xs_sorted[:, 1:] == xs_sorted[:, :-1]):
+            raise shamir.ShareError("duplicate shares: two shares have the same evaluation point x.")
+        X_all = xs_sorted[:, :t]
+        Y_all = np.take_along_axis(ys, order[:, :t, None], axis=1)  # (G, t, m)
+        chunk = max(1, chunk_elems // (t * t))
+        idx = np.arange(t)
+        for start in range(0, len(members), chunk):
+            X, Y = X_all[start : start + chunk], Y_all[start : start + chunk]
+            diff = (X[:, None, :] - X[:, :, None]) % P  # diff[g, i, j] = x_gj - x_gi
+            diff[:, idx, idx] = 1
+            den = _mulmod(_prod_tree(diff), X)  # x_gi * prod_{j != i} (x_gj - x_gi)
+            lam = shamir._canon(_mulmod(_prod_tree(X)[:, None], _pow_mod(den, P - 2)))
+            limbs = (shamir._fold(lam[:, :, None] * Y).sum(axis=1)) % P  # t values <= p + 1 each
+            for gi, row in zip(members[start : start + chunk], limbs):
+                out[gi] = shamir._from_limbs(row, length)
+    return out  # type: ignore[return-value]
+
+
 class MaskingServer(ServerSession):
     def __init__(
         self,
@@ -165,9 +252,12 @@ class MaskingServer(ServerSession):
             self._abort("unmask", "no masked input was received")
         survivors = sorted(self.u3)
         dropped = sorted(self.u2 - set(survivors))
+        # complete graph: every secret is held at the same points, one Lagrange solve in all;
+        # sparse graph: holder sets differ per client, so solve them all in one batch
+        reconstruct = shamir.reconstruct_many if plan.graph.kind == "complete" else reconstruct_per_holder_set
         try:
-            b_seeds = shamir.reconstruct_many(self._collect("b", survivors), plan.t_share)
-            s_keys = shamir.reconstruct_many(self._collect("s", dropped), plan.t_share) if dropped else []
+            b_seeds = reconstruct(self._collect("b", survivors), plan.t_share)
+            s_keys = reconstruct(self._collect("s", dropped), plan.t_share) if dropped else []
         except shamir.ShareError as exc:
             self._abort("unmask", f"secret reconstruction failed ({exc})")
         acc = self.acc.copy()
