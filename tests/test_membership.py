@@ -5,7 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from attacks.membership import MembershipInference, auc_score, dp_roc_violation, membership_metrics, roc_curve
+from attacks.membership import (
+    MembershipInference,
+    auc_score,
+    dp_roc_violation,
+    membership_metrics,
+    roc_curve,
+)
 from securefkm.datasets import FederatedDataset
 from securefkm.estimators.dwf import WeightedFederatedKMeans
 from securefkm.exceptions import InputError
