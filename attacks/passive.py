@@ -43,6 +43,17 @@ def _check_tol(tol, name):
     return float(tol)
 
 
+def crisp_cells(specs):
+    """(count field, sum field) of a round whose count field holds whole record counts
+    (``FieldSpec.integer``), else None: fuzzy weights sum_i u_ij^m of about 1 are not one
+    record, so singleton reading does not apply to them (see :mod:`attacks.fuzzy`)."""
+    pair = cell_fields(specs)
+    if pair is None:
+        return None
+    spec = next((s for s in specs if s.name == pair[0]), None)
+    return pair if spec is not None and spec.integer else None
+
+
 def singleton_claims(n, S, centres=None, verify=True):
     """Cells of one message with count 1: (cells, records). Verified against the centres."""
     n = integer_counts(n)
@@ -93,7 +104,7 @@ class SmallClusterDisclosure:
         rounds = 0
         for rec in transcript:
             used = False
-            pair = cell_fields(rec.specs)
+            pair = crisp_cells(rec.specs)
             plain = rec.plain_sums()
             if pair is not None and plain:
                 cn, sn = pair
@@ -405,7 +416,7 @@ class AggregateDifferencing:
         claims = []
         for c, entries in isolated.items():
             for rec, sums in entries:
-                pair = cell_fields(rec.specs)
+                pair = crisp_cells(rec.specs)
                 if pair is None:
                     continue
                 b = rec.broadcasts.get(c)

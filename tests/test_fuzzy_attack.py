@@ -1,0 +1,63 @@
+"""FuzzyEquationSolver: exact records of small clients from FCM messages; nothing under masking."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_blobs
+
+from attacks.fuzzy import FuzzyEquationSolver, _client_systems, _residuals
+from securefkm.exceptions import InputError
+from securefkm.registry import make_estimator
+
+pytest.importorskip("protocols")
+
+
+@pytest.fixture(scope="module")
+def fuzzy_clients():
+    X, _ = make_blobs(200, centers=3, cluster_std=0.5, random_state=2)
+    return [X[:1], X[1:3], X[3:60], X[60:130], X[130:]]  # a one-record and a two-record client
+
+
+def _fit(alg, clients, protection=()):
+    kw = {"init_bounds": (-12.0, 12.0)} if protection else {}
+    est = make_estimator(alg, protection=list(protection), n_clusters=3, max_rounds=15, random_state=0, **kw)
+    return est.fit(clients)
+
+
+def test_fedavg_fcm_small_clients_recovered_exactly(fuzzy_clients):
+    est = _fit("fcm-fedavg", fuzzy_clients)
+    r = FuzzyEquationSolver().evaluate(est.transcript_, fuzzy_clients)
+    assert r.extra["clients_solved"] == [0, 1]  # the big clients are not guessed
+    assert r.records_recovered == 3 and r.precision == 1.0
+    assert np.max(r.reconstruction_error) < 1e-9
+    # one fedavg round is enough for the one-record client: S_j / W_j is the record
+    sys0 = _client_systems(est.transcript_)[0]
+    S, W = sys0["fedavg"][0][2], sys0["fedavg"][0][3]
+    assert np.allclose(S[0] / W[0], fuzzy_clients[0][0], rtol=0, atol=1e-12)
+
+
+def test_residual_is_zero_at_the_truth_and_not_elsewhere(fuzzy_clients):
+    est = _fit("fcm-fedavg", fuzzy_clients)
+    sys1 = _client_systems(est.transcript_)[1]
+    assert np.max(np.abs(_residuals(fuzzy_clients[1], sys1, 10.0))) == 0.0
+    assert np.max(np.abs(_residuals(fuzzy_clients[1] + 1e-4, sys1, 10.0))) > 1e-6
+
+
+def test_fedfcm_local_centres_and_validity_round(fuzzy_clients):
+    """k-means averaging: local FCM centres (set-fields) + the FedFuzzDB shares."""
+    est = _fit("fcm", fuzzy_clients)
+    r = FuzzyEquationSolver().evaluate(est.transcript_, fuzzy_clients)
+    assert r.records_recovered == 3 and r.precision == 1.0
+
+
+def test_masking_leaves_nothing_for_fedavg(fuzzy_clients):
+    est = _fit("fcm-fedavg", fuzzy_clients, protection=["masking"])
+    r = FuzzyEquationSolver().evaluate(est.transcript_, fuzzy_clients)
+    assert r.n_claims == 0 and r.records_recovered == 0
+    assert r.extra["clients_with_plain_messages"] == 0
+
+
+def test_bad_parameters():
+    with pytest.raises(InputError, match="max_records"):
+        FuzzyEquationSolver(max_records=0)
+    with pytest.raises(InputError, match="transcript"):
+        FuzzyEquationSolver().evaluate("nope", [np.zeros((2, 2))])
