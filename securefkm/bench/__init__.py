@@ -22,6 +22,9 @@ def main(args) -> None:
             from .protocols_masking import run as run_masking
 
             run_masking(quick=args.quick) if _accepts_quick(run_masking) else run_masking()
+            from .protocols_secaggplus import run as run_secaggplus
+
+            run_secaggplus(quick=args.quick)
         if args.part in ("paillier", "all"):
             from .protocols_paillier import run as run_paillier
 
