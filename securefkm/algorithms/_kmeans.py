@@ -29,7 +29,7 @@ def assign(X: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d = X @ (-2.0 * C.T)
     d += np.einsum("ij,ij->i", C, C)[None, :]
     k = d.shape[1]
-    if k <= 32:
+    if k <= 8:
         best = d[:, 0].copy()
         labels = np.zeros(len(X), dtype=np.intp)
         for j in range(1, k):
@@ -49,7 +49,7 @@ def segment_sums(segments: np.ndarray, X: np.ndarray, n_segments: int, weights: 
     """Per-segment sums of rows of X (optionally weighted) and per-segment total weights."""
     w = np.ones(len(X)) if weights is None else weights
     counts = np.bincount(segments, weights=w, minlength=n_segments)
-    if X.shape[1] <= 64:
+    if X.shape[1] <= 8:
         sums = np.empty((n_segments, X.shape[1]))
         for j in range(X.shape[1]):
             sums[:, j] = np.bincount(segments, weights=X[:, j] * w if weights is not None else X[:, j], minlength=n_segments)
