@@ -193,9 +193,8 @@ def accuracy(y_true, y_pred, matching: str = "majority") -> float:
 
 
 # --------------------------------------------------------------------------- silhouettes
-def silhouette(X, labels, sample_size=None, random_state=None) -> float:
-    """Silhouette coefficient (Rousseeuw 1987), scikit-learn's; central only (needs all
-    pairwise distances). ``sample_size`` subsamples records, seeded by ``random_state``."""
+def _check_labelling(X, labels, what: str):
+    """A data matrix and a 1-D labelling with 2..n-1 clusters (what the central indices need)."""
     X = check_array(X, "X")
     labels = np.asarray(labels)
     if labels.ndim != 1 or len(labels) != len(X):
@@ -205,8 +204,15 @@ def silhouette(X, labels, sample_size=None, random_state=None) -> float:
     n_lab = len(np.unique(labels))
     if not 2 <= n_lab <= len(X) - 1:
         raise InputError(
-            f"silhouette needs 2 <= number of clusters <= n_samples - 1, got {n_lab} clusters."
+            f"{what} needs 2 <= number of clusters <= n_samples - 1, got {n_lab} clusters."
         )
+    return X, labels
+
+
+def silhouette(X, labels, sample_size=None, random_state=None) -> float:
+    """Silhouette coefficient (Rousseeuw 1987), scikit-learn's; central only (needs all
+    pairwise distances). ``sample_size`` subsamples records, seeded by ``random_state``."""
+    X, labels = _check_labelling(X, labels, "silhouette")
     if sample_size is not None:
         sample_size = check_int(sample_size, "sample_size", minimum=2, maximum=len(X))
     rng = check_random_state(random_state)
@@ -258,17 +264,7 @@ def federated_simplified_silhouette(terms) -> float:
 def davies_bouldin(X, labels) -> float:
     """Davies-Bouldin index (Davies & Bouldin 1979) of a labelling, scikit-learn's (cluster
     centres are the means of the labelled records)."""
-    X = check_array(X, "X")
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or len(labels) != len(X):
-        raise InputError(
-            f"labels must be 1-D with one entry per row of X ({len(X)}), got shape {labels.shape}."
-        )
-    n_lab = len(np.unique(labels))
-    if not 2 <= n_lab <= len(X) - 1:
-        raise InputError(
-            f"Davies-Bouldin needs 2 <= number of clusters <= n_samples - 1, got {n_lab}."
-        )
+    X, labels = _check_labelling(X, labels, "Davies-Bouldin")
     return float(davies_bouldin_score(X, labels))
 
 

@@ -8,7 +8,7 @@ import pytest
 from protocols.min_cluster import MinClusterSize
 from protocols.participation import ParticipationCap
 from protocols.rounding import Rounding
-from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.exceptions import InputError
 from securefkm.layers import ClientContext, RoundContext, RunInfo
 from securefkm.messages import FieldSpec, Update
 
