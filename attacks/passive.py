@@ -190,7 +190,7 @@ def _region_nonempty(Ct, a, Cu, b, low, high) -> bool:
     return res.status == 0
 
 
-def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int = 2, agree_rtol: float = 1e-9):
+def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int | None = None, agree_rtol: float = 1e-9):
     """Differencing to a fixpoint on one client's per-round cells.
 
     ``C`` (T, k, d) the centres the client got, ``N`` (T, k) its counts, ``S`` (T, k, d) its
@@ -199,15 +199,21 @@ def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int = 2, agree_rt
 
     Each iteration: (1) subtract every known record from the cell it falls in, in every
     round (its cell follows from the public centres); (2) a residual cell with count 1 is a
-    record; (3) for a pair of rounds (t, u) whose residual counts change by -1 in cell j
-    and +1 in cell l (and nowhere else), ``S_u[l] - S_t[l]`` is one record **if** no other
-    transition a -> b (a != b, (a, b) != (j, l)) between occupied cells is geometrically
-    possible inside ``bounds`` (checked by linear programming on the Voronoi cells of the
-    two rounds' centres); otherwise records could have moved both ways and the difference
-    would be a sum of several records. Candidates must also lie in cells j at t and l at u.
-    Only pairs of rounds at most ``max_gap`` apart are compared (moves are cleanest between
-    nearby rounds, and the cost grows with the number of pairs).
+    record; (3) for a pair of rounds (t, u) -- every pair, or those at most ``max_gap``
+    apart -- whose residual counts change by -1 in cell j, +1 in cell l and nowhere else,
+    and whose residual sums change in no other cell either (``agree_rtol``) with
+    ``S_u[j] - S_t[j] = -(S_u[l] - S_t[l])``: all records that moved between t and u moved
+    between j and l (a cell c whose in- and out-flows of records have equal sums has none,
+    for records in general position: disjoint sets of distinct real vectors do not have
+    equal sums), so ``S_u[l] - S_t[l]`` = (records j -> l) - (records l -> j), one more of
+    the former. It is one record **if** no record can go l -> j, i.e. the region {x in
+    bounds: x in cell l of C_t and in cell j of C_u} is empty (one linear programme).
+    Candidates must also lie in cell j at t and cell l at u.
     Stops at a fixpoint, or when the residuals become inconsistent (a negative count).
+
+    Assumption (stated in the docs): records in general position -- true with probability
+    one for continuous data; data on a coarse grid could in principle satisfy a sum
+    coincidence and give a wrong claim.
     """
     T, k, d = S.shape
     known = np.zeros((0, d))
@@ -220,6 +226,10 @@ def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int = 2, agree_rt
         bounds = (lo - w, hi + w)
     low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in bounds)
     region_cache: dict = {}
+    iu, ju = np.triu_indices(T, 1)
+    if max_gap is not None:
+        near = ju - iu <= max_gap
+        iu, ju = iu[near], ju[near]
     iters = 0
     for it in range(1, max_iter + 1):
         iters = it
@@ -239,38 +249,34 @@ def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int = 2, agree_rt
             ok = np.array([assign(X[i : i + 1], C[tt[i]])[0][0] == jj[i] for i in range(len(X))])
             cands.append(X[ok])
         # (3) one record moved between two rounds
-        if T > 1:
-            iu, ju = np.triu_indices(T, 1)
-            near = ju - iu <= max_gap
-            iu, ju = iu[near], ju[near]
+        if len(iu):
             dN = Nr[ju] - Nr[iu]
             one_move = (np.sum(dN == -1, axis=1) == 1) & (np.sum(dN == 1, axis=1) == 1) & (np.sum(dN != 0, axis=1) == 2)
-            for p in np.flatnonzero(one_move):
+            p = np.flatnonzero(one_move)
+            if len(p):
                 t, u = iu[p], ju[p]
-                j = int(np.flatnonzero(dN[p] == -1)[0])
-                l_ = int(np.flatnonzero(dN[p] == 1)[0])
-                x = Sr[u, l_] - Sr[t, l_]
-                if np.max(np.abs(x + (Sr[u, j] - Sr[t, j]))) > tol:
-                    continue
-                if assign(x[None], C[t])[0][0] != j or assign(x[None], C[u])[0][0] != l_:
-                    continue
-                occ_t = np.flatnonzero(Nr[t] > 0)
-                occ_u = np.flatnonzero(Nr[u] > 0)
-                clean = True
-                for a in occ_t:
-                    for b in occ_u:
-                        if a == b or (a == j and b == l_):
-                            continue
-                        key = (t, u, a, b)
+                j = np.argmax(dN[p] == -1, axis=1)
+                l_ = np.argmax(dN[p] == 1, axis=1)
+                dS = Sr[u] - Sr[t]  # (P, k, d)
+                rows = np.arange(len(p))
+                x = dS[rows, l_]
+                other = np.ones((len(p), k), dtype=bool)
+                other[rows, j] = False
+                other[rows, l_] = False
+                quiet = np.all(np.abs(dS).max(axis=2) * other <= tol, axis=1)
+                balanced = np.max(np.abs(x + dS[rows, j]), axis=1) <= tol
+                for q in np.flatnonzero(quiet & balanced):
+                    tq, uq, jq, lq = int(t[q]), int(u[q]), int(j[q]), int(l_[q])
+                    xq = x[q]
+                    if assign(xq[None], C[tq])[0][0] != jq or assign(xq[None], C[uq])[0][0] != lq:
+                        continue
+                    if Nr[tq, lq] > 0 and Nr[uq, jq] > 0:  # someone could have gone l -> j
+                        key = (tq, uq, lq, jq)
                         if key not in region_cache:
-                            region_cache[key] = _region_nonempty(C[t], a, C[u], b, low, high)
+                            region_cache[key] = _region_nonempty(C[tq], lq, C[uq], jq, low, high)
                         if region_cache[key]:
-                            clean = False
-                            break
-                    if not clean:
-                        break
-                if clean:
-                    cands.append(x[None])
+                            continue
+                    cands.append(xq[None])
         new = np.vstack(cands) if cands else np.zeros((0, d))
         if len(new) == 0:
             break
@@ -310,8 +316,8 @@ class Differencing:
 
     name = "differencing"
 
-    def __init__(self, *, data_bounds=None, max_iter: int = 50, max_gap: int = 2, include_singletons_only_rounds: bool = True, tol_exact: float = 1e-6, tol_approx=None):
-        for name, v in (("max_iter", max_iter), ("max_gap", max_gap)):
+    def __init__(self, *, data_bounds=None, max_iter: int = 50, max_gap: int | None = 2, include_singletons_only_rounds: bool = True, tol_exact: float = 1e-6, tol_approx=None):
+        for name, v in (("max_iter", max_iter), ("max_gap", 1 if max_gap is None else max_gap)):
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} must be an int >= 1, got {v!r}.")
         if data_bounds is not None:
@@ -321,7 +327,7 @@ class Differencing:
                 raise InputError("data_bounds: low must be below high in every feature.")
         self.data_bounds = data_bounds
         self.max_iter = int(max_iter)
-        self.max_gap = int(max_gap)
+        self.max_gap = None if max_gap is None else int(max_gap)
         self.include_singletons_only_rounds = bool(include_singletons_only_rounds)
         self.tol_exact = _check_tol(tol_exact, "tol_exact")
         self.tol_approx = None if tol_approx is None else _check_tol(tol_approx, "tol_approx")
