@@ -176,8 +176,13 @@ class GaussianDP(Layer):
         min_clients=None,
         noise_multiplier=None,
         allow_plain_set_fields: bool = False,
+        count_share: float | None = None,
     ):
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
+        self.count_share = (
+            None if count_share is None
+            else check_float(count_share, "count_share", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+        )
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
         self.mode = check_choice(mode, "mode", MODES)
         self.accountant_name = _check_accountant(accountant)
@@ -356,14 +361,33 @@ class GaussianDP(Layer):
         deltas = {s.name: (self.sensitivity(s, d), s.size, self._steps(s), s.integer) for s in specs}
         for name, (delta, size) in (extra_deltas or {}).items():
             deltas[name] = (delta, size, 0.0, False)
-        F = len(deltas)
+        weights = self._field_weights(specs, deltas)
         out = {}
         for name, (delta, size, step, integer) in deltas.items():
+            scale = 1.0 / math.sqrt(weights[name])
             if step == 0.0:
-                step = self.z * math.sqrt(F) * delta * _FINE
+                step = self.z * scale * delta * _FINE
             inflated = delta if integer else delta + math.sqrt(size) * step
-            out[name] = (self.z * math.sqrt(F) * inflated, step, inflated)
+            out[name] = (self.z * scale * inflated, step, inflated)
         return out
+
+    def _field_weights(self, specs, deltas) -> dict[str, float]:
+        """Share w_f of the round's sensitivity budget per field (sum 1): sigma_f = z Delta'_f / sqrt(w_f).
+
+        ||g(D) - g(D')||^2 = sum_f w_f ||S_f(D) - S_f(D')||^2 / Delta'_f^2 <= sum_f w_f = 1, so
+        any split is the same single Gaussian mechanism. Default: equal shares (w_f = 1/F).
+        ``count_share=c`` gives the count fields c together and the other fields 1 - c: counts
+        only divide the sums, so less noise on the sums usually helps the centres.
+        """
+        names = list(deltas)
+        kinds = {s.name: s.kind for s in specs}
+        counts = [n for n in names if kinds.get(n) == "count"]
+        others = [n for n in names if n not in counts]
+        if self.count_share is None or not counts or not others:
+            return {n: 1.0 / len(names) for n in names}
+        w = {n: self.count_share / len(counts) for n in counts}
+        w.update({n: (1.0 - self.count_share) / len(others) for n in others})
+        return w
 
     def before_round(self, ctx):
         specs = ctx.specs
