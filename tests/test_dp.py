@@ -341,3 +341,17 @@ def test_min_cluster_before_noise_inflates_sensitivity():
     Federation(CountSum(rounds=1), _clients(), protection=[MinClusterSize(p=3), dp], max_rounds=1).run()
     z = dp.report()["noise_multiplier"]
     assert dp.report()["field_sigmas"]["count"] == pytest.approx(3 * math.sqrt(2) * z, rel=1e-5)
+
+
+def test_count_share_splits_the_sensitivity_budget():
+    """sigma_f = z Delta_f / sqrt(w_f) with w_count = c, w_sum = 1 - c: same epsilon, other split."""
+    dp = GaussianDP(epsilon=2.0, delta=1e-5, clip=1.0, count_share=0.1)
+    fed = Federation(CountSum(rounds=2), _clients(), protection=[dp], max_rounds=2, random_state=0)
+    fed.run()
+    rep = dp.report()
+    z = rep["noise_multiplier"]
+    assert rep["field_sigmas"]["count"] == pytest.approx(z / math.sqrt(0.1), rel=1e-5)
+    assert rep["field_sigmas"]["total"] == pytest.approx(z / math.sqrt(0.9), rel=1e-5)
+    assert fed.privacy_spent()[0] <= 2.0
+    with pytest.raises(InputError, match="count_share"):
+        GaussianDP(epsilon=1.0, delta=1e-5, clip=1.0, count_share=1.0)
