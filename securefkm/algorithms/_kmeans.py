@@ -59,6 +59,19 @@ def segment_sums(segments: np.ndarray, X: np.ndarray, n_segments: int, weights: 
     return sums, counts
 
 
+def per_client_cell_sums(datas, C: np.ndarray):
+    """For several clients at once: each client's per-cell coordinate sums (n_clients, k, d)
+    and counts (n_clients, k) w.r.t. the same centres ``C``, in one assignment pass over the
+    concatenated records (segment id = client * k + label)."""
+    k = len(C)
+    sizes = np.fromiter((len(X) for X in datas), dtype=np.int64, count=len(datas))
+    X_all = np.concatenate(datas) if len(datas) > 1 else datas[0]
+    labels, _ = assign(X_all, C)
+    segments = np.repeat(np.arange(len(datas)) * k, sizes) + labels
+    sums, counts = segment_sums(segments, X_all, len(datas) * k)
+    return sums.reshape(len(datas), k, -1), counts.reshape(len(datas), k)
+
+
 def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):
     """Coordinate sums (k, d) and counts (k,) of each cluster."""
     return segment_sums(labels, X, k, weights)

@@ -33,7 +33,7 @@ from ..exceptions import InputError
 from ..federation.convergence import frobenius_movement, has_converged
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
-from ._kmeans import assign, local_lloyd, segment_sums
+from ._kmeans import assign, local_lloyd, per_client_cell_sums
 from .base import Algorithm, AlgorithmState
 
 
@@ -198,14 +198,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         if broadcast.action != "train" or broadcast.params["max_local_steps"] != 1:
             return [self.client_update(X, broadcast, r) for X, r in zip(datas, rngs)]
         C = broadcast.centres
-        k = len(C)
-        sizes = np.fromiter((len(X) for X in datas), dtype=np.int64, count=len(datas))
-        X_all = np.concatenate(datas) if len(datas) > 1 else datas[0]
-        labels, _ = assign(X_all, C)
-        segments = np.repeat(np.arange(len(datas)) * k, sizes) + labels
-        sums, counts = segment_sums(segments, X_all, len(datas) * k)
-        sums = sums.reshape(len(datas), k, -1)
-        counts = counts.reshape(len(datas), k)
+        sums, counts = per_client_cell_sums(datas, C)
         out = []
         for i in range(len(datas)):
             if self.weighting == "equal":

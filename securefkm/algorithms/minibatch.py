@@ -52,7 +52,7 @@ from ..exceptions import InputError
 from ..federation.convergence import frobenius_movement
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
-from ._kmeans import _check_bounds, assign, segment_sums
+from ._kmeans import _check_bounds, assign, per_client_cell_sums, segment_sums
 from .base import Algorithm, AlgorithmState
 
 
@@ -234,15 +234,8 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         if broadcast.action != "train" or p["local_epochs"] != 1 or p["batch_size"] is not None:
             return [self.client_update(X, broadcast, r, m) for X, r, m in zip(datas, rngs, memories or [None] * len(datas))]
         C = broadcast.centres
-        k = len(C)
         beta = p["client_rate"]
-        sizes = np.fromiter((len(X) for X in datas), dtype=np.int64, count=len(datas))
-        X_all = np.concatenate(datas) if len(datas) > 1 else datas[0]
-        labels, _ = assign(X_all, C)
-        segments = np.repeat(np.arange(len(datas)) * k, sizes) + labels
-        sums, counts = segment_sums(segments, X_all, len(datas) * k)
-        sums = sums.reshape(len(datas), k, -1)
-        counts = counts.reshape(len(datas), k)
+        sums, counts = per_client_cell_sums(datas, C)
         out = []
         for i in range(len(datas)):
             weighted = sums[i] if beta == 1.0 else (1.0 - beta) * counts[i][:, None] * C + beta * sums[i]
