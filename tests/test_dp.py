@@ -355,3 +355,21 @@ def test_count_share_splits_the_sensitivity_budget():
     assert fed.privacy_spent()[0] <= 2.0
     with pytest.raises(InputError, match="count_share"):
         GaussianDP(epsilon=1.0, delta=1e-5, clip=1.0, count_share=1.0)
+
+
+def test_calibration_is_cached_on_disk_for_fresh_processes(tmp_path):
+    """A deployed client runs each message in a fresh process: the second calibration must
+    come from the disk cache, equal, without importing torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from protocols.dp.accounting import noise_multiplier_for; "
+        "print(noise_multiplier_for(1.0, 1e-5, 3, 1.0), 'torch' in sys.modules)"
+    )
+    env = {**__import__("os").environ, "SECUREFKM_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split()
+    assert first[0] == second[0]
+    assert first[1] == "True" and second[1] == "False"
+    assert noise_multiplier_for(1.0, 1e-5, 3, 1.0) == float(first[0])

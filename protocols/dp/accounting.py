@@ -55,8 +55,59 @@ def _check_common(rounds, sample_rate, delta):
     return rounds, sample_rate, delta
 
 
+def _disk_cache_path():
+    """Where computed epsilons are kept across processes (``SECUREFKM_CACHE_DIR``, default
+    ``~/.cache/securefkm``): a deployed client starts a fresh process per message and would
+    otherwise import torch and re-run the same calibration every time."""
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("SECUREFKM_CACHE_DIR") or Path.home() / ".cache" / "securefkm"
+    return Path(root) / "dp-epsilons.json"
+
+
+def _cache_key(history: tuple, delta: float, accountant: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        opacus_version = version("opacus")
+    except PackageNotFoundError:  # pragma: no cover - opacus is a dependency
+        opacus_version = "?"
+    return repr((opacus_version, accountant, float(delta), tuple(tuple(map(float, h)) for h in history)))
+
+
 @lru_cache(maxsize=4096)
 def _epsilon_history(history: tuple, delta: float, accountant: str) -> float:
+    """Epsilon of ``history`` from opacus, memoised on disk (a pure function of its inputs and
+    the opacus version; a corrupt or unwritable cache is ignored)."""
+    import json
+    import os
+
+    key = _cache_key(history, delta, accountant)
+    path = _disk_cache_path()
+    try:
+        cached = json.loads(path.read_text()).get(key)
+    except (OSError, ValueError):
+        cached = None
+    if isinstance(cached, (int, float)):
+        return float(cached)
+    eps = _epsilon_history_opacus(history, delta, accountant)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table[key] = eps
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, path)  # atomic: concurrent client processes never read a half file
+    except OSError:
+        pass
+    return eps
+
+
+def _epsilon_history_opacus(history: tuple, delta: float, accountant: str) -> float:
     from opacus.accountants import PRVAccountant, RDPAccountant  # lazy: imports torch
 
     acc = PRVAccountant() if accountant == "prv" else RDPAccountant()
