@@ -266,7 +266,6 @@ def test_deployment_masking_equals_in_process(deployment, clients):
 
 
 @pytest.mark.flower
-@pytest.mark.slow
 def test_deployment_dp_reports_privacy_spent(deployment, clients):
     spec = RunSpec("dwf", {**DEP_PARAMS, "max_rounds": 1}, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0}, "masking"], random_state=4)
     result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
@@ -276,7 +275,6 @@ def test_deployment_dp_reports_privacy_spent(deployment, clients):
 
 
 @pytest.mark.flower
-@pytest.mark.slow
 def test_deployment_killed_node_is_a_dropout(deployment, clients):
     """Runs last in this module: it kills one SuperNode of the shared deployment."""
     spec = RunSpec("dwf", DEP_PARAMS, [{"name": "masking", "threshold": 2}], random_state=6)
@@ -305,7 +303,6 @@ def test_fake_grid_dp_reports_privacy_spent(tmp_path, clients, task_identity):
 
 
 @pytest.mark.flower
-@pytest.mark.slow
 def test_deployment_malformed_node(clients, tmp_path):
     """Its own deployment: two good nodes and one whose CSV holds text."""
     paths = write_client_csvs(clients[:2], tmp_path / "data")
