@@ -11,7 +11,7 @@ Names are imported lazily.
 
 from __future__ import annotations
 
-import importlib
+from securefkm._lazy import lazy_exports
 
 _EXPORTS = {
     "LeakageReport": "attacks.report",
@@ -37,14 +37,4 @@ _EXPORTS = {
     "run_benchmark": "attacks.bench",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'attacks' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports("attacks", _EXPORTS)

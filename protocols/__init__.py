@@ -10,7 +10,7 @@ torch (opacus is loaded only when a DP layer is set up).
 
 from __future__ import annotations
 
-import importlib
+from securefkm._lazy import lazy_exports
 
 _EXPORTS = {
     "FixedPointCodec": "protocols.codec",
@@ -23,14 +23,4 @@ _EXPORTS = {
     "MinClusterSize": "protocols.min_cluster",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'protocols' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports("protocols", _EXPORTS)

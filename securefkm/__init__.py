@@ -9,7 +9,7 @@ attacks in ``attacks``. Names are imported lazily so ``import securefkm`` stays 
 
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -35,14 +35,5 @@ _EXPORTS = {
     "make_estimator": "securefkm.registry",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'securefkm' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports("securefkm", _EXPORTS)
+__all__ = __all__ + ["__version__"]

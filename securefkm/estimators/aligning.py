@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_centres
 from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
 from .base import FederatedClusterer, resolve_init
 
@@ -21,10 +20,10 @@ def _secure_init(estimator, n_features):
     init = estimator.init
     if isinstance(init, str) and init == "auto" and estimator.init_bounds is not None:
         return "uniform"
-    init = resolve_init(init, estimator.protection, estimator.init_bounds, default_plain="kfed")
-    if not isinstance(init, str):
-        init = check_centres(init, estimator.n_clusters, n_features)
-    return init
+    return resolve_init(
+        init, estimator.protection, estimator.init_bounds, n_clusters=estimator.n_clusters,
+        n_features=n_features, default_plain="kfed",
+    )
 
 
 class AligningFederatedKMeans(FederatedClusterer):

@@ -19,7 +19,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from .._validation import check_array, check_int, check_random_state
+from .._validation import check_array, check_centres, check_int, check_random_state
 from ..algorithms import _seeding
 from ..algorithms._kmeans import assign, sq_distances
 from ..datasets import as_federated
@@ -31,8 +31,12 @@ class UnprotectedInitWarning(UserWarning):
     """An init that sends client data in plain was chosen explicitly under protection."""
 
 
-def resolve_init(init, protection, init_bounds, default_plain="k-means++", default_protected="uniform"):
+def resolve_init(
+    init, protection, init_bounds, *, n_clusters, n_features, default_plain="k-means++", default_protected="uniform"
+):
     """Pick the seeding method, refusing plain-data seeding under protection by default.
+
+    An array ``init`` is checked to be (n_clusters, n_features) and finite.
 
     ``init="auto"`` means ``default_plain`` without protection and a protected seeding
     with protection: ``default_protected`` over the declared ``init_bounds`` -- "private"
@@ -63,7 +67,7 @@ def resolve_init(init, protection, init_bounds, default_plain="k-means++", defau
                 stacklevel=3,
             )
         return init
-    return init
+    return check_centres(init, n_clusters, n_features)
 
 
 class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):

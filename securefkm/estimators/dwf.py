@@ -90,11 +90,10 @@ class WeightedFederatedKMeans(FederatedClusterer):
         return check_int(self.n_init, "n_init", minimum=1)
 
     def _make_algorithm(self, n_features, n_clients):
-        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="kfed", default_protected="private")
-        if not isinstance(init, str):
-            from .._validation import check_centres
-
-            init = check_centres(init, self.n_clusters, n_features)
+        init = resolve_init(
+            self.init, self.protection, self.init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+            default_plain="kfed", default_protected="private",
+        )
         return WeightedFederatedKMeansAlgorithm(
             self.n_clusters,
             weighting=self.weighting,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._validation import check_centres, check_float, check_int, check_random_state
+from .._validation import check_float, check_int, check_random_state
 from ..algorithms._fcm import check_fuzzifier, fuzzy_cmeans, fuzzy_memberships
 from ..algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
 from ..datasets import as_federated
@@ -125,9 +125,10 @@ class FederatedFuzzyCMeans(FederatedClusterer):
 
     def _make_algorithm(self, n_features, n_clients):
         check_int(self.n_clusters, "n_clusters", minimum=2)
-        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="k-means++", default_protected="private")
-        if not isinstance(init, str):
-            init = check_centres(init, self.n_clusters, n_features)
+        init = resolve_init(
+            self.init, self.protection, self.init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+            default_plain="k-means++", default_protected="private",
+        )
         return FederatedFuzzyCMeansAlgorithm(
             self.n_clusters,
             averaging=self.averaging,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .._validation import check_centres
 from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
 from .base import FederatedClusterer, resolve_init
 
@@ -87,9 +86,10 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.verbose = verbose
 
     def _make_algorithm(self, n_features, n_clients):
-        init = resolve_init(self.init, self.protection, self.init_bounds, default_plain="random", default_protected="private")
-        if not isinstance(init, str):
-            init = check_centres(init, self.n_clusters, n_features)
+        init = resolve_init(
+            self.init, self.protection, self.init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+            default_plain="random", default_protected="private",
+        )
         return MiniBatchFederatedKMeansAlgorithm(
             self.n_clusters,
             local_epochs=self.local_epochs,

@@ -13,7 +13,7 @@ See ``docs/deployment.md``.
 
 from __future__ import annotations
 
-import importlib
+from securefkm._lazy import lazy_exports
 
 _EXPORTS = {
     "RunSpec": "securefkm.flower.spec",
@@ -26,10 +26,4 @@ _EXPORTS = {
     "APP_DIR": "securefkm.flower.deploy",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'securefkm.flower' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports("securefkm.flower", _EXPORTS)
