@@ -129,9 +129,9 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         self.local_init = check_choice(local_init, "local_init", LOCAL_INITS)
         self.server_n_init = check_int(server_n_init, "server_n_init", minimum=1)
         self.secure_mode = bool(secure_mode)
-        self.server_max_iter = check_int(server_max_iter, "server_max_iter", minimum=1)
-        self.server_tol = check_float(server_tol, "server_tol", minimum=0.0)
-        self.oversample = check_int(oversample, "oversample", minimum=1)
+        self.server_max_iter, self.server_tol, self.oversample = sc.check_secure_params(
+            server_max_iter, server_tol, oversample
+        )
         if not isinstance(init, np.ndarray):
             check_choice(init, "init", _seeding.INIT_CHOICES)
         self.init_ = init

@@ -153,9 +153,9 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         self.p = check_float(p, "p", minimum=1.0)
         self.q = check_float(q, "q", minimum=0.0, min_inclusive=False)
         self.secure_mode = bool(secure_mode)
-        self.server_max_iter = check_int(server_max_iter, "server_max_iter", minimum=1)
-        self.server_tol = check_float(server_tol, "server_tol", minimum=0.0)
-        self.oversample = check_int(oversample, "oversample", minimum=1)
+        self.server_max_iter, self.server_tol, self.oversample = sc.check_secure_params(
+            server_max_iter, server_tol, oversample
+        )
         if self.secure_mode and self.averaging != "kmeans":
             raise InputError(
                 "secure_mode=True applies to averaging='kmeans' only; averaging='fedavg' is "

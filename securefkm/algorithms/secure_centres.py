@@ -127,6 +127,18 @@ def secure_objective(sums: dict[str, np.ndarray]) -> float:
     return float(np.sum(sums["spread"]))
 
 
+def check_secure_params(server_max_iter, server_tol, oversample):
+    """Validated (server_max_iter, server_tol, oversample) of the secure server k-means,
+    shared by every algorithm with a ``secure_mode``."""
+    from .._validation import check_float, check_int
+
+    return (
+        check_int(server_max_iter, "server_max_iter", minimum=1),
+        check_float(server_tol, "server_tol", minimum=0.0),
+        check_int(oversample, "oversample", minimum=1),
+    )
+
+
 class SecureServerKMeans:
     """The server k-means over local centres, run as secure-sum rounds (a reusable phase).
 
