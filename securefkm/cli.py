@@ -75,10 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (not run in CI)")
     bsub = p.add_subparsers(dest="bench", required=True)
-    q = bsub.add_parser("quality", help="DWF paper Table 1 and Stallmann Table 1 / G2 detection")
+    q = bsub.add_parser("quality", help="DWF paper Table 1, Triebe 1-D, Stallmann Table 1 / G2 detection")
     q.add_argument("--quick", action="store_true")
     q.add_argument("--runs", type=int, default=None)
-    q.add_argument("--part", choices=["dwf", "fuzzy", "all"], default="all")
+    q.add_argument("--part", choices=["dwf", "triebe", "fuzzy", "all"], default="all")
     s = bsub.add_parser("speed", help="one DWF round (100 clients) / one scikit-learn Lloyd iteration")
     s.add_argument("--repeats", type=int, default=50)
     pr = bsub.add_parser("protocols", help="masking, Paillier and DP costs and utility")

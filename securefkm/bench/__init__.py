@@ -13,6 +13,10 @@ def main(args) -> None:
             from .quality import run
 
             run(quick=args.quick, runs=args.runs)
+        if args.part in ("triebe", "all"):
+            from .quality_triebe import run as run_triebe
+
+            run_triebe(quick=args.quick)
         if args.part in ("fuzzy", "all"):
             from .quality_fuzzy import run as run_fuzzy
 
