@@ -61,7 +61,7 @@ def drive(layer, n, sums, drops=None, specs=SPECS, digests=None, hook=None, pers
     server, clients = open_sessions(layer, n, sums, specs, digests)
     alive = tuple(range(n))
     gone: set[int] = set()
-    for stage in STAGES:
+    for stage in layer.stages:  # with sign_keys: the consistency check before unmask
         gone |= set(drops.get(stage, ()))
         msgs = server.messages(stage, alive)
         if hook is not None:

@@ -1,11 +1,21 @@
 """The client side of pairwise masking (Bonawitz et al. 2017, CCS, Fig. 4, user side).
 
-One :class:`MaskingClient` per client and round. It answers the four stages in order and
-refuses (:class:`~securefkm.layers.ProtocolRefusal`) any request an honest client must not
+One :class:`MaskingClient` per client and round. It answers the stages in order
+(``advertise``, ``share``, ``masked_input``, with ``consistency`` also
+``consistency_check``, then ``unmask``) and refuses
+(:class:`~securefkm.layers.ProtocolRefusal`) any request an honest client must not
 answer. The session is a plain picklable object: a deployment can persist it between
 messages. Secrets are erased as soon as they are no longer needed: the X25519 private keys
 after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
 after the masked input, the held shares after the unmask stage.
+
+Consistency check (active-server variant, Bonawitz et al. Fig. 4 round 3): the client signs
+``(round id, broadcast digest, U3)`` for the survivor list ``U3`` the server tells it, and
+at unmask answers only if the request repeats that very ``U3`` and carries valid
+signatures over it from at least ``plan.consistency_quorum`` distinct holders of its
+neighbourhood listed in ``U3``; it then returns self-mask shares of the held peers in
+``U3`` and mask-key shares only of held peers not in ``U3`` (``U2 \\ U3`` as it knows it),
+whatever else the request asks.
 """
 
 from __future__ import annotations
@@ -37,11 +47,19 @@ class MaskingClient(ClientSession):
         cipher: str = "chacha20",
         identity_private: bytes | None = None,
         registry: dict[int, bytes] | None = None,
+        consistency: bool = False,
+        statement_digest: bytes = b"",
     ):
+        """``consistency`` adds the ``consistency_check`` stage (needs ``identity_private``
+        and ``registry``); ``statement_digest`` is the digest of the broadcast the client
+        received, signed with ``U3`` whether or not the masks are bound to it."""
+        if consistency and (identity_private is None or registry is None):
+            raise ValueError("the consistency check needs the client's identity key and the PKI directory")
         self.me = int(client_id)
         # only this client's slice of the public plan is kept: O(k) state to persist
         self.rid = plan.rid
         self.neigh = frozenset(plan.graph.neighbours(self.me).tolist())
+        self.complete = plan.graph.kind == "complete"  # then neigh | {me} is the sampled set
         self.t_share = plan.t_share
         self.min_survivors = plan.min_survivors
         self.length = plan.length
@@ -50,17 +68,22 @@ class MaskingClient(ClientSession):
         self.cipher = cipher
         self.identity_private = identity_private
         self.registry = registry
+        self.consistency = bool(consistency)
+        self.statement_digest = bytes(statement_digest)
+        self.quorum = plan.consistency_quorum
+        self.order = ("advertise", "share", "masked_input") + (("consistency_check",) if consistency else ()) + ("unmask",)
         self.done: list[str] = []
         self.revealed: dict[int, str] = {}  # peer -> share type revealed ("b" or "s")
+        self.signed_u3: tuple[int, ...] | None = None
 
     # ------------------------------------------------------------------ helpers
     def _refuse(self, why: str):
         raise ProtocolRefusal(f"client {self.me} refuses: {why}")
 
-    def _enter(self, stage: str, expected_before: tuple[str, ...]):
+    def _enter(self, stage: str):
         if stage in self.done:
             self._refuse(f"stage {stage!r} was already answered this round (replayed request)")
-        if tuple(self.done) != expected_before:
+        if tuple(self.done) != self.order[: self.order.index(stage)]:
             self._refuse(f"stage {stage!r} out of order (answered so far: {self.done})")
 
     def respond(self, stage, message):
@@ -70,13 +93,46 @@ class MaskingClient(ClientSession):
             return self._share(message)
         if stage == "masked_input":
             return self._masked_input(message)
+        if stage == "consistency_check" and self.consistency:
+            return self._consistency_check(message)
         if stage == "unmask":
             return self._unmask(message)
         self._refuse(f"unknown stage {stage!r}")
 
+    def _survivor_list(self, message, stage: str) -> tuple[int, ...]:
+        try:
+            raw = list(message["survivors"])
+        except (KeyError, TypeError, ValueError):
+            self._refuse(f"the {stage} request must list the survivors")
+        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in raw):
+            self._refuse(f"the {stage} request's survivor list holds non-integer ids")
+        survivors = tuple(sorted(int(c) for c in raw))
+        if len(set(survivors)) != len(survivors):
+            self._refuse(f"the {stage} request lists a survivor twice")
+        return survivors
+
+    def _check_survivors(self, survivors) -> None:
+        """Refusals shared by the consistency check and the unmask stage."""
+        survivors = set(survivors)
+        if self.complete and not survivors <= self.neigh | {self.me}:
+            self._refuse(f"the survivor list names clients {sorted(survivors - self.neigh - {self.me})[:5]} who were not sampled this round")
+        if self.me not in survivors:
+            self._refuse("I sent my masked input but am not listed as a survivor")
+        if len(survivors) < self.min_survivors:
+            self._refuse(
+                f"only {len(survivors)} survivors listed, fewer than the round's minimum "
+                f"{self.min_survivors}: the sum would expose too few clients"
+            )
+        mine = set(self.mask_peers) | {self.me}
+        if len(survivors & mine) < self.t_share:
+            self._refuse(
+                f"only {len(survivors & mine)} of my neighbourhood survived, fewer than the "
+                f"threshold {self.t_share}"
+            )
+
     # ------------------------------------------------------------------ stage 0
     def _advertise(self, message):
-        self._enter("advertise", ())
+        self._enter("advertise")
         self.c_sk, c_pk = keys.x25519_keypair()
         self.s_sk, s_pk = keys.x25519_keypair()
         sig = None
@@ -88,7 +144,7 @@ class MaskingClient(ClientSession):
 
     # ------------------------------------------------------------------ stage 1
     def _share(self, message):
-        self._enter("share", ("advertise",))
+        self._enter("share")
         if not isinstance(message, dict) or not isinstance(message.get("keys"), dict):
             self._refuse("the share request carries no key list")
         adverts = message["keys"]
@@ -159,7 +215,7 @@ class MaskingClient(ClientSession):
 
     # ------------------------------------------------------------------ stage 2
     def _masked_input(self, message):
-        self._enter("masked_input", ("advertise", "share"))
+        self._enter("masked_input")
         if not isinstance(message, dict):
             self._refuse("the masked-input request carries no share ciphertexts")
         mask_peers = []
@@ -193,9 +249,52 @@ class MaskingClient(ClientSession):
         self.done.append("masked_input")
         return y
 
-    # ------------------------------------------------------------------ stage 3
+    # ------------------------------------------------------------------ stage 3 (active variant)
+    def _consistency_check(self, message):
+        """Sign the survivor list ``U3`` (Bonawitz et al. Fig. 4, ConsistencyCheck)."""
+        self._enter("consistency_check")
+        survivors = self._survivor_list(message, "consistency-check")
+        self._check_survivors(survivors)
+        listed = set(survivors)
+        unknown = sorted(v for v in listed & self.neigh if v not in self.mask_peers)
+        if unknown:
+            self._refuse(
+                f"neighbours {unknown[:5]} are listed as survivors but never sent me their shares "
+                "(the survivors must be a subset of the clients that completed the share stage)"
+            )
+        self.signed_u3 = survivors
+        sig = keys.sign(self.identity_private, keys.consistency_message(self.rid, self.statement_digest, survivors))
+        self.done.append("consistency_check")
+        return sig
+
+    def _check_signatures(self, message, survivors: tuple[int, ...]) -> None:
+        sigs = message.get("signatures") if isinstance(message, dict) else None
+        if not isinstance(sigs, dict):
+            self._refuse("the unmask request carries no consistency-check signatures")
+        statement = keys.consistency_message(self.rid, self.statement_digest, survivors)
+        eligible = (self.neigh | {self.me}) & set(survivors)
+        valid: set[int] = set()
+        for v, sig in sigs.items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) not in eligible:
+                continue
+            v = int(v)
+            if v in valid or not isinstance(sig, bytes):
+                continue
+            try:
+                keys.verify(self.registry.get(v, b""), sig, statement)
+            except keys.CryptoFailure:
+                continue
+            valid.add(v)
+            if len(valid) >= self.quorum:
+                return
+        self._refuse(
+            f"only {len(valid)} of my holders signed the survivor list I signed (quorum "
+            f"{self.quorum}): the server may be showing different clients different survivor sets"
+        )
+
+    # ------------------------------------------------------------------ stage 4
     def _unmask(self, message):
-        self._enter("unmask", ("advertise", "share", "masked_input"))
+        self._enter("unmask")
         try:
             survivors = set(message["survivors"])
             dropped = set(message["dropped"])
@@ -207,19 +306,16 @@ class MaskingClient(ClientSession):
                 f"clients {sorted(both)[:5]} are listed as both survivor and dropped: answering "
                 "would reveal both the self-mask and the mask key of one client"
             )
-        if self.me not in survivors:
-            self._refuse("I sent my masked input but am not listed as a survivor")
-        if len(survivors) < self.min_survivors:
-            self._refuse(
-                f"only {len(survivors)} survivors listed, fewer than the round's minimum "
-                f"{self.min_survivors}: the sum would expose too few clients"
-            )
         mine = set(self.mask_peers) | {self.me}
-        if len(survivors & mine) < self.t_share:
-            self._refuse(
-                f"only {len(survivors & mine)} of my neighbourhood survived, fewer than the "
-                f"threshold {self.t_share}"
-            )
+        if self.consistency:
+            listed = self._survivor_list(message, "unmask")
+            if listed != self.signed_u3:
+                self._refuse("the unmask request's survivor list differs from the one I signed at the consistency check")
+            self._check_signatures(message, listed)
+            # answer from the signed view only: b-shares of held peers in U3, s-shares of
+            # held peers outside it (U2 minus U3 as this client knows U2), nothing else
+            dropped = mine - survivors
+        self._check_survivors(survivors)
         b_out, s_out = {}, {}
         for v in sorted(mine):
             kind = "b" if v in survivors else "s" if v in dropped else None

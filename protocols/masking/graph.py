@@ -169,6 +169,17 @@ class RoundPlan:
     def holders_per_client(self) -> int:
         return self.graph.degree + 1
 
+    @property
+    def consistency_quorum(self) -> int:
+        """Signatures over one survivor list a client needs from its holders before unmasking.
+
+        ``max(t, floor(m/2) + 1)``: Bonawitz et al.'s ``t`` (the default ``t`` is already a
+        strict majority), raised to a strict majority of the ``m`` holders when an explicit
+        ``t <= m/2`` is chosen, so that two disjoint groups of honest holders can never both
+        collect a quorum for two different survivor lists.
+        """
+        return max(self.t_share, self.holders_per_client // 2 + 1)
+
 
 def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int) -> RoundPlan:
     sampled = tuple(sorted(int(c) for c in sampled))

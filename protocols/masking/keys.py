@@ -12,7 +12,9 @@ associated data; each direction has its own key.
 
 Signatures (``sign_keys=True``, Bonawitz et al. Sec. 6, active model): every client holds
 a long-term Ed25519 identity key registered out of band; it signs its two advertised
-public keys together with the round id. :class:`IdentityRegistry` *simulates* that PKI:
+public keys together with the round id, and, at the consistency check, the survivor list
+``U3`` together with the round id and the digest of the broadcast it received
+(:func:`consistency_message`). :class:`IdentityRegistry` *simulates* that PKI:
 the layer's ``setup`` creates a key pair per client id, hands the private key to the
 client (via its persistent state) and keeps only the public keys for verification.
 
@@ -109,6 +111,18 @@ def decrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, blob: byt
 # ---------------------------------------------------------------- Ed25519 / PKI
 def advert_message(rid: bytes, client: int, c_pk: bytes, s_pk: bytes) -> bytes:
     return DOMAIN + b"|advertise|" + rid + struct.pack("<q", client) + c_pk + s_pk
+
+
+def consistency_message(rid: bytes, digest: bytes, survivors) -> bytes:
+    """What a client signs at the consistency check: round id, broadcast digest, sorted ``U3``.
+
+    Length-prefixed fields, so no two distinct (digest, U3) pairs encode alike.
+    """
+    ids = sorted(int(c) for c in survivors)
+    return (
+        DOMAIN + b"|consistency|" + rid + struct.pack("<H", len(digest)) + digest
+        + struct.pack(f"<q{len(ids)}q", len(ids), *ids)
+    )
 
 
 def sign(identity_private: bytes, message: bytes) -> bytes:

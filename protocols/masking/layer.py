@@ -5,7 +5,10 @@ Learning" (CCS), with the sparse neighbourhood graph of Bell et al. 2020, "Secur
 single-server aggregation with (poly)logarithmic overhead" (CCS) as an option.
 Stages: ``advertise`` (X25519 keys, optionally Ed25519-signed), ``share`` (encrypted Shamir
 shares of the mask key and self-mask seed), ``masked_input`` (encoded sum-fields + check
-slot + masks), ``unmask`` (shares of survivors' self-masks and dropped clients' mask keys).
+slot + masks), with ``sign_keys=True`` ``consistency_check`` (every survivor signs the
+survivor list ``U3``; Bonawitz et al. Fig. 4 round 3), and ``unmask`` (shares of survivors'
+self-masks and dropped clients' mask keys). The layer's ``stages`` attribute lists the
+stages of its configuration; the runtime drives exactly those.
 See ``docs/protocols/pairwise-masking.md``.
 
 Trust model
@@ -20,20 +23,28 @@ Trust model
   holders (they could then reconstruct both ``b`` and ``s`` of that client). Collusions of
   the server with up to ``t - 1`` holders of each client reveal nothing about honest
   clients' individual inputs beyond the sum.
-* Server malicious (active): with ``sign_keys=True`` it cannot substitute keys (man in the
-  middle); honest clients refuse to reveal both shares of one peer, refuse survivor lists
-  smaller than the threshold, and (``bind_broadcast``) masks only cancel between clients
-  that received the same broadcast, so sending different centres to different clients
-  makes the round fail detectably instead of leaking. Security against a malicious server
-  colluding with ``n_C`` clients needs ``t > (m + n_C) / 2`` (Bonawitz et al. Sec. 6); the
-  default ``t = floor(2m/3) + 1`` gives ``n_C < m/3``. Without ``sign_keys`` a malicious
-  server can impersonate clients in the key exchange.
+* Server malicious (active): needs ``sign_keys=True``. Then it cannot substitute keys (man
+  in the middle), and the consistency check runs: each survivor signs
+  ``(round id, broadcast digest, U3)`` and unmasks only with valid signatures over the same
+  ``U3`` from ``max(t, floor(m/2) + 1)`` of its holders, answering from that ``U3`` alone.
+  A server that tells some holders "B dropped" and others "B survived" (split view) cannot
+  collect a quorum for both lists, so honest clients refuse before any share leaves.
+  Honest clients also refuse to reveal both shares of one peer and survivor lists smaller
+  than the threshold, and (``bind_broadcast``) masks only cancel between clients that
+  received the same broadcast, so sending different centres to different clients makes
+  the round fail detectably instead of leaking. Colluding clients answer (and sign) both
+  views: security against a malicious server colluding with ``n_C`` clients needs
+  ``t > (m + n_C) / 2`` (Bonawitz et al. Sec. 6); the default ``t = floor(2m/3) + 1`` gives
+  ``n_C < m/3``. The check costs one message round and one Ed25519 signature per client
+  (plus ``quorum`` verifications), no keystream.
+* Without ``sign_keys`` there is no PKI, no consistency check: the layer is secure against
+  a semi-honest server only (plus the broadcast-binding check against inconsistent
+  broadcasts). A malicious server can impersonate clients in the key exchange and, with an
+  explicit ``t <= m/2``, unmask one client by a split view of the survivors.
 * Not protected: the sum itself (use DP noise on top, e.g. ``GaussianDP``), differencing of
   sums across rounds with different participants, sybil clients the server creates
   (without a PKI), a malicious server that reports dropouts falsely to shrink the sum to
   ``min_survivors`` clients, and denial of service (any party can make the round abort).
-  The consistency-check round of Bonawitz et al.'s active variant (signatures over the
-  survivor list) is not implemented: the stage list is fixed to four stages.
 """
 
 from __future__ import annotations
@@ -71,7 +82,10 @@ class PairwiseMasking(Aggregator):
         Bind the pairwise masks to the digest of the broadcast each client received, so
         that a server sending different broadcasts cannot decode (model-inconsistency attack).
     sign_keys:
-        Sign advertised keys with per-client Ed25519 identity keys (simulated PKI).
+        Sign advertised keys with per-client Ed25519 identity keys (simulated PKI) and run
+        the consistency-check stage (clients sign the survivor list before unmasking):
+        the configuration for a malicious server. Without it the layer assumes a
+        semi-honest server.
     codec:
         :class:`~protocols.codec.FixedPointCodec` (default 24 fractional bits, no bound).
     cipher:
@@ -79,7 +93,11 @@ class PairwiseMasking(Aggregator):
     """
 
     secure = True
-    stages = ("advertise", "share", "masked_input", "unmask")
+    #: stages without / with the consistency check (``sign_keys=True``); an instance's
+    #: ``stages`` is the one of its configuration
+    STAGES = ("advertise", "share", "masked_input", "unmask")
+    STAGES_CHECKED = ("advertise", "share", "masked_input", "consistency_check", "unmask")
+    stages = STAGES
 
     def __init__(
         self,
@@ -113,6 +131,7 @@ class PairwiseMasking(Aggregator):
         self.codec = codec
         self.cipher = cipher
         self.registry = keys.IdentityRegistry() if self.sign_keys else None
+        self.stages = self.STAGES_CHECKED if self.sign_keys else self.STAGES
         self._repr_params = {
             "threshold": threshold,
             "graph": graph,
@@ -170,6 +189,7 @@ class PairwiseMasking(Aggregator):
             cipher=self.cipher,
             bind_broadcast=self.bind_broadcast,
             registry=None if self.registry is None else self.registry.public,
+            consistency=self.sign_keys,
         )
 
     def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
@@ -194,4 +214,6 @@ class PairwiseMasking(Aggregator):
             cipher=self.cipher,
             identity_private=identity,
             registry=None if self.registry is None else self.registry.public,
+            consistency=self.sign_keys,
+            statement_digest=ctx.broadcast_digest,
         )

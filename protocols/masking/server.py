@@ -6,6 +6,14 @@ completed the share stage but sent no masked input, recomputes those masks, subt
 them from the sum of masked vectors and decodes. Masked vectors are accumulated as they
 arrive (no per-client copy is kept). Every failure raises
 :class:`~securefkm.exceptions.RoundAbortedError` and releases nothing.
+
+With ``consistency`` (``sign_keys=True``) there is one more stage between masked input and
+unmask, ``consistency_check`` (Bonawitz et al. Fig. 4, round 3): the server sends every
+survivor the list ``U3``, collects each client's Ed25519 signature over
+``(round id, broadcast digest, U3)``, drops invalid ones (a non-signer is a dropout of that
+stage) and forwards the signatures with the unmask request (all of them in the complete
+graph, those of the client's neighbourhood in the sparse one). An honest server needs
+nothing else; the check protects the clients from a dishonest one.
 """
 
 from __future__ import annotations
@@ -119,7 +127,10 @@ class MaskingServer(ServerSession):
         cipher: str = "chacha20",
         bind_broadcast: bool = True,
         registry: dict[int, bytes] | None = None,
+        consistency: bool = False,
     ):
+        if consistency and registry is None:
+            raise ValueError("the consistency check needs the PKI directory (sign_keys=True)")
         self.ctx = ctx
         self.plan = plan
         self.codec = codec
@@ -134,6 +145,9 @@ class MaskingServer(ServerSession):
         self.acc = np.zeros(plan.length, dtype=np.uint64)
         self.unmask_replies: dict[int, dict] = {}
         self._unmask_msg = None
+        self.consistency = bool(consistency)
+        self.statement_digest = ctx.broadcast_digest
+        self.signatures: dict[int, bytes] = {}  # consistency check: U4 -> signature over U3
 
     def _abort(self, stage: str, why: str):
         raise RoundAbortedError(
@@ -177,11 +191,25 @@ class MaskingServer(ServerSession):
                     if v in out:
                         out[v][u] = blob
             return out
+        if stage == "consistency_check" and self.consistency:
+            surv = tuple(sorted(self.u3))
+            u3 = set(surv)
+            return {c: {"survivors": surv} for c in alive if c in u3}
         if stage == "unmask":
             surv = tuple(sorted(self.u3))
             dropped = tuple(sorted(self.u2 - set(self.u3)))
             self._unmask_msg = {"survivors": surv, "dropped": dropped}
-            return {c: self._unmask_msg for c in alive if c in set(self.u3)}
+            if not self.consistency:
+                return {c: self._unmask_msg for c in alive if c in set(self.u3)}
+            signers = [c for c in alive if c in self.signatures]
+            if self.plan.graph.kind == "complete":
+                msg = {**self._unmask_msg, "signatures": dict(self.signatures)}
+                return {c: msg for c in signers}
+            out = {}
+            for c in signers:
+                near = [c] + self.plan.graph.neighbours(c).tolist()
+                out[c] = {**self._unmask_msg, "signatures": {v: self.signatures[v] for v in near if v in self.signatures}}
+            return out
         raise RoundAbortedError(f"unknown stage {stage!r}", round=self.ctx.round, stage=stage)
 
     # ------------------------------------------------------------------ receive
@@ -222,6 +250,25 @@ class MaskingServer(ServerSession):
                 np.add(self.acc, y, out=self.acc)
                 self.u3.append(int(u))
             self._need(stage, len(self.u3), "sent masked input")
+        elif stage == "consistency_check" and self.consistency:
+            statement = keys.consistency_message(self.plan.rid, self.statement_digest, self.u3)
+            u3 = set(self.u3)
+            for c, sig in replies.items():
+                c = int(c)
+                if c not in u3 or not isinstance(sig, bytes):
+                    continue
+                try:
+                    keys.verify(self.registry.get(c, b""), sig, statement)
+                except keys.CryptoFailure:
+                    continue  # an invalid signature counts as a dropout at this stage
+                self.signatures[c] = sig
+            need = self.plan.consistency_quorum
+            if len(self.signatures) < need:
+                self._abort(
+                    stage,
+                    f"only {len(self.signatures)} clients signed the survivor list, fewer than the "
+                    f"quorum of {need} every client needs before it unmasks",
+                )
         elif stage == "unmask":
             self.unmask_replies = {int(c): r for c, r in replies.items() if isinstance(r, dict)}
 
