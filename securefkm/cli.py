@@ -4,6 +4,8 @@
     securefkm run DIR --algorithm dwf   cluster a directory of client CSV files (one per client)
     securefkm bench quality|speed|protocols|attacks [--quick]
     securefkm deploy ...                the same run between real processes over Flower
+    securefkm provision node-key|directory|local   node identity keys and the public directory
+    securefkm authority init|serve      the Paillier key authority as its own process
 """
 
 from __future__ import annotations
@@ -97,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--param", type=_kv, action="append", default=[])
     d.add_argument("--timeout", type=float, default=60.0, help="per-stage deadline in seconds")
     _add_common(d)
+
+    from .flower import authority_service, provision
+
+    provision.add_cli(sub)
+    authority_service.add_cli(sub)
     return parser
 
 
@@ -164,6 +171,14 @@ def main(argv=None) -> int:
             bench_main(args)
         elif args.command == "deploy":
             _deploy(args)
+        elif args.command == "provision":
+            from .flower.provision import run_cli
+
+            run_cli(args)
+        elif args.command == "authority":
+            from .flower.authority_service import run_cli
+
+            run_cli(args)
     except SecureFKMError as exc:
         print(f"securefkm: error: {exc}", file=sys.stderr)
         return 2

@@ -91,10 +91,14 @@ def test_runspec_roundtrip_and_errors():
         RunSpec("dwf", {}, [object()])
     with pytest.raises(InputError, match="JSON"):
         RunSpec.from_json("{not json")
-    with pytest.raises(InputError, match="key authority"):
-        RunSpec("dwf", {}, ["paillier"])
-    with pytest.raises(InputError, match="PKI"):
-        RunSpec("dwf", {}, [{"name": "masking", "sign_keys": True}])
+    # Paillier and signed-key masking are accepted; a deployment without provisioning is refused
+    from securefkm.flower.spec import PlaceholderTransport, build_federation
+
+    for protection in (["paillier"], [{"name": "masking", "sign_keys": True}]):
+        spec = RunSpec("dwf", PARAMS, protection)
+        assert spec.requirements().identity
+        with pytest.raises(InputError, match="'directory'"):
+            build_federation(spec, 3, 2, PlaceholderTransport(3))
 
 
 def test_read_client_csv_errors(tmp_path):
@@ -129,9 +133,11 @@ class _FakeGrid:
     """A Grid whose nodes run the real ClientApp handler in this process, each message as
     in a fresh ClientApp process (caches cleared, state only in context.state)."""
 
-    def __init__(self, paths_by_node: dict[int, str], run_config: dict):
+    def __init__(self, paths_by_node: dict[int, str], run_config: dict, node_configs: dict | None = None):
+        node_configs = node_configs or {}
         self.contexts = {
-            nid: Context(run_id=1, node_id=nid, node_config={"data-path": p}, state=RecordDict(), run_config=run_config)
+            nid: Context(run_id=1, node_id=nid, node_config={"data-path": p, **node_configs.get(nid, {})},
+                         state=RecordDict(), run_config=run_config)
             for nid, p in paths_by_node.items()
         }
         self.replies = {}
@@ -171,7 +177,8 @@ def task_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
 
 
-def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5):
+def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5, node_configs=None, **provisioned):
+    """``node_configs[i]`` extends the node config of ``paths[i]``; ``provisioned``: directory=, authority_url=."""
     from securefkm.flower.serverapp import run_federation
 
     paths = [str(p) for p in write_client_csvs(clients, tmp_path)]
@@ -179,13 +186,14 @@ def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeo
         paths.append(str(extra_csv))
     node_ids = [900 - 37 * i for i in range(len(paths))]  # unsorted on purpose
     run_config = {"spec": spec.to_json(), "num-nodes": len(paths), "n-features": clients[0].shape[1]}
-    grid = _FakeGrid(dict(zip(node_ids, paths)), run_config)
-    order = sorted(range(len(paths)), key=lambda i: node_ids[i])  # client c <- paths[order[c]]
+    grid = _FakeGrid(dict(zip(node_ids, paths)), run_config,
+                     None if node_configs is None else dict(zip(node_ids, node_configs)))
     if kill is not None:
         rnd, stage, which = kill
         grid.kill_at = (rnd, stage, node_ids[which])
     result = run_federation(grid, spec, n_nodes=len(paths), n_features=clients[0].shape[1],
-                            stage_timeout=stage_timeout, suspect_timeout=0.1, poll_interval=0.01)
+                            stage_timeout=stage_timeout, suspect_timeout=0.1, poll_interval=0.01, **provisioned)
+    order = [node_ids.index(n) for n in result["node_ids"]]  # client c <- paths[order[c]]
     return result, order
 
 
@@ -233,6 +241,90 @@ def test_fake_grid_malformed_node_reports_and_others_finish(tmp_path, clients, t
         assert set(r.contributors) == {0, 1, 2, 3} - {bad_client}
 
 
+# ---------------------------------------------------------------- provisioned identities (fake Grid)
+UNIFORM = {**PARAMS, "init": "uniform"}  # the same start with and without protection
+
+
+@pytest.fixture
+def authority_service(tmp_path):
+    """(LocalPKI, URL): 3 provisioned nodes and the key authority served from a thread."""
+    import threading
+
+    from securefkm.flower.authority_service import load_authority, make_server
+    from securefkm.flower.provision import provision_local
+
+    pki = provision_local(tmp_path / "pki", 3)
+    pki.ensure_authority(2048)
+    server = make_server(load_authority(pki.authority_dir, pki.directory), "127.0.0.1", 0, quiet=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield pki, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, authority_service):
+    pki, url = authority_service
+    spec = RunSpec("dwf", UNIFORM, ["paillier"], random_state=12)
+    result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
+                              directory=str(pki.directory_path), authority_url=url, stage_timeout=10)
+    assert order == [0, 1, 2]  # client i = the directory's i-th node, whatever the Flower node ids
+    assert result["errors"] == {}
+    ref = in_process(spec, clients)
+    np.testing.assert_array_equal(result["centres"], ref.cluster_centers_)
+    assert_same_structure(result["transcript"], ref.transcript_)
+    encrypted = [r for r in result["transcript"] if [s.stage for s in r.stages][1:] == ["encrypted_input"]]
+    assert encrypted and result["protection_report"]["Paillier"]["decryptions"] == len(encrypted)
+    assert result["timings"][0][1] == "identify"
+    plain = in_process(RunSpec("dwf", UNIFORM, [], random_state=12), clients)
+    np.testing.assert_allclose(result["centres"], plain.cluster_centers_, atol=1e-6)
+
+
+def test_fake_grid_signed_masking_equals_plain(tmp_path, clients, task_identity):
+    from securefkm.flower.provision import provision_local
+
+    pki = provision_local(tmp_path / "pki", 3)
+    spec = RunSpec("dwf", UNIFORM, [{"name": "masking", "sign_keys": True}], random_state=13)
+    result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
+                              directory=str(pki.directory_path))
+    assert order == [0, 1, 2] and result["errors"] == {}
+    adverts = result["transcript"][0].stage("advertise").received
+    assert all(isinstance(a["sig"], bytes) for a in adverts.values())
+    ref = in_process(spec, clients)
+    np.testing.assert_array_equal(result["centres"], ref.cluster_centers_)
+    plain = in_process(RunSpec("dwf", UNIFORM, [], random_state=13), clients)
+    np.testing.assert_allclose(result["centres"], plain.cluster_centers_, atol=1e-6)
+
+
+def test_fake_grid_provisioning_errors(tmp_path, clients, task_identity):
+    from securefkm.flower.provision import create_node_key, provision_local
+
+    pki = provision_local(tmp_path / "pki", 3)
+    spec = RunSpec("dwf", PARAMS, [{"name": "masking", "sign_keys": True}], random_state=1)
+    with pytest.raises(InputError, match="run config 'directory'"):
+        _fake_run(tmp_path, clients, spec)
+    with pytest.raises(InputError, match="'authority-url'"):
+        _fake_run(tmp_path, clients, RunSpec("dwf", PARAMS, ["paillier"]), directory=str(pki.directory_path))
+    # node 2 holds a key the directory does not enroll: identification names the missing entry
+    create_node_key(tmp_path / "stranger.key")
+    configs = [pki.node_config(0), pki.node_config(1),
+               {"identity-key": str(tmp_path / "stranger.key"), "directory": str(pki.directory_path)}]
+    with pytest.raises(InputError, match=r"node_2.*not enrolled"):
+        _fake_run(tmp_path, clients, spec, node_configs=configs, directory=str(pki.directory_path))
+    # a node without the node config keys says which keys to set
+    with pytest.raises(InputError, match="node config 'identity-key' / 'directory'"):
+        _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(0), pki.node_config(1), {}],
+                  directory=str(pki.directory_path))
+    # a server shipping another directory (its own keys) is refused by every node
+    rogue = provision_local(tmp_path / "rogue", 3)
+    with pytest.raises(InputError, match="differs from this node's directory"):
+        _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
+                  directory=str(rogue.directory_path))
+
+
 # ---------------------------------------------------------------- real deployment
 @pytest.fixture(scope="module")
 def deployment(clients, tmp_path_factory):
@@ -253,16 +345,50 @@ STAGE_TIMEOUT = float(os.environ.get("SECUREFKM_TEST_STAGE_TIMEOUT", "60"))
 
 @pytest.mark.flower
 def test_deployment_masking_equals_in_process(deployment, clients):
-    spec = RunSpec("dwf", DEP_PARAMS, ["masking"], random_state=3)
+    """Signed-key masking (node identities from the provisioned directory) equals the
+    in-process fit and the plain centres. Unsigned masking runs in the DP and killed-node cases."""
+    spec = RunSpec("dwf", DEP_PARAMS, [{"name": "masking", "sign_keys": True}], random_state=3)
     t0 = time.perf_counter()
     result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
     print(f"deployment masking run: {time.perf_counter() - t0:.1f} s, {result.rounds_seconds:.1f} s in rounds")
     order = deployment.client_order()
+    assert order == [0, 1, 2]  # client i = the directory's i-th node = the i-th CSV
     ref = in_process(spec, [clients[i] for i in order])
     np.testing.assert_array_equal(result.centres, ref.cluster_centers_)
     assert_same_structure(result.transcript, ref.transcript_)
-    assert [s.stage for s in result.transcript[0].stages] == ["update", "advertise", "share", "masked_input", "unmask"]
-    assert result.errors == {}
+    stages = [s.stage for s in result.transcript[0].stages]
+    assert stages[:4] == ["update", "advertise", "share", "masked_input"] and stages[-1] == "unmask"
+    assert all(isinstance(a["sig"], bytes) for a in result.transcript[0].stage("advertise").received.values())
+    plain = in_process(RunSpec("dwf", DEP_PARAMS, [], random_state=3), [clients[i] for i in order])
+    np.testing.assert_allclose(result.centres, plain.cluster_centers_, atol=1e-6)
+    assert result.timings[0][1] == "identify" and result.errors == {}
+
+
+@pytest.mark.flower
+def test_deployment_paillier_equals_in_process(deployment, clients):
+    """SuperLink + 3 SuperNodes + the key authority as its own process run DWF with Paillier."""
+    from securefkm.flower.deploy import _alive
+
+    spec = RunSpec("dwf", DEP_PARAMS, ["paillier"], random_state=10)
+    authority_pids = []
+
+    def on_progress(ev):
+        if deployment.authority is not None and not authority_pids:
+            authority_pids.append(deployment.authority.pid)
+
+    t0 = time.perf_counter()
+    result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900, on_progress=on_progress)
+    print(f"deployment paillier run: {time.perf_counter() - t0:.1f} s, {result.rounds_seconds:.1f} s in rounds")
+    assert authority_pids and not _alive(authority_pids[0]) and deployment.authority is None
+    order = deployment.client_order()
+    assert order == [0, 1, 2]  # client i = the directory's i-th node = the i-th CSV
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result.centres, ref.cluster_centers_)
+    assert_same_structure(result.transcript, ref.transcript_)
+    plain = in_process(RunSpec("dwf", DEP_PARAMS, [], random_state=10), [clients[i] for i in order])
+    np.testing.assert_allclose(result.centres, plain.cluster_centers_, atol=1e-6)  # codec resolution 2**-24
+    assert result.timings[0][1] == "identify" and result.errors == {}
+    assert result.protection_report["Paillier"]["decryptions"] == len(result.transcript)
 
 
 @pytest.mark.flower

@@ -218,6 +218,10 @@ class KeyAuthority:
         the authority's own threshold of distinct enrolled signers per decryption.
     allow_weak_key:
         test-only: accept a modulus shorter than 2048 bits (fast unit tests).
+    identity_key:
+        the raw 32-byte Ed25519 private key the authority signs its public bundle with
+        (a long-lived authority service keeps it on disk, so clients can pin its verify key
+        out of band); default: a fresh key per authority object.
     """
 
     def __init__(
@@ -227,6 +231,7 @@ class KeyAuthority:
         *,
         min_clients: int = 2,
         allow_weak_key: bool = False,
+        identity_key: bytes | None = None,
     ):
         if not isinstance(public_key, paillier.PaillierPublicKey) or not isinstance(
             private_key, paillier.PaillierPrivateKey
@@ -246,7 +251,12 @@ class KeyAuthority:
         self.min_clients = check_int(min_clients, "min_clients", minimum=1)
         self._public_key = public_key
         self._private_key = private_key
-        self._identity = Ed25519PrivateKey.generate()
+        if identity_key is None:
+            self._identity = Ed25519PrivateKey.generate()
+        else:
+            if not isinstance(identity_key, bytes) or len(identity_key) != 32:
+                raise InputError("identity_key must be the 32 raw bytes of an Ed25519 private key.")
+            self._identity = Ed25519PrivateKey.from_private_bytes(identity_key)
         ak = self._identity.public_key().public_bytes_raw()
         self._bundle = PublicBundle(
             n=public_key.n,

@@ -173,6 +173,7 @@ class Paillier(Aggregator):
         if authority is not None and not isinstance(authority, KeyAuthority):
             raise InputError(f"authority must be a KeyAuthority, got {type(authority).__name__}.")
         self._given_authority = authority
+        self._signing_key: bytes | None = None
         self.authority: KeyAuthority | None = None
         self.layout: SlotLayout | None = None
         self._repr_params = {
@@ -185,6 +186,27 @@ class Paillier(Aggregator):
     @property
     def value_bits(self) -> int:
         return self.slot_bits if self.slot_bits is not None else value_bits_for_codec(self.codec)
+
+    def use_authority(self, authority, *, signing_key: bytes | None = None) -> None:
+        """Deployment hook: adopt a provisioned authority instead of an in-process one.
+
+        ``authority`` is a :class:`KeyAuthority` or any object with its interface
+        (``public_bundle``, ``open_round``, ``close_round``, ``decrypt_aggregate``,
+        ``verify_key``, ``key_size``, ``n_decryptions``): e.g. the server's client of a
+        separate authority service, or a client node's read-only view of the signed public
+        bundle (``securefkm.flower.authority_service``). ``signing_key`` (client nodes) is the
+        node's raw 32-byte Ed25519 identity key, enrolled with the authority out of band: the
+        layer signs with it instead of creating and enrolling a key itself. Call before
+        ``setup``.
+        """
+        missing = [m for m in ("public_bundle", "open_round", "close_round", "decrypt_aggregate", "verify_key")
+                   if not callable(getattr(authority, m, None))]
+        if missing:
+            raise InputError(f"authority lacks the KeyAuthority methods {missing}.")
+        if signing_key is not None and (not isinstance(signing_key, bytes) or len(signing_key) != 32):
+            raise InputError("signing_key must be the 32 raw bytes of an Ed25519 private key.")
+        self._given_authority = authority
+        self._signing_key = signing_key
 
     def setup(self, info: RunInfo) -> None:
         """Once per fit: create (or adopt) the authority and its keypair; fix the slot layout."""
@@ -246,7 +268,11 @@ class Paillier(Aggregator):
         self._require_setup()
         state = client.state.get("paillier")
         fp = self.bundle.fingerprint
-        if state is None or state.get("authority") != fp:
+        if (state is None or state.get("authority") != fp) and self._signing_key is not None:
+            # deployment: the node's own identity key, enrolled out of band
+            state = {"authority": fp, "signing_key": self._signing_key}
+            client.state["paillier"] = state
+        elif state is None or state.get("authority") != fp:
             # A fresh identity created on the client; its public half goes to the authority
             # directly (the in-process stand-in for an authenticated enrollment channel).
             key = Ed25519PrivateKey.generate()

@@ -7,6 +7,10 @@ This is the only part of securefkm that imports ``flwr`` (install ``securefkm[fl
 * :mod:`securefkm.flower.transport` -- :class:`FlowerTransport`, one message per (client, stage).
 * :mod:`securefkm.flower.spec` -- :class:`RunSpec`, the JSON run spec both sides build from.
 * :mod:`securefkm.flower.deploy` -- start/stop a local SuperLink + SuperNodes, run, collect.
+* :mod:`securefkm.flower.provision` -- node identity keys and the public directory (Paillier,
+  masking ``sign_keys=True``).
+* :mod:`securefkm.flower.authority_service` -- the Paillier key authority as its own HTTP
+  service, and the ServerApp's client of it.
 
 See ``docs/deployment.md``.
 """
@@ -24,6 +28,10 @@ _EXPORTS = {
     "write_client_csvs": "securefkm.flower.deploy",
     "read_client_csv": "securefkm.flower.clientapp",
     "APP_DIR": "securefkm.flower.deploy",
+    "Directory": "securefkm.flower.provision",
+    "provision_local": "securefkm.flower.provision",
+    "create_node_key": "securefkm.flower.provision",
+    "RemoteAuthority": "securefkm.flower.authority_service",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("securefkm.flower", _EXPORTS)

@@ -50,6 +50,9 @@ _SAFE_GLOBALS = {
 _CLASS_PACKAGES = ("securefkm", "protocols", "phe")
 _DENIED_MODULES = (
     "securefkm.flower.deploy",
+    "securefkm.flower.provision",
+    "securefkm.flower.authority_service",
+    "securefkm.flower._registry",
     "securefkm.cli",
     "securefkm.bench",
     "securefkm.demo",

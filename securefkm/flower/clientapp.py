@@ -17,6 +17,12 @@ Each SuperNode is started with ``--node-config "data-path='/path/to/its.csv'"``.
 A client that cannot take part (bad data, a refused protocol message) answers with a
 status and a reason instead of a payload, so the server records a refusal with that reason
 and the other clients finish the round.
+
+Runs with Paillier or masking ``sign_keys=True`` need the node's provisioned identity
+(node config ``identity-key`` and ``directory``, :mod:`securefkm.flower.provision`): the
+``identify`` message, answered before any round, fixes this node's client id as the
+position of its own key in its own directory and (Paillier) stores the authority's public
+bundle after checking it against the authority key of that directory.
 """
 
 from __future__ import annotations
@@ -107,13 +113,14 @@ def _load_data(path: str) -> np.ndarray:
     return _DATA_CACHE[key]
 
 
-def _federation(spec_json: str, n_clients: int, n_features: int):
+def _federation(spec_json: str, n_clients: int, n_features: int, provisioning=None):
     from .spec import PlaceholderTransport, RunSpec, build_federation
 
-    key = (spec_json, n_clients, n_features)
+    key = (spec_json, n_clients, n_features, None if provisioning is None else provisioning.key())
     if key not in _FED_CACHE:
         spec = RunSpec.from_json(spec_json)
-        _, fed = build_federation(spec, n_clients, n_features, PlaceholderTransport(n_clients), verbose=0)
+        _, fed = build_federation(spec, n_clients, n_features, PlaceholderTransport(n_clients), verbose=0,
+                                  provisioning=provisioning)
         # In process, clients share the server's algorithm object, on which ``init`` has set
         # attributes that ``sum_fields`` reads (e.g. DWF's ``n_features_``). Replay ``init`` on a
         # throw-away generator so the client's copy has them too (its result is discarded).
@@ -155,7 +162,13 @@ def make_runtime(context: Context, client_id: int, saved: dict):
             f"data-path {os.path.basename(str(context.node_config.get('data-path')))!r} has "
             f"{X.shape[1]} features, the run expects n-features={n_features}."
         )
-    fed = _federation(str(cfg["spec"]), n_clients, n_features)
+    provisioning = None
+    if _needs_identity(str(cfg["spec"])):
+        provisioning = _node_provisioning(context)
+        if "client_id" not in saved:
+            raise ProtocolRefusal("this run needs node identities but the server skipped the identify stage")
+        provisioning.bundle = saved.get("bundle")
+    fed = _federation(str(cfg["spec"]), n_clients, n_features, provisioning)
     runtime = ClientRuntime(
         client_id, X, fed.algorithm, fed.layers, fed.aggregator, fed.info, state=saved.get("state", {})
     )
@@ -163,8 +176,56 @@ def make_runtime(context: Context, client_id: int, saved: dict):
     return runtime
 
 
+def _needs_identity(spec_json: str) -> bool:
+    from .spec import RunSpec
+
+    return bool(RunSpec.from_json(spec_json).requirements())
+
+
+def _node_provisioning(context: Context):
+    from .provision import NodeProvisioning
+
+    return NodeProvisioning.from_node_config(context.node_config)
+
+
+def identify(context: Context, message, saved: dict) -> tuple[dict, dict]:
+    """Answer the ``identify`` stage: (reply, new saved state). Refuses anything inconsistent."""
+    if not isinstance(message, dict) or not isinstance(message.get("challenge"), bytes):
+        raise ProtocolRefusal("malformed identify request")
+    prov = _node_provisioning(context)
+    if message.get("directory_digest") != prov.directory.digest:
+        raise ProtocolRefusal(
+            "the server's directory differs from this node's directory file; distribute the same "
+            "directory.json to the ServerApp (run config 'directory') and every SuperNode"
+        )
+    node_id = message.get("node_id")
+    if not isinstance(node_id, int) or int(node_id) != int(context.node_id):
+        raise ProtocolRefusal(f"identify request is for node {node_id!r}, this is node {context.node_id}")
+    if "client_id" in saved and saved["client_id"] != prov.client_id:
+        raise ProtocolRefusal(f"this node already took part as client {saved['client_id']}")
+    bundle = message.get("bundle")
+    fp = b""
+    if bundle is not None:
+        from protocols.paillier import PublicBundle
+
+        from .authority_service import BundleView
+
+        if not isinstance(bundle, PublicBundle):
+            raise ProtocolRefusal("identify request carries a malformed Paillier bundle")
+        try:
+            BundleView(bundle, prov.directory)  # verified against this node's own trust anchor
+        except ValueError as exc:
+            raise ProtocolRefusal(f"refusing the Paillier public key: {exc}") from None
+        fp = bundle.fingerprint
+    signature = prov.sign_identify(message["challenge"], int(node_id), fp)
+    saved = {**saved, "client_id": prov.client_id, "bundle": bundle, "session": None}
+    return {"client_id": prov.client_id, "public_key": prov.public, "signature": signature}, saved
+
+
 def handle_message(msg: Message, context: Context) -> Message:
     """Answer one securefkm stage message (the body of the ClientApp)."""
+    from .provision import IDENTIFY_STAGE
+
     record = msg.content[_wire.RECORD_KEY]
     stage = str(record["stage"])
     client_id = int(record["client-id"])
@@ -172,10 +233,15 @@ def handle_message(msg: Message, context: Context) -> Message:
     reply: dict = {"stage": stage}
     try:
         payload = _wire.loads(record["data"])
+        if stage == IDENTIFY_STAGE:
+            answer, saved = identify(context, payload, saved)
+            reply.update(status="ok", data=_wire.dumps(answer))
+            _save_state(context, saved)
+            return Message(RecordDict({_wire.RECORD_KEY: ConfigRecord(reply)}), reply_to=msg)
         runtime = make_runtime(context, client_id, saved)
         answer = runtime.handle(stage, payload)
         reply.update(status="ok", data=_wire.dumps(answer))
-        saved = {"client_id": client_id, "state": runtime.context.state, "session": runtime.session}
+        saved = {**saved, "client_id": client_id, "state": runtime.context.state, "session": runtime.session}
     except ProtocolRefusal as exc:
         log.warning("refused stage %s: %s", stage, exc)
         reply.update(status="refused", reason=f"refused: {exc}")

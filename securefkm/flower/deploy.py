@@ -13,6 +13,12 @@ Each SuperNode gets its own CSV through ``--node-config "data-path='...'"``; eve
 is started in its own process group on loopback, with ``FLWR_HOME`` in the deployment's
 work directory, and is stopped by PID (with every descendant it spawned) when the
 deployment closes, also on errors and timeouts.
+
+Provisioning (Paillier, masking ``sign_keys=True``): every SuperNode also gets an Ed25519
+identity key and the public directory (``workdir/pki``, :func:`securefkm.flower.provision.provision_local`)
+in its node config; a Paillier run additionally starts the key authority service
+(``securefkm authority serve``) as its own process on loopback for the duration of that
+run, stopped by PID like the others.
 """
 
 from __future__ import annotations
@@ -231,7 +237,7 @@ class LocalDeployment:
     """
 
     def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0,
-                 env: dict | None = None, fast_poll: bool = True):
+                 env: dict | None = None, fast_poll: bool = True, provision: bool = True):
         if not csv_paths:
             raise InputError("csv_paths is empty; give one CSV per SuperNode.")
         self.csv_paths = [Path(p).resolve() for p in csv_paths]
@@ -248,6 +254,11 @@ class LocalDeployment:
         self.node_ids: list[int | None] = []
         self.port: int | None = None
         self._runs = 0
+        #: node identity keys + directory (``provision=True``); see securefkm.flower.provision
+        self.provision = bool(provision)
+        self.pki = None
+        self.authority: subprocess.Popen | None = None
+        self._last_node_ids: list[int] | None = None
 
     # ---------------------------------------------------------------- env
     @property
@@ -308,6 +319,10 @@ class LocalDeployment:
         )
         self._wait(lambda: _port_open(self.port), "the SuperLink to listen on "
                    f"{HOST}:{self.port}", self.superlink, "superlink.log")
+        if self.provision:
+            from .provision import provision_local
+
+            self.pki = provision_local(self.workdir / "pki", len(self.csv_paths))
         for i in range(len(self.csv_paths)):
             self.supernodes.append(None)
             self.node_ids.append(None)
@@ -324,9 +339,41 @@ class LocalDeployment:
         launcher = [sys.executable, "-m", "securefkm.flower._supernode"] if self.fast_poll else [exe]
         self.supernodes[i] = self._spawn(
             [*launcher, "--insecure", "--superlink", f"{HOST}:{self.port}", "--host", HOST,
-             "--port", str(free_port()), "--node-config", f"data-path='{path}'"],
+             "--port", str(free_port()), "--node-config", self._node_config(i)],
             f"supernode_{i}.log",
         )
+
+    def _node_config(self, i: int) -> str:
+        """The SuperNode's ``--node-config``: its CSV and, if provisioned, its identity key and the directory."""
+        items = {"data-path": str(self.csv_paths[i])}
+        if self.pki is not None:
+            items.update(self.pki.node_config(i))
+        for key, value in items.items():
+            if "'" in value:
+                raise InputError(f"{key} path {value!r} contains a single quote; Flower's --node-config cannot carry it.")
+        return " ".join(f"{k}='{v}'" for k, v in items.items())
+
+    # ---------------------------------------------------------------- key authority
+    def start_authority(self, *, key_size: int = 2048, min_clients: int = 2) -> str:
+        """Start the Paillier key authority service on loopback (keys created once); return its URL."""
+        if self.pki is None:
+            raise DeploymentError("the key authority needs provisioned node identities: LocalDeployment(provision=True).")
+        self.stop_authority()
+        self.pki.ensure_authority(key_size)
+        port = free_port()
+        self.authority = self._spawn(
+            [sys.executable, "-m", "securefkm.cli", "authority", "serve", "--keys", str(self.pki.authority_dir),
+             "--directory", str(self.pki.directory_path), "--host", HOST, "--port", str(port),
+             "--min-clients", str(int(min_clients))],
+            "authority.log",
+        )
+        self._wait(lambda: _port_open(port), f"the key authority to listen on {HOST}:{port}", self.authority, "authority.log")
+        return f"http://{HOST}:{port}"
+
+    def stop_authority(self) -> None:
+        """Stop the key authority process (by PID), if running."""
+        proc, self.authority = self.authority, None
+        _stop_tree(proc, grace=2.0)
 
     def _read_node_id(self, i: int) -> int | None:
         if self.node_ids[i] is not None:
@@ -370,6 +417,7 @@ class LocalDeployment:
 
     def stop(self) -> None:
         """Stop every process this deployment started (SuperNodes first), by PID."""
+        self.stop_authority()
         for proc in self.supernodes:
             _stop_tree(proc)
         _stop_tree(self.superlink)
@@ -389,8 +437,11 @@ class LocalDeployment:
         return [by_node.get(n) for n in node_ids]
 
     def client_order(self) -> list[int]:
-        """``order[c]`` = index in ``csv_paths`` of client ``c`` (sorted node ids)."""
+        """``order[c]`` = index in ``csv_paths`` of client ``c``: sorted node ids, or, after a
+        run with provisioned identities, the directory order the last run reported."""
         ids = [self._read_node_id(i) for i in range(len(self.csv_paths))]
+        if self._last_node_ids is not None and sorted(self._last_node_ids) == sorted(ids):
+            return [ids.index(n) for n in self._last_node_ids]
         return sorted(range(len(ids)), key=lambda i: ids[i])
 
     # ---------------------------------------------------------------- runs
@@ -429,6 +480,16 @@ class LocalDeployment:
             "result-path": str(result_path),
             "progress-path": str(progress_path),
         }
+        needs = spec.requirements()
+        if needs.identity:
+            if self.pki is None:
+                raise DeploymentError("this spec needs node identities; start the deployment with provision=True.")
+            config["directory"] = str(self.pki.directory_path)
+        if needs.authority:
+            paillier = next((p for p in spec.protection if p == "paillier" or (isinstance(p, dict) and p.get("name") == "paillier")), {})
+            paillier = paillier if isinstance(paillier, dict) else {}
+            config["authority-url"] = self.start_authority(key_size=int(paillier.get("key_size", 2048)),
+                                                           min_clients=int(paillier.get("min_clients", 2)))
         cfg_path = run_dir / "run_config.toml"
         cfg_path.write_text("".join(
             f"{k} = {_toml_str(v) if isinstance(v, str) else repr(v)}\n" for k, v in config.items()
@@ -461,12 +522,15 @@ class LocalDeployment:
                 time.sleep(0.05)
         finally:
             _stop_tree(proc, grace=2.0)
+            if needs.authority:
+                self.stop_authority()
         if not result_path.exists():
             raise DeploymentError(f"the ServerApp wrote no result; {self.log_tail(log_name, 40)}\n{self.log_tail('superlink.log', 40)}")
         with open(result_path, "rb") as fh:
             raw = pickle.load(fh)  # written by our own ServerApp
         if not raw.get("ok"):
             raise DeploymentError(f"the ServerApp failed: {raw.get('error')}\n{raw.get('traceback', '')}")
+        self._last_node_ids = [int(n) for n in raw["node_ids"]]
         return DeploymentResult(
             centres=raw["centres"],
             transcript=raw["transcript"],

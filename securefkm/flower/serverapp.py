@@ -19,7 +19,16 @@ Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 ``poll-interval``    seconds between polls of the SuperLink for replies
 ``result-path``      where to write the result pickle ("" = do not write)
 ``progress-path``    JSON-lines progress log ("" = none)
+``directory``        provisioned node directory: a path or the JSON text ("" = none)
+``authority-url``    address of the Paillier key authority service ("" = none)
 ===================  ==========================================================
+
+Paillier and masking with ``sign_keys=True`` need provisioned node identities
+(:mod:`securefkm.flower.provision`): the ServerApp first runs one ``identify`` exchange in
+which every SuperNode proves which directory key it holds (and, for Paillier, receives the
+authority's signed public bundle), then maps client ``i`` to the node holding the
+directory's ``i``-th key; Paillier decryptions go to the separate authority service
+(:class:`~securefkm.flower.authority_service.RemoteAuthority`).
 """
 
 from __future__ import annotations
@@ -63,17 +72,118 @@ def wait_for_nodes(grid, n_nodes: int, timeout: float, poll: float = 0.2) -> lis
     return ids
 
 
+def identify_nodes(grid, node_ids, directory, *, bundle=None, stage_timeout: float = 60.0,
+                   suspect_timeout: float = 3.0, poll_interval: float = 0.05, progress_path: str | None = None):
+    """One ``identify`` exchange: ``(client_nodes, timings)``, ``client_nodes[i]`` = node holding key ``i``.
+
+    Each node gets a fresh challenge, its node id, the directory digest and (Paillier) the
+    authority's signed bundle, and answers with the client id of its key in its own
+    directory and an Ed25519 signature over all of it. Raises :class:`InputError` naming
+    every directory entry no node proved to hold (and why), or a node claiming a taken id.
+    """
+    from .provision import IDENTIFY_STAGE, identify_payload, new_challenge, verify_identify
+
+    probe = FlowerTransport(grid, node_ids, stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
+                            poll_interval=poll_interval, progress_path=progress_path)
+    challenge = new_challenge()
+    fp = b"" if bundle is None else bundle.fingerprint
+    messages = {
+        c: {"challenge": challenge, "node_id": nid, "directory_digest": directory.digest, "bundle": bundle}
+        for c, nid in probe.node_of.items()
+    }
+    replies, refused = probe.exchange(IDENTIFY_STAGE, messages)
+    owner: dict[int, int] = {}
+    problems: list[str] = []
+    for c, nid in probe.node_of.items():
+        if c in refused:
+            problems.append(f"node {nid} refused: {refused[c]}")
+            continue
+        if c not in replies:
+            problems.append(f"node {nid} did not answer within {stage_timeout:.0f} s")
+            continue
+        r = replies[c]
+        cid = r.get("client_id") if isinstance(r, dict) else None
+        sig = r.get("signature") if isinstance(r, dict) else None
+        if not isinstance(cid, int) or not 0 <= cid < len(directory) or not isinstance(sig, bytes):
+            problems.append(f"node {nid} sent a malformed identify reply")
+        elif not verify_identify(directory.nodes[cid], sig, identify_payload(challenge, nid, cid, directory.digest, fp)):
+            problems.append(f"node {nid} claims client {cid} ({directory.names[cid]}) but its signature does not verify")
+        elif cid in owner:
+            problems.append(f"nodes {owner[cid]} and {nid} both hold client {cid}'s key ({directory.names[cid]})")
+        else:
+            owner[cid] = nid
+    missing = [i for i in range(len(directory)) if i not in owner]
+    if missing or problems:
+        raise InputError(
+            "node identification failed: "
+            + (f"no node proved to hold the key of {[directory.names[i] for i in missing]}; " if missing else "")
+            + "; ".join(problems)
+            + ". Check every SuperNode's node config 'identity-key' / 'directory' (the same directory as "
+            "the run config's) and that num-nodes equals the number of directory nodes."
+        )
+    return [owner[i] for i in range(len(directory))], list(probe.timings)
+
+
+def server_provisioning(spec: RunSpec, directory, authority_url):
+    """The ServerApp's :class:`ServerProvisioning` for ``spec`` (None if it needs none)."""
+    needs = spec.requirements()
+    if not needs.identity:
+        return None
+    from .provision import (
+        RUN_AUTHORITY_URL,
+        RUN_DIRECTORY,
+        ServerProvisioning,
+        directory_from_config,
+    )
+
+    if not directory:
+        raise InputError(
+            f"this spec's protection (Paillier or masking sign_keys=True) needs node identities: set the run "
+            f"config {RUN_DIRECTORY!r} to the provisioned directory.json (path or JSON text; "
+            "`securefkm provision directory`, docs/deployment.md)."
+        )
+    d = directory_from_config(directory, f"run config {RUN_DIRECTORY!r}")
+    authority = None
+    if needs.authority:
+        if not authority_url:
+            raise InputError(
+                f"protection 'paillier' needs the key authority service: set the run config {RUN_AUTHORITY_URL!r} "
+                "to its address, e.g. 'http://127.0.0.1:8471' (`securefkm authority serve`, docs/deployment.md)."
+            )
+        from .authority_service import RemoteAuthority
+
+        authority = RemoteAuthority(authority_url, d)
+        authority.public_bundle()  # fail now, with the reason, if unreachable or not the pinned authority
+    return ServerProvisioning(d, authority)
+
+
 def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_timeout: float = 60.0,
                    suspect_timeout: float = 3.0, node_wait_timeout: float = 120.0,
-                   poll_interval: float = 0.05, progress_path: str | None = None) -> dict:
+                   poll_interval: float = 0.05, progress_path: str | None = None,
+                   directory=None, authority_url: str | None = None) -> dict:
     """Run the spec's fit over the Grid and return the result dict (see module docstring)."""
     t0 = time.perf_counter()
+    provisioning = server_provisioning(spec, directory, authority_url)
     node_ids = wait_for_nodes(grid, n_nodes, node_wait_timeout)
+    timings: list = []
+    ordered = False
+    if provisioning is not None:
+        if len(provisioning.directory) != len(node_ids):
+            raise InputError(
+                f"the directory enrolls {len(provisioning.directory)} node(s) but num-nodes={len(node_ids)}; "
+                "every SuperNode needs exactly one directory entry."
+            )
+        bundle = provisioning.authority.public_bundle() if provisioning.authority is not None else None
+        node_ids, timings = identify_nodes(grid, node_ids, provisioning.directory, bundle=bundle,
+                                           stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
+                                           poll_interval=poll_interval, progress_path=progress_path)
+        ordered = True
     transport = FlowerTransport(
         grid, node_ids, stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
-        poll_interval=poll_interval, progress_path=progress_path,
+        poll_interval=poll_interval, progress_path=progress_path, ordered=ordered,
     )
-    est, federation = build_federation(spec, len(node_ids), n_features, transport)
+    transport.timings[:0] = timings
+    est, federation = build_federation(spec, len(node_ids), n_features, transport, provisioning=provisioning)
     t_rounds = time.perf_counter()
     states = [federation.run(r) for r in range(est._n_runs())]
     best = states[est._select_run(states)] if len(states) > 1 else states[0]
@@ -85,7 +195,7 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
         "transcript": federation.transcript,
         "privacy_spent": federation.privacy_spent(),
         "protection_report": {layer.name: layer.report() for layer in federation.layers},
-        "node_ids": node_ids,
+        "node_ids": list(transport.node_ids),  # node of client 0, 1, ...
         "errors": dict(transport.errors),
         "timings": list(transport.timings),
         "rounds_seconds": time.perf_counter() - t_rounds,
@@ -116,6 +226,8 @@ def main(grid: Grid, context: Context) -> None:
             node_wait_timeout=float(cfg.get("node-wait-timeout", 120.0)),
             poll_interval=float(cfg.get("poll-interval", 0.05)),
             progress_path=str(cfg.get("progress-path", "") or "") or None,
+            directory=str(cfg.get("directory", "") or "") or None,
+            authority_url=str(cfg.get("authority-url", "") or "") or None,
         )
     except Exception as exc:
         log.error("securefkm run failed: %s: %s", type(exc).__name__, exc)

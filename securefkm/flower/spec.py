@@ -85,20 +85,6 @@ class RunSpec:
                     "a dict with 'name' and the layer's parameters), not layer objects."
                 )
         self.protection = list(self.protection)
-        for layer in self.protection:
-            name = layer if isinstance(layer, str) else layer.get("name")
-            if name == "paillier":
-                raise InputError(
-                    "protection 'paillier' cannot run over Flower yet: its key authority is created "
-                    "in-process by Paillier.setup, so the server and every node would make different "
-                    "keys. Use 'masking' for secure aggregation in a deployment."
-                )
-            if name == "masking" and isinstance(layer, dict) and layer.get("sign_keys"):
-                raise InputError(
-                    "masking sign_keys=True relies on a simulated in-process PKI that the nodes of a "
-                    "deployment do not share; drop sign_keys and authenticate nodes with Flower's "
-                    "SuperNode authentication (docs/deployment.md)."
-                )
         self.random_state = check_int(self.random_state, "random_state", minimum=0)
 
     # -------------------------------------------------------------- JSON
@@ -127,6 +113,13 @@ class RunSpec:
             raise InputError(f"run config 'spec' has unknown keys {sorted(unknown)}.")
         return cls(**raw)
 
+    def requirements(self):
+        """What a deployment must provision for this spec (:func:`securefkm.flower.provision.requirements`):
+        node identities for Paillier and masking ``sign_keys=True``, the key authority for Paillier."""
+        from .provision import requirements
+
+        return requirements(self.protection)
+
     # -------------------------------------------------------------- objects
     def estimator(self):
         """The estimator object the in-process run would use (parameters unchanged)."""
@@ -140,7 +133,8 @@ class RunSpec:
         return make_estimator(self.algorithm, protection=self.protection, random_state=self.random_state, **params)
 
 
-def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, *, server_policy=None, verbose=None):
+def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, *, server_policy=None, verbose=None,
+                     provisioning=None):
     """(estimator, Federation) exactly as ``estimator.fit`` builds them, over ``transport``.
 
     Mirrors :meth:`securefkm.estimators.base.FederatedClusterer.fit`: same algorithm from
@@ -148,12 +142,27 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
     ``random_state``, the same RunInfo (``client_sizes`` is ``None`` over a transport).
     The ServerApp runs the rounds of this federation; each ClientApp builds the same one
     over a placeholder transport to obtain identical layers (after ``setup``) and RunInfo.
+
+    ``provisioning`` (:class:`~securefkm.flower.provision.ServerProvisioning` or
+    :class:`~securefkm.flower.provision.NodeProvisioning`) replaces the in-process PKI and
+    key authority of Paillier / masking ``sign_keys`` with the deployment's before ``setup``;
+    a spec that needs it and gets none is refused with the missing pieces named.
     """
     from ..federation import Federation, clone_layers
 
     n_clients = check_int(n_clients, "num-nodes", minimum=1)
     n_features = check_int(n_features, "n-features", minimum=1)
     est = spec.estimator()
+    if provisioning is not None:
+        provisioning.apply(est.protection)
+    elif spec.requirements():
+        raise InputError(
+            "this spec's protection (Paillier or masking sign_keys=True) needs provisioned node "
+            "identities over Flower: give the run config 'directory' (and 'authority-url' for "
+            "Paillier) and every SuperNode the node config 'identity-key' and 'directory'; "
+            "`securefkm deploy` / deploy() provision a local deployment automatically "
+            "(docs/deployment.md, 'Paillier and signed-key masking')."
+        )
     n_clusters = check_int(est.n_clusters, "n_clusters", minimum=1)
     del n_clusters
     seed = int(check_random_state(est.random_state).integers(2**63 - 1))

@@ -10,7 +10,9 @@ hangs the server. The Federation then handles it exactly like a simulated dropou
 masking protocol's unmask stage recovers the dropped client's masks).
 
 Client ids are the positions of the node ids in sorted order (``sorted(node_ids)[i]`` is
-client ``i``), so the same CSV-to-node assignment always gives the same client ids.
+client ``i``), so the same CSV-to-node assignment always gives the same client ids. When
+node identities are provisioned (Paillier, masking ``sign_keys``) client ``i`` is instead
+the node that proved it holds the directory's ``i``-th key (``ordered=True``: the given order).
 
 A node that missed a deadline becomes *suspect*: later stages still send it its messages
 but wait for it only ``suspect_timeout`` seconds beyond the other clients' replies, so a
@@ -45,7 +47,8 @@ class FlowerTransport(Transport):
     ----------
     grid : flwr.serverapp.Grid
     node_ids : iterable of int
-        The SuperNodes taking part; client ``i`` is ``sorted(node_ids)[i]``.
+        The SuperNodes taking part; client ``i`` is ``sorted(node_ids)[i]`` (``node_ids[i]``
+        with ``ordered=True``).
     stage_timeout : float
         Seconds to wait for the replies of one stage before treating the silent clients as
         dropouts.
@@ -68,8 +71,9 @@ class FlowerTransport(Transport):
         suspect_timeout: float = 3.0,
         poll_interval: float = 0.05,
         progress_path: str | None = None,
+        ordered: bool = False,
     ):
-        node_ids = sorted(int(n) for n in node_ids)
+        node_ids = [int(n) for n in node_ids] if ordered else sorted(int(n) for n in node_ids)
         if not node_ids:
             raise InputError("FlowerTransport needs at least one node id; no SuperNode is connected.")
         if len(set(node_ids)) != len(node_ids):
