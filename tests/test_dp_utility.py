@@ -1,13 +1,14 @@
-"""Utility of record-level DP federated k-means at epsilon = 1 on the DWF 5-blob set.
+"""Utility of record-level DP federated k-means at epsilon = 1 on the DWF 5-blob set and digits.
 
 Configuration of ``securefkm bench protocols --part dp`` (securefkm/bench/protocols_dp.py):
-private seeding + one DP Lloyd round under GaussianDP(1, 1e-5, bounds=centred declared box).
+private seeding + DP Lloyd round(s) under GaussianDP(1, 1e-5, bounds=centred declared box,
+count_share="auto", round_weights={"init.private": 0.5}).
 
-Bound: the issue's target for blobs, 1.10 x the non-private loss. Over the benchmark's
-10 seeds the ratio at epsilon 1 is 1.008 ± 0.007 (docs/protocols/dp-utility.md), so the mean over 2 seeds stays below 1.10 unless the
-seeding or the noise calibration regresses. The non-private reference here is one
-scikit-learn KMeans(n_init=3), which can only be >= the benchmark's best of 10 and so
-makes the ratio no larger.
+Blobs bound: the issue's target, 1.10 x the non-private loss. Over the benchmark's 10 seeds
+the ratio at epsilon 1 is about 1.01 (docs/protocols/dp-utility.md), so the mean over 2 seeds
+stays below 1.10 unless the seeding or the noise calibration regresses. The non-private
+reference here is one scikit-learn KMeans(n_init=3), which can only be >= the benchmark's
+best of 10 and so makes the ratio no larger. Digits: see its test.
 """
 
 import warnings
@@ -40,3 +41,22 @@ def test_blobs_epsilon_1_ratio_and_budget():
         ratios.append(bench.loss(X, centres) / ref)
     assert np.mean(ratios) < BOUND, ratios
     assert max(ratios) < BOUND + 0.05, ratios
+
+
+DIGITS_BOUND = 1.62
+
+
+def test_digits_epsilon_1_ratio_and_budget():
+    """Digits (1,797 x 64, k = 10) at epsilon 1, 2 seeds. The benchmark's 10 seeds give a mean
+    of about 1.5 with a per-run std of about 0.05 (docs/protocols/dp-utility.md); the DP noise
+    comes from the OS CSPRNG, so the check is statistical: 1.62 is about 3 standard errors of
+    a 2-run mean above it, and the previous configuration (equal count/sum split, equal round
+    budgets, 256 buckets: 1.69 +- 0.09) fails it most of the time."""
+    ref = bench.reference_loss(bench.load("digits", 0)[0].pooled(), 10, runs=3)
+    ratios = []
+    for seed in range(2):
+        data, k, box = bench.load("digits", seed)
+        centres, spent = bench.dp_fit(data, k, box, EPSILON, seed=seed)
+        assert spent[0] <= EPSILON and spent[1] <= bench.DELTA
+        ratios.append(bench.loss(data.pooled(), centres) / ref)
+    assert np.mean(ratios) < DIGITS_BOUND, ratios

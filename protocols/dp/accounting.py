@@ -155,12 +155,53 @@ def noise_multiplier_for(
     def eps(z):
         return epsilon_for_history([(z, q, rounds)], delta, accountant)
 
+    return _bisect_z(eps, epsilon, tol, f"delta={delta} over {rounds} rounds")
+
+
+def schedule_history(noise_multiplier: float, schedule) -> list[tuple[float, float, int]]:
+    """The accountant history of a weighted schedule ``[(weight, rounds), ...]`` at base noise z:
+    a round of weight w is the Gaussian mechanism with noise multiplier ``z / sqrt(w)``
+    (sensitivity 1, full participation)."""
+    return [(noise_multiplier / math.sqrt(w), 1.0, int(n)) for w, n in schedule if int(n) > 0]
+
+
+def noise_multiplier_for_schedule(
+    epsilon: float, delta: float, schedule, accountant: str = "prv", tol: float = 0.005
+) -> float:
+    """Smallest base noise multiplier z (up to ``tol`` in epsilon) whose weighted schedule fits.
+
+    ``schedule = [(weight, rounds), ...]``: ``rounds`` rounds with noise multiplier
+    ``z / sqrt(weight)`` each (full participation). The composition of these heterogeneous
+    Gaussian mechanisms is evaluated by the chosen accountant in one go (the PRV accountant
+    composes the privacy loss distributions of different mechanisms numerically), so the
+    returned z satisfies ``epsilon_for_history(schedule_history(z, schedule), delta) <= epsilon``.
+    Under mu-GDP a round of weight w spends a share ``w / sum_i w_i n_i`` of mu^2.
+    """
+    epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
+    delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+    accountant = _check_accountant(accountant)
+    sched = []
+    for w, n in schedule:
+        w = check_float(w, "round weight", minimum=0.0, min_inclusive=False)
+        n = check_int(n, "rounds", minimum=0)
+        if n:
+            sched.append((w, n))
+    if not sched:
+        sched = [(1.0, 1)]
+
+    def eps(z):
+        return epsilon_for_history(schedule_history(z, sched), delta, accountant)
+
+    return _bisect_z(eps, epsilon, tol, f"delta={delta} over the schedule {sched}")
+
+
+def _bisect_z(eps, epsilon: float, tol: float, what: str) -> float:
     lo, hi = 0.0, 1.0
     while eps(hi) > epsilon:
         lo, hi = hi, hi * 2
         if hi > _MAX_Z:
             raise InputError(
-                f"epsilon={epsilon} is unreachable for delta={delta} over {rounds} rounds "
+                f"epsilon={epsilon} is unreachable for {what} "
                 f"(noise multiplier would exceed {_MAX_Z:g}); raise epsilon or lower the rounds."
             )
     # invariant: eps(hi) <= epsilon < eps(lo) (lo = 0 means infinite epsilon)
@@ -210,7 +251,8 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 class PrivacyAccountant:
     """Tracks the Gaussian rounds actually run against a target (epsilon, delta).
 
-    ``step(sample_rate)`` records one round with the accountant's noise multiplier;
+    ``step(sample_rate)`` records one round with the accountant's noise multiplier (or with
+    ``noise_multiplier=`` for a heterogeneous history, e.g. a weighted round schedule);
     ``spent()`` returns the (epsilon, delta) of the history; ``would_exceed(sample_rate)``
     says whether one more such round would take epsilon past the target.
 
@@ -232,9 +274,9 @@ class PrivacyAccountant:
     def steps(self) -> int:
         return sum(n for _, _, n in self.history)
 
-    def _with(self, sample_rate: float):
+    def _with(self, sample_rate: float, noise_multiplier: float | None = None):
         hist = [list(h) for h in self.history]
-        z = self.noise_multiplier
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if hist and hist[-1][0] == z and hist[-1][1] == sample_rate:
             hist[-1][2] += 1
         else:
@@ -255,14 +297,16 @@ class PrivacyAccountant:
         exact = epsilon_for_history(history, self.target_delta, self.accountant)
         return min(exact, bound)
 
-    def would_exceed(self, sample_rate: float = 1.0) -> bool:
-        """True if one more round at ``sample_rate`` would spend more than the target epsilon."""
+    def would_exceed(self, sample_rate: float = 1.0, noise_multiplier: float | None = None) -> bool:
+        """True if one more round at ``sample_rate`` (noise multiplier: the accountant's, or the
+        one given) would spend more than the target epsilon."""
         q = check_float(sample_rate, "sample_rate", minimum=0.0, maximum=1.0, min_inclusive=False)
-        return self._epsilon(self._with(q)) > self.target_epsilon
+        return self._epsilon(self._with(q, noise_multiplier)) > self.target_epsilon
 
-    def step(self, sample_rate: float = 1.0) -> None:
+    def step(self, sample_rate: float = 1.0, noise_multiplier: float | None = None) -> None:
+        """Record one round (noise multiplier: the accountant's, or the one given)."""
         q = check_float(sample_rate, "sample_rate", minimum=0.0, maximum=1.0, min_inclusive=False)
-        self.history = self._with(q)
+        self.history = self._with(q, noise_multiplier)
 
     def spent(self) -> tuple[float, float]:
         """(epsilon, delta) spent so far; (0, 0) before any round."""

@@ -49,6 +49,24 @@ the epsilon reported is that of the most-used client. With a
 calibration uses ``min(planned_rounds, R)`` compositions -- the cap is enforced by the
 clients themselves -- which is the way to spend the budget on fewer, less noisy rounds.
 
+Weighted round schedules
+------------------------
+``round_weights={action: w}`` (default: every round weight 1) gives the rounds of an action
+the noise multiplier ``z_a = z / sqrt(w_a)``. Each round is still one Gaussian mechanism
+(sensitivity 1 after the normalisation above), now with its own noise; the accountant gets
+the heterogeneous history ``[(z_a, 1, n_a), ...]`` and the PRV accountant composes these
+different mechanisms numerically. ``setup`` calibrates the base z by bisection so that the
+*planned* schedule meets the target: per action the rounds the algorithm plans
+(``planned_actions(max_rounds)``; an algorithm without it is assumed to spend every planned
+round at the largest weight, an over-estimate), times the number of runs, and with a
+ParticipationCap of R only the R heaviest rounds. In mu-GDP terms (exact at full
+participation) a round of weight w gets the share ``w / sum_a w_a n_a`` of mu^2: e.g.
+``{"init.private": 0.5}`` with DWF's seeding and one Lloyd round gives the seeding a third
+of the budget. What is *charged* is always the noise actually used: each client's rounds
+are counted per noise level, and the reported epsilon is that of the history taking, per
+level, the most rounds any client took (exact under full participation, an upper bound
+otherwise). ``before_round`` refuses a round that would take this history past the target.
+
 Modes and trust models
 ----------------------
 ``mode="central"`` -- *trusted aggregator*. Clients send exact sum-fields (use a secure
@@ -119,7 +137,12 @@ from securefkm.exceptions import (
 from securefkm.layers import Layer
 from securefkm.messages import AggregatedUpdate, FieldSpec, Update
 
-from .accounting import PrivacyAccountant, _check_accountant, noise_multiplier_for
+from .accounting import (
+    PrivacyAccountant,
+    _check_accountant,
+    noise_multiplier_for,
+    noise_multiplier_for_schedule,
+)
 from .sampler import round_up_variance, sample_discrete_gaussian
 
 MODES = ("central", "distributed", "local")
@@ -159,8 +182,13 @@ class GaussianDP(Layer):
     the run's clients_per_round); ``noise_multiplier`` (skip calibration, still enforce
     the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
     explicitly requested k-means++ seeding through un-noised; privacy_spent is then
-    reported as infinite). See the module docstring for the mechanism, the proof of the
-    joint sensitivity and each mode's trust model.
+    reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
+    the count fields, the rest for the other fields; ``"auto"``: c = 1/(1 + sqrt(d)), see
+    ``_field_weights``; default: equal shares); ``round_weights`` ({action: w}, default w = 1:
+    a round of that action gets noise multiplier z / sqrt(w), i.e. w times a weight-1 round's
+    share of the budget; z is calibrated so that the whole planned schedule meets the target,
+    see "Weighted round schedules" in the module docstring). See the module docstring for the
+    mechanism, the proof of the joint sensitivity and each mode's trust model.
     """
 
     side = "client"
@@ -176,13 +204,25 @@ class GaussianDP(Layer):
         min_clients=None,
         noise_multiplier=None,
         allow_plain_set_fields: bool = False,
-        count_share: float | None = None,
+        count_share: float | str | None = None,
+        round_weights: dict | None = None,
     ):
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
-        self.count_share = (
-            None if count_share is None
-            else check_float(count_share, "count_share", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
-        )
+        if count_share is None or (isinstance(count_share, str) and count_share == "auto"):
+            self.count_share = count_share
+        else:
+            self.count_share = check_float(
+                count_share, "count_share", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False
+            )
+        self.round_weights = None
+        if round_weights is not None:
+            if not isinstance(round_weights, dict) or not all(isinstance(a, str) for a in round_weights):
+                raise InputError(
+                    f"round_weights must be a dict {{action: weight}} (e.g. {{'init.private': 0.5}}), got {round_weights!r}."
+                )
+            self.round_weights = {
+                a: check_float(w, f"round_weights[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in round_weights.items()
+            }
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
         self.mode = check_choice(mode, "mode", MODES)
         self.accountant_name = _check_accountant(accountant)
@@ -221,10 +261,12 @@ class GaussianDP(Layer):
         self.z = None
         self._acc = None
         self._counts: Counter = Counter()
+        self._levels: dict = {}
         self._plain_rounds = 0
         self._last_sigmas: dict[str, float] = {}
         self._tau = 0.0
         self._planned = None
+        self._schedule = None
 
     # ------------------------------------------------------------------ geometry
     def _radius(self, d: int) -> float:
@@ -328,12 +370,18 @@ class GaussianDP(Layer):
         if self._cap is not None:
             rounds = min(rounds, self._cap.max_rounds)
         self._planned = rounds
+        self._schedule = None
+        if self.round_weights is not None:
+            self._schedule = self._planned_schedule(info, rounds)
         if self.noise_multiplier is not None:
             self.z = self.noise_multiplier
+        elif self._schedule is not None:
+            self.z = noise_multiplier_for_schedule(self.epsilon, self.delta, self._schedule, accountant=self.accountant_name)
         else:
             self.z = noise_multiplier_for(self.epsilon, self.delta, rounds, 1.0, accountant=self.accountant_name)
         self._acc = PrivacyAccountant(self.z, self.epsilon, self.delta, accountant=self.accountant_name)
         self._counts = Counter()
+        self._levels = {}
         self._plain_rounds = 0
         if self.mode == "distributed" and self.min_clients is None:
             self.min_clients = info.clients_per_round
@@ -342,6 +390,52 @@ class GaussianDP(Layer):
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
                 "no round could carry the calibrated noise. Lower min_clients or sample more clients."
             )
+
+    def _weight(self, action) -> float:
+        if self.round_weights is None or action is None:
+            return 1.0
+        return self.round_weights.get(action, 1.0)
+
+    def _z_for(self, action) -> float:
+        """Noise multiplier of a round of ``action``: z / sqrt(round weight)."""
+        return self.z / math.sqrt(self._weight(action))
+
+    def _planned_schedule(self, info, rounds: int) -> list[tuple[float, int]]:
+        """[(weight, rounds)] the calibration assumes for one client.
+
+        From the algorithm's ``planned_actions(max_rounds)`` ({action: rounds per run}) when it
+        has one and it adds up to the planned rounds; otherwise (unknown schedule) every planned
+        round is assumed to carry the largest weight in use, which can only over-estimate the
+        spend. With a ParticipationCap of R rounds a client is charged for at most R rounds, so
+        the R heaviest planned rounds are kept.
+        """
+        algo = info.algorithm
+        per_run = getattr(algo, "planned_actions", None)
+        weights: list[float] = []
+        if callable(per_run):
+            try:
+                one_run = int(algo.planned_rounds(info.max_rounds))
+                actions = per_run(info.max_rounds)
+            except Exception:  # noqa: BLE001 - an algorithm without a usable schedule
+                one_run, actions = 0, None
+            if actions and one_run > 0 and info.planned_rounds % one_run == 0 and sum(actions.values()) == one_run:
+                n_runs = info.planned_rounds // one_run
+                for action, n in actions.items():
+                    weights += [self._weight(action)] * (int(n) * n_runs)
+        if len(weights) != info.planned_rounds:
+            weights = [max([1.0, *self.round_weights.values()])] * info.planned_rounds
+        weights = sorted(weights, reverse=True)[: max(rounds, 1)]
+        return sorted(Counter(weights).items())
+
+    def _history(self, levels=None) -> list[tuple[float, float, int]]:
+        """Accountant history dominating every client's: per noise level, the most rounds any
+        one client took at it (exact when all clients took the same rounds)."""
+        levels = self._levels if levels is None else levels
+        top: Counter = Counter()
+        for per_client in levels.values():
+            for z, n in per_client.items():
+                top[z] = max(top[z], n)
+        return [(z, 1.0, n) for z, n in sorted(top.items()) if n > 0]
 
     def _noised_specs(self, specs):
         return tuple(s for s in specs if s.kind != "value" or self.mode == "local")
@@ -355,9 +449,12 @@ class GaussianDP(Layer):
             return float(per(spec)) if per is not None else float(self._codec.resolution)
         return 0.0
 
-    def field_sigmas(self, specs, extra_deltas: dict | None = None) -> dict[str, tuple[float, float, float]]:
-        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together this round."""
+    def field_sigmas(
+        self, specs, extra_deltas: dict | None = None, action: str | None = None
+    ) -> dict[str, tuple[float, float, float]]:
+        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of ``action``."""
         d = self._d
+        z = self._z_for(action)
         deltas = {s.name: (self.sensitivity(s, d), s.size, self._steps(s), s.integer) for s in specs}
         for name, (delta, size) in (extra_deltas or {}).items():
             deltas[name] = (delta, size, 0.0, False)
@@ -366,9 +463,9 @@ class GaussianDP(Layer):
         for name, (delta, size, step, integer) in deltas.items():
             scale = 1.0 / math.sqrt(weights[name])
             if step == 0.0:
-                step = self.z * scale * delta * _FINE
+                step = z * scale * delta * _FINE
             inflated = delta if integer else delta + math.sqrt(size) * step
-            out[name] = (self.z * scale * inflated, step, inflated)
+            out[name] = (z * scale * inflated, step, inflated)
         return out
 
     def _field_weights(self, specs, deltas) -> dict[str, float]:
@@ -378,15 +475,31 @@ class GaussianDP(Layer):
         any split is the same single Gaussian mechanism. Default: equal shares (w_f = 1/F).
         ``count_share=c`` gives the count fields c together and the other fields 1 - c: counts
         only divide the sums, so less noise on the sums usually helps the centres.
+
+        ``count_share="auto"``, for a round of count fields and ``sum`` fields with rows of
+        width d (k-means: counts n_j and coordinate sums S_j): c = 1 / (1 + sqrt(d)). Reason:
+        the mean S_j / n_j has error about (e_S - e_n mu_j) / n_j, of expected squared norm
+        (d sigma_sum^2 + ||mu_j||^2 sigma_count^2) / n_j^2 = z^2 (d R^2 / (1 - c) + ||mu_j||^2 / c)
+        / n_j^2. With ||mu_j|| <= R (a mean of records in the ball/box) the worst case is
+        minimised at c / (1 - c) = 1 / sqrt(d). It uses only d (public). Other rounds (e.g. a
+        score round): equal shares.
         """
         names = list(deltas)
         kinds = {s.name: s.kind for s in specs}
         counts = [n for n in names if kinds.get(n) == "count"]
         others = [n for n in names if n not in counts]
-        if self.count_share is None or not counts or not others:
+        share = self.count_share
+        if share == "auto":
+            sums = [s for s in specs if s.name in others and s.kind == "sum"]
+            if len(sums) == len(others) and sums:
+                width = sums[0].shape[-1] if len(sums[0].shape) > 1 else 1
+                share = 1.0 / (1.0 + math.sqrt(width))
+            else:
+                share = None
+        if share is None or not counts or not others:
             return {n: 1.0 / len(names) for n in names}
-        w = {n: self.count_share / len(counts) for n in counts}
-        w.update({n: (1.0 - self.count_share) / len(others) for n in others})
+        w = {n: share / len(counts) for n in counts}
+        w.update({n: (1.0 - share) / len(others) for n in others})
         return w
 
     def before_round(self, ctx):
@@ -404,15 +517,20 @@ class GaussianDP(Layer):
         if not specs and self.mode != "local":
             return
         cap = self._cap.max_rounds if self._cap is not None else None
-        needed = max((self._counts[c] + 1 for c in ctx.sampled), default=0)
-        if cap is not None:
-            needed = min(needed, cap)
-        if needed > self._acc.steps and self._acc.would_exceed(1.0):
+        z = self._z_for(ctx.action)
+        levels = {c: Counter(v) for c, v in self._levels.items()}
+        for c in ctx.sampled:
+            if cap is not None and self._counts[c] >= cap:
+                continue  # the client's own cap makes it decline: no charge
+            levels.setdefault(c, Counter())[z] += 1
+        after = self._history(levels)
+        if after != self._history() and self._acc._epsilon(after) > self.epsilon:
             spent = self._acc.spent()[0]
+            needed = max((self._counts[c] + 1 for c in ctx.sampled), default=0)
             raise PrivacyBudgetExceededError(
                 f"GaussianDP: round {ctx.round} ({ctx.action!r}) would take a client to {needed} noised rounds, "
                 f"beyond the budget epsilon={self.epsilon}, delta={self.delta} (spent so far epsilon={spent:.4g} "
-                f"with noise multiplier {self.z:.4g}, calibrated for {self._planned} rounds). Raise epsilon, "
+                f"with noise multiplier {z:.4g}, calibrated for {self._planned} rounds). Raise epsilon, "
                 "lower max_rounds, or add ParticipationCap(max_rounds=...).",
                 round=ctx.round,
                 stage="before_round",
@@ -452,7 +570,7 @@ class GaussianDP(Layer):
         if self.mode == "distributed":
             if ctx.specs and len(ctx.sampled) < self.min_clients:
                 return None  # the share would be too small: decline (KLS21, dropout-robust sizing)
-            sigmas = self.field_sigmas(ctx.specs)  # a 'value' field raises here, on the client too
+            sigmas = self.field_sigmas(ctx.specs, action=ctx.action)  # a 'value' field raises here, on the client too
             sums = dict(update.sums)
             for s in ctx.specs:
                 sigma, step, _ = sigmas[s.name]
@@ -477,7 +595,7 @@ class GaussianDP(Layer):
                 continue
             rows = arr.size // d
             extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
-        sigmas = self.field_sigmas(self._noised_specs(ctx.specs), extra)
+        sigmas = self.field_sigmas(self._noised_specs(ctx.specs), extra, action=ctx.action)
         sums = dict(update.sums)
         for s in ctx.specs:
             val = np.asarray(sums[s.name], dtype=np.float64)
@@ -503,7 +621,7 @@ class GaussianDP(Layer):
         specs = self._noised_specs(agg.specs or ctx.specs)
         if not specs:
             return agg
-        sigmas = self.field_sigmas(specs)
+        sigmas = self.field_sigmas(specs, action=ctx.action)
         self._last_sigmas = {k: v[0] for k, v in sigmas.items()}
         if self.mode == "distributed":
             m = self.min_clients
@@ -514,11 +632,12 @@ class GaussianDP(Layer):
             if agg.n_contributors < m:
                 # Under-noised sum already decoded: charge it at the actual noise, then abort.
                 factor = math.sqrt(agg.n_contributors / m)
-                self._charge(agg.contributors, self.z * factor)
+                z_round = self._z_for(ctx.action)
+                self._charge(agg.contributors, z_round * factor)
                 raise RoundAbortedError(
                     f"GaussianDP(mode='distributed'): only {agg.n_contributors} clients survived, fewer than "
                     f"min_clients={m}; the aggregate carries too little noise and is discarded (charged at "
-                    f"noise multiplier {self.z * factor:.3g}). Lower min_clients to the aggregator's dropout threshold.",
+                    f"noise multiplier {z_round * factor:.3g}). Lower min_clients to the aggregator's dropout threshold.",
                     round=ctx.round,
                     stage="server_aggregate",
                 )
@@ -531,23 +650,20 @@ class GaussianDP(Layer):
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
         return AggregatedUpdate(sums=sums, items=agg.items, contributors=agg.contributors, specs=agg.specs)
 
-    def _charge(self, contributors, z=None):
+    def _charge(self, contributors, z):
+        """Charge each contributor one round at noise multiplier z (its actual noise: an
+        under-noised aborted round is charged at its own, smaller z)."""
         for c in contributors:
             self._counts[c] += 1
-        top = max(self._counts.values(), default=0)
-        if z is not None and z != self.z:
-            # an under-noised round: record it as a separate entry at its actual noise
-            self._acc.history.append((z, 1.0, 1))
-            return
-        while self._acc.steps < top:
-            self._acc.step(1.0)
+            self._levels.setdefault(c, Counter())[z] += 1
+        self._acc.history = self._history()
 
     def after_round(self, ctx, agg):
         released = bool(self._noised_specs(ctx.specs)) or (self.mode == "local" and agg.items)
         if agg.items and self.mode != "local":
             self._plain_rounds += 1
         if released:
-            self._charge(agg.contributors)
+            self._charge(agg.contributors, self._z_for(ctx.action))
 
     def report(self):
         if self._acc is None:
@@ -558,6 +674,10 @@ class GaussianDP(Layer):
         return {
             "privacy_spent": (eps, delta),
             "noise_multiplier": self.z,
+            "round_noise_multipliers": (
+                {a: self._z_for(a) for a in self.round_weights} if self.round_weights is not None else {}
+            ),
+            "planned_schedule": list(self._schedule) if self._schedule is not None else [(1.0, self._planned)],
             "accountant": self.accountant_name,
             "mode": self.mode,
             "target": (self.epsilon, self.delta),

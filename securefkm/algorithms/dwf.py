@@ -175,6 +175,17 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     def planned_rounds(self, max_rounds):
         return max_rounds + (1 if self.score_round else 0) + (1 if not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS else 0)
 
+    def planned_actions(self, max_rounds):
+        """Rounds per broadcast action of one run (sums to ``planned_rounds``): lets a weighted
+        DP schedule (``GaussianDP(round_weights=...)``) calibrate for the seeding round."""
+        actions = {"train": max_rounds}
+        if self.score_round:
+            actions["score"] = 1
+        seeding = _seeding.seeding_action(self.init_)
+        if seeding is not None:
+            actions[seeding] = 1
+        return actions
+
     # ----------------------------------------------------------------- client
     def client_update(self, X, broadcast, rng, memory=None):
         action = broadcast.action

@@ -7,7 +7,7 @@ For each privacy budget (epsilon, delta=1e-5) and each seed, on
 
 fits :class:`~securefkm.estimators.dwf.WeightedFederatedKMeans` under
 ``GaussianDP(epsilon, 1e-5, bounds=<declared box>, mode="central")`` with a protected private
-seeding (``init="private"``) and ``LLOYD_ROUNDS`` DP Lloyd rounds (one local step, full
+seeding (``init="private"``) and ``lloyd_rounds(epsilon)`` DP Lloyd rounds (one local step, full
 participation), and diffprivlib's ``KMeans(n_clusters, epsilon, bounds)`` on the pooled data
 (pure epsilon-DP, delta = 0; the central, trusted-curator baseline).
 
@@ -26,9 +26,13 @@ Choices (all fixed before looking at the test losses, each data-independent; see
   sensitivity) is the smallest over all translations -- for digits half the uncentred 128.
 * ``bounds=`` rather than ``clip=``: the sensitivity is the box's norm bound and a record
   outside the declared box raises instead of being clipped silently.
-* ``LLOYD_ROUNDS = 1``: 2 compositions in all (seeding + one Lloyd round). Each extra round
-  multiplies every round's noise by about sqrt((T+1)/T) at a fixed budget; from a decent
-  start one exact Lloyd step already gets most of the way (see the doc's ablation).
+* ``lloyd_rounds(epsilon) = max(1, floor(epsilon / 2))`` DP Lloyd rounds: one at epsilon
+  <= 2 (each extra round raises every round's noise at a fixed budget), more when the budget
+  allows (5 at epsilon 10). Chosen on tuning runs with other seeds (see the doc).
+* ``GaussianDP(count_share="auto", round_weights={"init.private": SEEDING_WEIGHT})``: each
+  round's budget split between counts and sums by the minimax rule c = 1/(1 + sqrt(d)), and
+  the seeding round gets half the weight of a Lloyd round (a third of the budget with one
+  Lloyd round); one PRV composition of the heterogeneous schedule.
 * the final centres are projected onto the declared box (post-processing, free).
 """
 
@@ -42,7 +46,14 @@ import numpy as np
 DELTA = 1e-5
 EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0)
 QUICK_EPSILONS = (1.0, 10.0)
-LLOYD_ROUNDS = 1
+SEEDING_WEIGHT = 0.5
+
+
+def lloyd_rounds(epsilon: float) -> int:
+    """DP Lloyd rounds for a budget: 1 up to epsilon 2, then one per 2 units of epsilon."""
+    return max(1, int(epsilon // 2))
+
+
 #: name -> (registry name, k, declared box (low, high))
 DATASETS = {
     "blobs": ("dwf-blobs", 5, (-1.6, 1.7)),
@@ -71,7 +82,7 @@ def reference_loss(X: np.ndarray, k: int, runs: int = 10) -> float:
     return min(KMeans(k, n_init=1, random_state=r).fit(X).inertia_ for r in range(runs))
 
 
-def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int = LLOYD_ROUNDS):
+def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int | None = None, **dp_options):
     """DP DWF k-means as configured above; returns (centres in data space, privacy_spent_)."""
     from protocols.dp import GaussianDP
 
@@ -83,15 +94,16 @@ def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int = LLOYD_ROU
     centre, half = (low + high) / 2, (high - low) / 2
     bounds = (-half, half)
     clients = [X - centre for X in data.clients]  # public, data-independent translation
+    options = {"count_share": "auto", "round_weights": {"init.private": SEEDING_WEIGHT}, **dp_options}
     est = WeightedFederatedKMeans(
         k,
         init="private",
         init_bounds=bounds,
-        max_rounds=rounds,
+        max_rounds=lloyd_rounds(epsilon) if rounds is None else rounds,
         max_local_steps=1,
         clients_per_round=1.0,
         tol=0.0,
-        protection=[GaussianDP(epsilon, DELTA, bounds=bounds, mode="central")],
+        protection=[GaussianDP(epsilon, DELTA, bounds=bounds, mode="central", **options)],
         random_state=seed,
     ).fit(clients)
     centres = np.clip(est.cluster_centers_, -half, half) + centre  # post-processing
@@ -157,9 +169,10 @@ def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None)
         f"({elapsed:.0f} s)\n"
     )
     out(
-        "DP = WeightedFederatedKMeans(init='private', max_rounds="
-        f"{LLOYD_ROUNDS}, max_local_steps=1) + GaussianDP(eps, delta={DELTA:g}, bounds=centred "
-        "declared box, mode='central'), non-IID split over 100 clients, full participation; "
+        "DP = WeightedFederatedKMeans(init='private', max_rounds=max(1, floor(eps/2)), "
+        f"max_local_steps=1) + GaussianDP(eps, delta={DELTA:g}, bounds=centred declared box, "
+        f"mode='central', count_share='auto', round_weights={{'init.private': {SEEDING_WEIGHT:g}}}), "
+        "non-IID split over 100 clients, full participation; "
         "diffprivlib = diffprivlib.models.KMeans(k, epsilon=eps, bounds=declared box) on the "
         "pooled data (pure eps-DP). Non-private loss = best of 10 central sklearn KMeans(n_init=1) "
         "on the pooled data: "

@@ -1,0 +1,209 @@
+"""Weighted DP round schedules (GaussianDP(round_weights=...)), count_share="auto" and the
+post-processing of the private seeding (James-Stein shrinkage, top-k fallback)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from protocols.dp import GaussianDP
+from protocols.dp.accounting import (
+    PrivacyAccountant,
+    epsilon_for_history,
+    gdp_epsilon,
+    noise_multiplier_for,
+    noise_multiplier_for_schedule,
+    schedule_history,
+)
+from securefkm.algorithms import _seeding
+from securefkm.algorithms.base import Algorithm, AlgorithmState
+from securefkm.exceptions import InputError, PrivacyBudgetExceededError
+from securefkm.federation import Federation
+from securefkm.messages import Broadcast, FieldSpec, Update
+
+pytest.importorskip("opacus")
+
+
+class SeedThenTrain(Algorithm):
+    """Fake algorithm: one 'seed' round, then 'train' rounds; count + sum fields of width d."""
+
+    name = "seedtrain"
+
+    def __init__(self, rounds=2, with_schedule=True):
+        self.n_clusters = 1
+        self.rounds = rounds
+        self.seen = []
+        if with_schedule:
+            self.planned_actions = lambda max_rounds: {"seed": 1, "train": min(max_rounds, self.rounds)}
+
+    def init(self, n_clients, n_features, rng):
+        return AlgorithmState(centres=np.zeros((1, n_features)), phase="init")
+
+    def configure(self, state, round):
+        return Broadcast(action="seed" if state.phase == "init" else "train", centres=state.centres)
+
+    def sum_fields(self, broadcast):
+        d = broadcast.centres.shape[1]
+        return (FieldSpec("count", (1,), "count", integer=True), FieldSpec("total", (1, d), "sum"))
+
+    def client_update(self, X, broadcast, rng, memory=None):
+        return Update(sums={"count": np.array([float(len(X))]), "total": X.sum(axis=0, keepdims=True)})
+
+    def aggregate(self, state, agg):
+        self.seen.append(dict(agg.sums))
+        centres = agg.sums["total"] / max(agg.sums["count"][0], 1.0)
+        if state.phase == "init":
+            return replace(state, centres=centres, phase="train")
+        return replace(state, round=state.round + 1, centres=centres)
+
+    def converged(self, state):
+        return state.round >= self.rounds
+
+    def planned_rounds(self, max_rounds):
+        return min(max_rounds, self.rounds) + 1
+
+
+def _clients(n=4, m=50, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return [np.clip(rng.normal(size=(m, d)), -1, 1) for _ in range(n)]
+
+
+def _layer(fed):
+    return next(layer for layer in fed.layers if isinstance(layer, GaussianDP))
+
+
+# ------------------------------------------------------------------ accounting of a schedule
+def test_schedule_calibration_equals_opacus_prv_of_the_heterogeneous_mechanisms():
+    from opacus.accountants import PRVAccountant
+
+    schedule = [(0.5, 1), (1.0, 3)]
+    z = noise_multiplier_for_schedule(1.0, 1e-5, schedule)
+    hist = schedule_history(z, schedule)
+    assert hist == [(z / math.sqrt(0.5), 1.0, 1), (z, 1.0, 3)]
+    acc = PRVAccountant()
+    acc.history = list(hist)
+    eps_opacus = acc.get_epsilon(delta=1e-5)
+    assert epsilon_for_history(hist, 1e-5) == pytest.approx(eps_opacus, abs=1e-9)
+    assert 0.99 <= eps_opacus <= 1.0  # tight and on the safe side
+    assert epsilon_for_history(schedule_history(0.97 * z, schedule), 1e-5) > 1.0
+    # full participation: the composition is mu-GDP with mu^2 = sum_i n_i / z_i^2
+    mu = math.sqrt(sum(n / zi**2 for zi, _, n in hist))
+    assert abs(eps_opacus - gdp_epsilon(mu, 1e-5)) < 0.05
+    # a uniform schedule is the old single-z calibration
+    assert noise_multiplier_for_schedule(1.0, 1e-5, [(1.0, 4)]) == pytest.approx(noise_multiplier_for(1.0, 1e-5, 4, 1.0))
+
+
+def test_accountant_steps_with_their_own_noise_multiplier():
+    acc = PrivacyAccountant(5.0, 1.25, 1e-5)  # below the all-at-z_min bound: exact value reported
+    acc.step(1.0, noise_multiplier=8.0)
+    acc.step(1.0)
+    acc.step(1.0)
+    assert acc.history == [(8.0, 1.0, 1), (5.0, 1.0, 2)]
+    assert acc.spent()[0] == pytest.approx(epsilon_for_history([(8.0, 1.0, 1), (5.0, 1.0, 2)], 1e-5))
+
+
+def test_layer_with_round_weights_charges_each_round_at_its_noise():
+    from opacus.accountants import PRVAccountant
+
+    algo = SeedThenTrain(rounds=2)
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), count_share=0.2, round_weights={"seed": 0.25})
+    fed = Federation(algo, _clients(), protection=[dp], max_rounds=2, random_state=0)
+    fed.run()
+    layer = _layer(fed)
+    rep = layer.report()
+    z = rep["noise_multiplier"]
+    assert rep["planned_schedule"] == [(0.25, 1), (1.0, 2)]
+    assert rep["round_noise_multipliers"] == {"seed": pytest.approx(2 * z)}
+    acc = PRVAccountant()
+    acc.history = [(2 * z, 1.0, 1), (z, 1.0, 2)]
+    eps = rep["privacy_spent"][0]
+    assert eps == pytest.approx(acc.get_epsilon(delta=1e-5), abs=1e-9)
+    assert eps <= 1.0 and fed.privacy_spent()[0] == eps
+    # the last (train) round's sigmas: z / sqrt(share), R = sqrt(3) (box [-1, 1]^3)
+    assert rep["field_sigmas"]["count"] == pytest.approx(z / math.sqrt(0.2), rel=1e-5)
+    assert rep["field_sigmas"]["total"] == pytest.approx(z * math.sqrt(3) / math.sqrt(0.8), rel=1e-4)  # + lattice term
+    # same budget as 3 equal rounds at z_u: mu^2 = 1/(2z)^2 + 2/z^2 = 3/z_u^2 -> z = z_u sqrt(3/4)
+    unweighted = GaussianDP(1.0, 1e-5, bounds=(-1, 1), count_share=0.2)
+    Federation(SeedThenTrain(rounds=2), _clients(), protection=[unweighted], max_rounds=2)
+    assert z == pytest.approx(unweighted.z * math.sqrt(0.75), rel=0.03)
+
+
+def test_round_weights_without_planned_actions_assume_the_heaviest_weight():
+    algo = SeedThenTrain(rounds=2, with_schedule=False)
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), round_weights={"seed": 0.25})
+    fed = Federation(algo, _clients(), protection=[dp], max_rounds=2, random_state=0)
+    fed.run()
+    rep = _layer(fed).report()
+    assert rep["planned_schedule"] == [(1.0, 3)]  # unknown split: every round at weight 1
+    assert rep["noise_multiplier"] == pytest.approx(noise_multiplier_for(1.0, 1e-5, 3, 1.0))
+    assert rep["privacy_spent"][0] <= 1.0
+
+
+def test_weighted_schedule_refuses_rounds_past_the_budget():
+    algo = SeedThenTrain(rounds=6)
+    z = noise_multiplier_for_schedule(1.0, 1e-5, [(0.5, 1), (1.0, 2)])
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), noise_multiplier=z, round_weights={"seed": 0.5})
+    fed = Federation(algo, _clients(), protection=[dp], max_rounds=6, random_state=0)
+    with pytest.raises(PrivacyBudgetExceededError, match="budget"):
+        fed.run()
+    assert len(algo.seen) == 3  # seeding + the 2 Lloyd rounds the budget covers
+    assert _layer(fed).report()["privacy_spent"][0] <= 1.0
+
+
+def test_round_weights_validation():
+    with pytest.raises(InputError, match="round_weights"):
+        GaussianDP(1.0, 1e-5, clip=1.0, round_weights={"seed": 0.0})
+    with pytest.raises(InputError, match="round_weights"):
+        GaussianDP(1.0, 1e-5, clip=1.0, round_weights=[0.5])
+
+
+def test_count_share_auto_is_the_minimax_split():
+    d = 3
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), count_share="auto")
+    fed = Federation(SeedThenTrain(rounds=1), _clients(d=d), protection=[dp], max_rounds=1, random_state=0)
+    fed.run()
+    rep = _layer(fed).report()
+    z, c = rep["noise_multiplier"], 1 / (1 + math.sqrt(d))
+    assert rep["field_sigmas"]["count"] == pytest.approx(z / math.sqrt(c), rel=1e-5)
+    assert rep["field_sigmas"]["total"] == pytest.approx(z * math.sqrt(d) / math.sqrt(1 - c), rel=1e-4)  # + lattice term
+
+
+def test_dwf_planned_actions_add_up_to_planned_rounds():
+    from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+
+    for init, score in (("private", False), ("private", True), ("uniform", False), (np.zeros((2, 2)), False)):
+        algo = WeightedFederatedKMeansAlgorithm(2, init=init, init_bounds=(-1, 1), score_round=score)
+        actions = algo.planned_actions(3)
+        assert sum(actions.values()) == algo.planned_rounds(3)
+        assert ("init.private" in actions) == (isinstance(init, str) and init == "private")
+
+
+# ------------------------------------------------------------------ seeding post-processing
+def test_shrink_means_lowers_the_error_of_noisy_means():
+    rng = np.random.default_rng(0)
+    d, m, sigma = 32, 40, 50.0
+    true = rng.normal(size=(m, d)) * 2
+    counts = np.full(m, 30.0)
+    noisy = true + rng.normal(size=(m, d)) * sigma / counts[:, None]
+    shrunk = _seeding.shrink_means(noisy, counts, sigma, true.mean(axis=0))
+    assert np.sum((shrunk - true) ** 2) < 0.8 * np.sum((noisy - true) ** 2)
+    # no noise: no change; fewer than 3 dimensions: no change
+    assert np.allclose(_seeding.shrink_means(true, counts, 0.0, np.zeros(d)), true)
+    assert np.array_equal(_seeding.shrink_means(noisy[:, :2], counts, sigma, np.zeros(2)), noisy[:, :2])
+
+
+def test_private_seeding_falls_back_to_the_largest_buckets_not_to_the_box():
+    """With fewer than k buckets above the noise threshold the seeding used to fill in uniform
+    points of the box (far from the data in high dimension); now the k largest noisy counts."""
+    rng = np.random.default_rng(1)
+    d, n_buckets, k = 16, 64, 6
+    counts = rng.normal(0, 10, n_buckets)  # sigma_hat ~ 10: the threshold is ~30
+    sums = rng.normal(0, 5, (n_buckets, d))
+    counts[:4] = [100, 90, 25, 20]  # only 2 clear the threshold
+    sums[:4] = counts[:4, None] * 0.5  # these buckets' mean: 0.5 in every coordinate
+    centres = _seeding._private_seeding_centres({"bucket_counts": counts, "bucket_sums": sums}, k, rng, (-10, 10))
+    assert centres.shape == (k, d)
+    assert np.all(np.abs(centres) <= 3)  # near the data / the overall mean, not box corners (|x| ~ 10)
