@@ -111,60 +111,83 @@ def masking_round(n: int, length: int, graph: str, neighbours: int | None = None
 
 
 # --------------------------------------------------------------------------- Flower side
-def _flower_apps(n: int, length: int, num_shares: int, threshold: int, num_rounds: int, timings: list):
-    """ServerApp + ClientApp: FedAvg over SecAgg+ with a fixed-vector NumPyClient."""
-    from flwr.client import NumPyClient
-    from flwr.client.mod import secaggplus_mod
-    from flwr.clientapp import ClientApp
-    from flwr.common import ndarrays_to_parameters
-    from flwr.server import LegacyContext, ServerConfig
-    from flwr.server.strategy import FedAvg
-    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
-    from flwr.serverapp import ServerApp
+def fixed_vector(length: int) -> np.ndarray:
+    """The float32 vector every Flower client returns (its FedAvg is the vector itself)."""
+    return np.linspace(-1.0, 1.0, int(length)).astype(np.float32)
 
-    vector = np.linspace(-1.0, 1.0, length).astype(np.float32)
+
+def fixed_vector_client(length: int):
+    """A Flower ``Client`` (``NumPyClient``) whose ``fit`` returns :func:`fixed_vector` with weight 1."""
+    from flwr.client import NumPyClient
+
+    vector = fixed_vector(length)
 
     class FixedClient(NumPyClient):
         def get_parameters(self, config):
-            return [np.zeros(length, dtype=np.float32)]
+            return [np.zeros(len(vector), dtype=np.float32)]
 
         def fit(self, parameters, config):
             return [vector], 1, {}
 
-    def client_fn(context):
-        return FixedClient().to_client()
+    return FixedClient().to_client()
 
-    client_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+def secaggplus_server_main(grid, context, *, n: int, length: int, num_shares, threshold, num_rounds: int,
+                           timings: list, timeout: float | None = None) -> None:
+    """ServerApp body: ``num_rounds`` FedAvg rounds over ``SecAggPlusWorkflow``, each round timed.
+
+    Appends to ``timings``: per round its wall seconds (float), ``("cpu", s)``,
+    ``("start", perf_counter)``; at the end ``("max_error", |FedAvg - vector|_inf)``.
+    """
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server import LegacyContext, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
 
     class TimedSecAggPlus(SecAggPlusWorkflow):
         def __call__(self, grid, context):
             t0, c0 = time.perf_counter(), time.process_time()
+            timings.append(("start", t0))
             super().__call__(grid, context)
             timings.append(time.perf_counter() - t0)
             timings.append(("cpu", time.process_time() - c0))
 
+    strategy = FedAvg(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=n,
+        min_available_clients=n,
+        initial_parameters=ndarrays_to_parameters([np.zeros(length, dtype=np.float32)]),
+    )
+    legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=num_rounds), strategy=strategy)
+    workflow = DefaultWorkflow(fit_workflow=TimedSecAggPlus(num_shares=num_shares, reconstruction_threshold=threshold,
+                                                            timeout=timeout))
+    workflow(grid, legacy)
+    # check: FedAvg of identical vectors through SecAgg+ gives the vector back (up to
+    # Flower's 2**22-level quantisation of [-8, 8])
+    final = legacy.state.array_records[MAIN_PARAMS_RECORD].to_numpy_ndarrays()[0]
+    timings.append(("max_error", float(np.max(np.abs(final - fixed_vector(length))))))
+
+
+def _flower_apps(n: int, length: int, num_shares: int, threshold: int, num_rounds: int, timings: list):
+    """ServerApp + ClientApp: FedAvg over SecAgg+ with a fixed-vector NumPyClient."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    def client_fn(context):
+        return fixed_vector_client(length)
+
+    client_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid, context):
-        strategy = FedAvg(
-            fraction_fit=1.0,
-            fraction_evaluate=0.0,
-            min_fit_clients=n,
-            min_available_clients=n,
-            initial_parameters=ndarrays_to_parameters([np.zeros(length, dtype=np.float32)]),
-        )
-        legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=num_rounds), strategy=strategy)
-        workflow = DefaultWorkflow(fit_workflow=TimedSecAggPlus(num_shares=num_shares, reconstruction_threshold=threshold))
-        workflow(grid, legacy)
-        # check: FedAvg of identical vectors through SecAgg+ gives the vector back (up to
-        # Flower's 2**22-level quantisation of [-8, 8])
-        from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
+        secaggplus_server_main(grid, context, n=n, length=length, num_shares=num_shares, threshold=threshold,
+                               num_rounds=num_rounds, timings=timings)
 
-        final = legacy.state.array_records[MAIN_PARAMS_RECORD].to_numpy_ndarrays()[0]
-        timings.append(("max_error", float(np.max(np.abs(final - vector)))))
-
-    return server_app, client_app, vector
+    return server_app, client_app, fixed_vector(length)
 
 
 def _flower_env(home: str) -> dict:
