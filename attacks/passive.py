@@ -149,6 +149,19 @@ class SmallClusterDisclosure:
         )
 
 
+def _seeding_records(transcript) -> dict[int, np.ndarray]:
+    """Raw records each client sent for k-means++ / random seeding: {client: (m, d)}."""
+    out: dict[int, list] = {}
+    for rec in transcript:
+        if rec.action not in SEEDING_RAW_ACTIONS:
+            continue
+        for c, items in rec.items.items():
+            cen = items.get("centres")
+            if cen is not None and len(cen):
+                out.setdefault(c, []).append(np.asarray(cen, dtype=np.float64))
+    return {c: np.vstack(v) for c, v in out.items()}
+
+
 def _client_observations(transcript, client, pair_for=cell_fields):
     """One client's full-data training rounds: (centres (T,k,d), counts (T,k), sums (T,k,d))."""
     Cs, Ns, Ss = [], [], []
@@ -175,48 +188,144 @@ def _client_observations(transcript, client, pair_for=cell_fields):
     return np.stack(Cs), np.stack(Ns), np.stack(Ss)
 
 
-def _region_nonempty(Ct, a, Cu, b, low, high) -> bool:
-    """Is {x in box: x in Voronoi cell a of Ct and in cell b of Cu} non-empty? (an LP)"""
-    rows, rhs = [], []
-    for C, j in ((Ct, a), (Cu, b)):
-        others = np.delete(np.arange(len(C)), j)
-        # ||x-c_j||^2 <= ||x-c_m||^2  <=>  2 (c_m - c_j).x <= |c_m|^2 - |c_j|^2
-        rows.append(2.0 * (C[others] - C[j]))
-        rhs.append(np.einsum("ij,ij->i", C[others], C[others]) - C[j] @ C[j])
-    A = np.vstack(rows)
-    bvec = np.concatenate(rhs)
-    res = linprog(np.zeros(A.shape[1]), A_ub=A, b_ub=bvec - 1e-12 * (1 + np.abs(bvec)),
-                  bounds=list(zip(low, high)), method="highs")
-    return res.status == 0
+def _cell_halfspaces(C: np.ndarray, j: int):
+    """(A, b) with {x: A x <= b} = Voronoi cell j of the centres C."""
+    others = np.delete(np.arange(len(C)), j)
+    # ||x-c_j||^2 <= ||x-c_m||^2  <=>  2 (c_m - c_j).x <= |c_m|^2 - |c_j|^2
+    return 2.0 * (C[others] - C[j]), np.einsum("ij,ij->i", C[others], C[others]) - C[j] @ C[j]
 
 
-def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int | None = None, agree_rtol: float = 1e-9):
+def _shrunk(b: np.ndarray) -> np.ndarray:
+    # a region thinner than ~1e-12 counts as empty (a record exactly on a bisector has
+    # probability zero); a looser tolerance would only make regions look non-empty
+    return b - 1e-12 * (1 + np.abs(b))
+
+
+def clip_polygon(P: np.ndarray, A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Convex polygon P (m, 2), vertices in order, clipped by the half-planes A x <= b."""
+    for a, beta in zip(A, b):
+        v = P @ a - beta
+        inside = v <= 0
+        if inside.all():
+            continue
+        if not inside.any():
+            return P[:0]
+        out = []
+        m = len(P)
+        for i in range(m):
+            j = (i + 1) % m
+            if inside[i]:
+                out.append(P[i])
+            if inside[i] != inside[j]:
+                out.append(P[i] + (v[i] / (v[i] - v[j])) * (P[j] - P[i]))
+        P = np.asarray(out)
+    return P
+
+
+class _Region:
+    """Polytopes {x in box: x in cell j_1 of C_{t_1}, ..., cell j_n of C_{t_n}}: is one empty?
+
+    2-D: exact clipping of the box polygon (fast); otherwise one linear programme."""
+
+    def __init__(self, C, low, high):
+        self.C, self.low, self.high = C, low, high
+        self._rows: dict = {}
+        self.base_rows = np.zeros((0, C.shape[2])), np.zeros(0)
+        self.base_poly = self._box() if C.shape[2] == 2 else None
+        self.n_checks = 0
+
+    def _box(self):
+        lo, hi = self.low, self.high
+        return np.array([[lo[0], lo[1]], [hi[0], lo[1]], [hi[0], hi[1]], [lo[0], hi[1]]], dtype=np.float64)
+
+    def rows(self, cells):
+        """Stacked (A, b) of the cells [(t, j), ...]."""
+        parts = []
+        for key in cells:
+            if key not in self._rows:
+                self._rows[key] = _cell_halfspaces(self.C[key[0]], key[1])
+            parts.append(self._rows[key])
+        if not parts:
+            return np.zeros((0, self.C.shape[2])), np.zeros(0)
+        return np.vstack([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def confine(self, cells):
+        """Every region below is also inside these cells (a known confinement)."""
+        A, b = self.rows(cells)
+        self.base_rows = A, b
+        if self.base_poly is not None:
+            self.base_poly = clip_polygon(self._box(), A, _shrunk(b)) if len(A) else self._box()
+
+    def nonempty(self, cells) -> bool:
+        self.n_checks += 1
+        A, b = self.rows(cells)
+        if self.base_poly is not None:
+            return len(self.base_poly) > 0 and len(clip_polygon(self.base_poly, A, _shrunk(b))) > 0
+        A = np.vstack([self.base_rows[0], A])
+        b = np.concatenate([self.base_rows[1], b])
+        res = linprog(np.zeros(A.shape[1]), A_ub=A, b_ub=_shrunk(b), bounds=list(zip(self.low, self.high)), method="highs")
+        return res.status == 0
+
+
+def _groups(F: np.ndarray, tol: float) -> np.ndarray:
+    """Group id of each row of F: rows equal within tol (after a lexicographic sort) share one."""
+    order = np.lexsort(F.T[::-1])
+    same = np.all(np.abs(np.diff(F[order], axis=0)) <= tol, axis=1)
+    g = np.empty(len(F), dtype=np.intp)
+    g[order] = np.concatenate([[0], np.cumsum(~same)])
+    return g
+
+
+def _subtract_known(C, N, S, known):
+    Nr, Sr = N.copy(), S.copy()
+    k = N.shape[1]
+    for t in range(len(C)):
+        lab = assign(known, C[t])[0]
+        Nr[t] -= np.bincount(lab, minlength=k)
+        np.add.at(Sr[t], lab, -known)
+    return Nr, Sr
+
+
+def peel(C, N, S, *, bounds=None, known=None, max_iter: int = 50, max_gap: int | None = None, agree_rtol: float = 1e-9):
     """Differencing to a fixpoint on one client's per-round cells.
 
     ``C`` (T, k, d) the centres the client got, ``N`` (T, k) its counts, ``S`` (T, k, d) its
     per-cell coordinate sums; ``bounds`` = (low, high) arrays, a box known to hold the
-    client's records. Returns the recovered records (m, d) and the iterations used.
+    client's records; ``known`` (m, d) records of this client already known (e.g. the raw
+    records its k-means++ seeding sent). Returns all known records (m', d) and the
+    iterations used.
 
-    Each iteration: (1) subtract every known record from the cell it falls in, in every
-    round (its cell follows from the public centres); (2) a residual cell with count 1 is a
-    record; (3) for a pair of rounds (t, u) -- every pair, or those at most ``max_gap``
-    apart -- whose residual counts change by -1 in cell j, +1 in cell l and nowhere else,
-    and whose residual sums change in no other cell either (``agree_rtol``) with
-    ``S_u[j] - S_t[j] = -(S_u[l] - S_t[l])``: all records that moved between t and u moved
-    between j and l (a cell c whose in- and out-flows of records have equal sums has none,
-    for records in general position: disjoint sets of distinct real vectors do not have
-    equal sums), so ``S_u[l] - S_t[l]`` = (records j -> l) - (records l -> j), one more of
-    the former. It is one record **if** no record can go l -> j, i.e. the region {x in
-    bounds: x in cell l of C_t and in cell j of C_u} is empty (one linear programme).
-    Candidates must also lie in cell j at t and cell l at u.
-    Stops at a fixpoint, or when the residuals become inconsistent (a negative count).
+    Each iteration works on the *residual* cells (every known record subtracted from the
+    cell it falls in, in every round -- its cell follows from the public centres) and:
+
+    1. groups rounds into *states*: rounds whose residual cells have equal counts and sums
+       hold the same records in every cell (records in general position: two different
+       sets of records do not have equal sums), and per cell the rounds in which that cell
+       holds the same records;
+    2. confines the unknown records: in a state with a single non-empty cell they all lie in
+       that cell in every round of the state (an intersection of Voronoi cells);
+    3. reads a residual cell of count 1 as a record;
+    4. for every ordered pair of states (a, b) and every cell l that holds one record more
+       at b than at a: the cell gained I and lost O with |I| - |O| = 1 and
+       ``S_b[l] - S_a[l] = sum(I) - sum(O)``. If no unknown record can have left l, i.e.
+       for every cell m whose content changed between a and b (a cell whose count and sum
+       did not change gained and lost nothing, general position again) the region {x in
+       the confinement: in cell l in every round where l holds what it holds at a, in cell
+       m in every round where m holds what it holds at b} is empty, then O is empty, I is
+       one record, and the sum difference is that record. Cheap necessary conditions (the
+       candidate lies in l at b, outside l at a, and in a non-empty residual cell in every
+       state) filter candidates before the region test.
+
+    ``max_gap``: compare only states with rounds at most ``max_gap`` apart (None: all
+    pairs). Stops at a fixpoint, or when the residuals become inconsistent (a negative
+    count).
 
     Assumption (stated in the docs): records in general position -- true with probability
     one for continuous data; data on a coarse grid could in principle satisfy a sum
     coincidence and give a wrong claim.
     """
     T, k, d = S.shape
-    known = np.zeros((0, d))
+    known = np.zeros((0, d)) if known is None else np.asarray(known, dtype=np.float64).reshape(-1, d)
     scale = 1.0 + float(np.max(np.abs(S))) if S.size else 1.0
     tol = agree_rtol * scale
     if bounds is None:
@@ -225,59 +334,13 @@ def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int | None = None
         w = np.maximum(hi - lo, 1e-12)
         bounds = (lo - w, hi + w)
     low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in bounds)
-    region_cache: dict = {}
-    iu, ju = np.triu_indices(T, 1)
-    if max_gap is not None:
-        near = ju - iu <= max_gap
-        iu, ju = iu[near], ju[near]
     iters = 0
     for it in range(1, max_iter + 1):
         iters = it
-        Nr, Sr = N.copy(), S.copy()
-        if len(known):
-            for t in range(T):
-                lab = assign(known, C[t])[0]
-                Nr[t] -= np.bincount(lab, minlength=k)
-                np.add.at(Sr[t], lab, -known)
-        if np.any(Nr < 0):
+        Nr, Sr = _subtract_known(C, N, S, known) if len(known) else (N.copy(), S.copy())
+        if np.any(Nr < 0) or not np.any(Nr > 0):
             break
-        cands = []
-        # (2) singletons
-        tt, jj = np.nonzero(Nr == 1)
-        if len(tt):
-            X = Sr[tt, jj]
-            ok = np.array([assign(X[i : i + 1], C[tt[i]])[0][0] == jj[i] for i in range(len(X))])
-            cands.append(X[ok])
-        # (3) one record moved between two rounds
-        if len(iu):
-            dN = Nr[ju] - Nr[iu]
-            one_move = (np.sum(dN == -1, axis=1) == 1) & (np.sum(dN == 1, axis=1) == 1) & (np.sum(dN != 0, axis=1) == 2)
-            p = np.flatnonzero(one_move)
-            if len(p):
-                t, u = iu[p], ju[p]
-                j = np.argmax(dN[p] == -1, axis=1)
-                l_ = np.argmax(dN[p] == 1, axis=1)
-                dS = Sr[u] - Sr[t]  # (P, k, d)
-                rows = np.arange(len(p))
-                x = dS[rows, l_]
-                other = np.ones((len(p), k), dtype=bool)
-                other[rows, j] = False
-                other[rows, l_] = False
-                quiet = np.all(np.abs(dS).max(axis=2) * other <= tol, axis=1)
-                balanced = np.max(np.abs(x + dS[rows, j]), axis=1) <= tol
-                for q in np.flatnonzero(quiet & balanced):
-                    tq, uq, jq, lq = int(t[q]), int(u[q]), int(j[q]), int(l_[q])
-                    xq = x[q]
-                    if assign(xq[None], C[tq])[0][0] != jq or assign(xq[None], C[uq])[0][0] != lq:
-                        continue
-                    if Nr[tq, lq] > 0 and Nr[uq, jq] > 0:  # someone could have gone l -> j
-                        key = (tq, uq, lq, jq)
-                        if key not in region_cache:
-                            region_cache[key] = _region_nonempty(C[tq], lq, C[uq], jq, low, high)
-                        if region_cache[key]:
-                            continue
-                    cands.append(xq[None])
-        new = np.vstack(cands) if cands else np.zeros((0, d))
+        new = _peel_step(C, Nr, Sr, low, high, tol, max_gap)
         if len(new) == 0:
             break
         new = dedup(new, tol)
@@ -288,6 +351,79 @@ def peel(C, N, S, *, bounds=None, max_iter: int = 50, max_gap: int | None = None
             break
         known = np.vstack([known, new])
     return known, iters
+
+
+def _peel_step(C, Nr, Sr, low, high, tol, max_gap):
+    """One peel iteration on residual cells: the records it certifies (see :func:`peel`)."""
+    T, k, d = Sr.shape
+    sid = _groups(np.hstack([Nr, Sr.reshape(T, -1)]), tol)
+    n_states = int(sid.max()) + 1
+    members = [np.flatnonzero(sid == s) for s in range(n_states)]
+    rep = np.array([m[0] for m in members])
+    Ns, Ss = Nr[rep], Sr[rep]
+    occ = Ns > 0
+    cell_gid = np.stack([_groups(np.hstack([Nr[:, j : j + 1], Sr[:, j]]), tol) for j in range(k)], axis=1)
+
+    def same_content(t, j):  # rounds in which cell j holds what it holds in round t
+        return [(int(u), j) for u in np.flatnonzero(cell_gid[:, j] == cell_gid[t, j])]
+
+    region = _Region(C, low, high)
+    single = np.flatnonzero(occ.sum(axis=1) == 1)
+    region.confine([(int(t), int(np.argmax(occ[s]))) for s in single for t in members[s]])
+    found = []
+    # (3) singletons
+    ss, jj = np.nonzero(Ns == 1)
+    if len(ss):
+        X = Ss[ss, jj]
+        ok = np.array([assign(X[i : i + 1], C[rep[ss[i]]])[0][0] == jj[i] for i in range(len(X))])
+        found.append(X[ok])
+    # (4) one record more in cell l at state b than at state a, and none can have left l
+    ia, ib = np.nonzero(~np.eye(n_states, dtype=bool))
+    if max_gap is not None and len(ia):
+        # closest rounds of the two states (a state's rounds need not be contiguous)
+        near = np.array([np.min(np.abs(members[a][:, None] - members[b][None, :])) <= max_gap for a, b in zip(ia, ib)])
+        ia, ib = ia[near], ib[near]
+    pp, ll = np.nonzero(Ns[ib] - Ns[ia] == 1)
+    if len(pp):
+        a, b = ia[pp], ib[pp]
+        X = Ss[b, ll] - Ss[a, ll]
+        lab_a = np.empty(len(X), dtype=np.intp)
+        lab_b = np.empty(len(X), dtype=np.intp)
+        for s in np.unique(np.concatenate([a, b])):
+            qa, qb = a == s, b == s
+            lab_a[qa] = assign(X[qa], C[rep[s]])[0]
+            lab_b[qb] = assign(X[qb], C[rep[s]])[0]
+        ok = (lab_b == ll) & (lab_a != ll)
+        for s in range(n_states):  # a record lies in a non-empty residual cell in every state
+            if not ok.any():
+                break
+            ok[ok] &= occ[s, assign(X[ok], C[rep[s]])[0]]
+        a, b, ll, X = a[ok], b[ok], ll[ok], X[ok]
+        order = np.lexsort(X.T[::-1])
+        value = np.empty(len(X), dtype=np.intp)  # one certificate per distinct candidate value
+        value[order] = np.concatenate([[0], np.cumsum(~np.all(np.abs(np.diff(X[order], axis=0)) <= tol, axis=1))]) if len(X) else []
+        certified = set()
+        cache: dict = {}
+        for q in order:
+            if value[q] in certified:
+                continue
+            aq, bq, lq = int(a[q]), int(b[q]), int(ll[q])
+            changed = (Ns[bq] != Ns[aq]) | (np.abs(Ss[bq] - Ss[aq]).max(axis=1) > tol)
+            clean = True
+            if occ[aq, lq]:  # otherwise nothing was in l at a: nothing can have left
+                for m in np.flatnonzero(changed & occ[bq]):
+                    if m == lq:
+                        continue
+                    key = (cell_gid[rep[aq], lq], lq, cell_gid[rep[bq], m], int(m))
+                    if key not in cache:
+                        cache[key] = region.nonempty(same_content(rep[aq], lq) + same_content(rep[bq], int(m)))
+                    if cache[key]:
+                        clean = False
+                        break
+            if clean:
+                found.append(X[q][None])
+                certified.add(value[q])
+    return np.vstack(found) if found else np.zeros((0, d))
 
 
 class Differencing:
@@ -308,6 +444,10 @@ class Differencing:
     ``data_bounds`` = (low, high): a box the server knows holds the records (under
     protection users declare it as ``init_bounds``); default: the box of all broadcast
     centres widened by its own width on each side (an assumption, stated in the report).
+    ``max_gap``: compare only states (groups of rounds with equal cells) whose rounds are
+    at most this far apart; None (default): every pair. ``use_seeding``: the raw records a
+    client sent for k-means++ / random seeding are claimed and seed that client's peeling
+    (known records are subtracted everywhere).
 
     Defeated by: secure aggregation (the per-client messages are masked: nothing to peel),
     local DP noise (counts and sums are no longer exact), and reduced by ``MinClusterSize``
@@ -316,7 +456,7 @@ class Differencing:
 
     name = "differencing"
 
-    def __init__(self, *, data_bounds=None, max_iter: int = 50, max_gap: int | None = 2, include_singletons_only_rounds: bool = True, tol_exact: float = 1e-6, tol_approx=None):
+    def __init__(self, *, data_bounds=None, max_iter: int = 50, max_gap: int | None = None, include_singletons_only_rounds: bool = True, use_seeding: bool = True, tol_exact: float = 1e-6, tol_approx=None):
         for name, v in (("max_iter", max_iter), ("max_gap", 1 if max_gap is None else max_gap)):
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} must be an int >= 1, got {v!r}.")
@@ -329,6 +469,7 @@ class Differencing:
         self.max_iter = int(max_iter)
         self.max_gap = None if max_gap is None else int(max_gap)
         self.include_singletons_only_rounds = bool(include_singletons_only_rounds)
+        self.use_seeding = bool(use_seeding)
         self.tol_exact = _check_tol(tol_exact, "tol_exact")
         self.tol_approx = None if tol_approx is None else _check_tol(tol_approx, "tol_approx")
 
@@ -339,11 +480,13 @@ class Differencing:
         )
         claims = []
         iters = {}
+        seeded = _seeding_records(transcript) if self.use_seeding else {}
         for c in range(n_clients):
             obs = _client_observations(transcript, c)
             if obs is None:
+                claims.extend((c, x) for x in seeded.get(c, ()))
                 continue
-            rec, it = peel(*obs, bounds=self.data_bounds, max_iter=self.max_iter, max_gap=self.max_gap)
+            rec, it = peel(*obs, bounds=self.data_bounds, known=seeded.get(c), max_iter=self.max_iter, max_gap=self.max_gap)
             iters[c] = it
             claims.extend((c, x) for x in rec)
         if self.include_singletons_only_rounds:

@@ -1,0 +1,60 @@
+"""Issue 4 must-show: passive attacks on unprotected DWF (5-blob set, 100 non-IID clients,
+one local step, learning rate 0.01, momentum 0.8, k-means++ seeding, Federation seed 0)."""
+
+import numpy as np
+import pytest
+
+from attacks import Differencing
+from securefkm.algorithms._kmeans import assign
+from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from securefkm.federation import Federation
+
+
+def _paper_transcript(clients, rounds):
+    algo = WeightedFederatedKMeansAlgorithm(5, init="k-means++", learning_rate=0.01, momentum=0.8)
+    fed = Federation(algo, clients, max_rounds=rounds, random_state=0)
+    fed.run()
+    return fed.transcript
+
+
+def test_differencing_paper_settings_100_rounds(blobs_noniid):
+    """CI-sized: the first 100 of the paper's rounds. Measured 402 records (3.98%), 39% of
+    clients, precision 100%; the pairwise peeling of the previous release got 330."""
+    _, clients = blobs_noniid
+    r = Differencing().evaluate(_paper_transcript(clients, 100), clients)
+    assert r.records_recovered >= 380 and r.precision > 0.99 and r.clients_exposed >= 0.38
+
+
+def _linear_ceiling(transcript, clients):
+    """Records whose value follows linearly from a client's per-round cell sums even when
+    the cell of every record in every round is known (ground truth, scoring only): no
+    passive attack on these messages recovers a record outside this set exactly."""
+    rounds = [r for r in transcript if r.action == "train"]
+    n_rec = n_cli = 0
+    for c, X in enumerate(clients):
+        rows = np.array([assign(X, r.broadcasts[c].centres)[0] == j for r in rounds for j in range(5)], dtype=float)
+        rows = np.unique(rows, axis=0)
+        _, s, vt = np.linalg.svd(rows)
+        null = vt[int(np.sum(s > 1e-9)) :]
+        rec = np.linalg.norm(null, axis=0) < 1e-8 if len(null) else np.ones(len(X), bool)
+        n_rec += int(rec.sum())
+        n_cli += bool(rec.any())
+    return n_rec, n_cli
+
+
+@pytest.mark.slow
+def test_differencing_paper_settings_must_show(blobs_noniid):
+    """300 rounds (paper settings): at least 6.5% of records exactly, precision > 99%.
+    Measured 665 records (6.58%), 41% of clients, precision 100%.
+
+    The issue's 90% of clients is not reachable on this split: even knowing every record's
+    cell in every round, only 42 of the 100 clients have a record determined by their
+    messages (51 clients stay in one cell for all 300 rounds: the server learns their count
+    and mean only). See docs/attacks/reconstruction.md."""
+    _, clients = blobs_noniid
+    transcript = _paper_transcript(clients, 300)
+    r = Differencing().evaluate(transcript, clients)
+    assert r.fraction_recovered >= 0.065 and r.precision > 0.99 and r.clients_exposed >= 0.40
+    n_rec, n_cli = _linear_ceiling(transcript, clients)
+    assert r.records_recovered <= n_rec + 5  # + the 5 raw k-means++ seeding records
+    assert n_cli < 90
