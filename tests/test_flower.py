@@ -205,6 +205,15 @@ def test_fake_grid_equals_in_process(tmp_path, clients, task_identity, protectio
     np.testing.assert_array_equal(result["centres"], ref.cluster_centers_)
     assert_same_structure(result["transcript"], ref.transcript_)
     assert result["errors"] == {}
+    # the aggregator's first stage rides on the update message: one exchange fewer per
+    # round than the transcript's stages (which still lists it, with its own replies)
+    first = "advertise" if protection else "input"
+    exchanged = [stage for _, stage, *_ in result["timings"]]
+    assert first not in exchanged and "update" in exchanged
+    for rec in result["transcript"]:
+        if rec.specs:
+            stages = [s.stage for s in rec.stages]
+            assert stages[:2] == ["update", first] and len(rec.stages[1].received) == len(clients)
 
 
 def test_fake_grid_dropout_is_recovered(tmp_path, clients, task_identity):

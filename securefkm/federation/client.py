@@ -7,6 +7,11 @@ A :class:`ClientRuntime` holds one client's records and answers the server's mes
   update, keep its sum-fields for the aggregator and return its set-fields;
 * every later stage: answer through the aggregator's :class:`ClientSession`.
 
+A transport that pays per message exchange (Flower) may send the aggregator's first stage
+message inside the :class:`UpdateRequest` (``then``); the client answers it right after
+its update, in the same reply (``UpdateReply.then``), exactly as it would have answered a
+separate message (see :meth:`Federation.run_round`).
+
 Nothing here reads another client's data or any server state.
 """
 
@@ -31,6 +36,8 @@ class UpdateRequest:
     round: int
     broadcast: Broadcast
     sampled: tuple[int, ...]
+    #: ``(stage, message)`` of the aggregator's first stage, fused into this exchange
+    then: tuple[str, Any] | None = None
 
 
 @dataclass
@@ -39,6 +46,10 @@ class UpdateReply:
 
     items: dict[str, np.ndarray] = field(default_factory=dict)
     declined: str | None = None
+    #: the answer to ``UpdateRequest.then`` (None: no fused stage, or declined/refused)
+    then: Any = None
+    #: why the client refused the fused stage message (its update still counts as sent)
+    then_refused: str | None = None
 
 
 def client_seed(random_state: int | None, run: int, round: int, client: int) -> np.random.SeedSequence:
@@ -114,12 +125,26 @@ class ClientRuntime:
         self.session = self.aggregator.client_session(self.context, ctx, update.sums) if ctx.specs else None
         return UpdateReply(items=update.items)
 
+    def answer_fused(self, reply: UpdateReply, request: UpdateRequest) -> UpdateReply:
+        """Answer the aggregator's first stage carried in ``request.then`` (if any)."""
+        if request.then is None or self.session is None:
+            return reply
+        from ..layers import ProtocolRefusal
+
+        stage, message = request.then
+        try:
+            reply.then = self.session.respond(stage, message)
+        except ProtocolRefusal as exc:
+            reply.then_refused = str(exc)
+            self.session = None
+        return reply
+
     def handle(self, stage: str, message: Any) -> Any:
         if stage == UPDATE_STAGE:
             ctx = self.round_context(message)
             X = self.prepared_data(ctx)
             update = self.algorithm.client_update(X, message.broadcast, self.rng(message), self.memory)
-            return self.finish_update(update, ctx)
+            return self.answer_fused(self.finish_update(update, ctx), message)
         if self.session is None:
             raise RuntimeError(f"client {self.client_id} got stage {stage!r} without an open round")
         return self.session.respond(stage, message)
@@ -133,6 +158,8 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
     """
     if not clients:
         return []
+    if request.then is not None:  # per-client fused stage messages: no shared request
+        raise ValueError("batch_update serves unfused update requests only; call handle() per client")
     algorithm = clients[0].algorithm
     ctx = clients[0].round_context(request)
     datas = [c.prepared_data(ctx) for c in clients]

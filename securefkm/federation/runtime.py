@@ -52,7 +52,16 @@ class ServerPolicy:
 
 
 class Transport:
-    """Carries one stage's messages to clients and returns the replies of those that answered."""
+    """Carries one stage's messages to clients and returns the replies of those that answered.
+
+    ``fuse_first_stage``: a transport that pays per message exchange (a network round trip,
+    a process start) sets it, and the runtime then sends the aggregator's first stage
+    message inside the ``update`` request (one exchange fewer per round). The protocol is
+    unchanged: every aggregator's first stage message depends only on the round's public
+    facts, and the transcript records both stages as usual.
+    """
+
+    fuse_first_stage: bool = False
 
     def client_ids(self) -> list[int]:
         raise NotImplementedError
@@ -101,6 +110,9 @@ class LocalTransport(Transport):
             # Group clients that got the very same broadcast so the algorithm can vectorise.
             groups: dict[int, list[int]] = {}
             for c in live:
+                if messages[c].then is not None:  # fused first stage: per-client answers
+                    replies[c] = self.clients[c].handle(stage, messages[c])
+                    continue
                 groups.setdefault(id(messages[c].broadcast), []).append(c)
             for members in groups.values():
                 outs = batch_update([self.clients[c] for c in members], messages[members[0]])
@@ -309,7 +321,15 @@ class Federation:
                 RoundContext(run, global_round, ctx.action, sampled, specs, self.info, ctx.broadcast_digest),
                 stages,
             )
-            requests = {c: UpdateRequest(run, round, per_client[c], sampled) for c in sampled}
+            server, fused = None, {}
+            if specs and self.transport.fuse_first_stage:
+                server = self.aggregator.server_session(ctx)
+                fused = server.messages(self.aggregator.stages[0], sampled)
+            first = self.aggregator.stages[0] if fused else None
+            requests = {
+                c: UpdateRequest(run, round, per_client[c], sampled, (first, fused[c]) if c in fused else None)
+                for c in sampled
+            }
             replies, refused = self.transport.exchange(UPDATE_STAGE, requests)
             record.stages.append(
                 StageRecord(
@@ -331,7 +351,7 @@ class Federation:
                     stage=UPDATE_STAGE,
                 )
             if specs:
-                sums, contributors = self._aggregate(ctx, alive, record)
+                sums, contributors = self._aggregate(ctx, alive, record, server, fused, replies)
             else:
                 sums, contributors = {}, alive
             items = {c: replies[c].items for c in contributors if replies[c].items}
@@ -355,11 +375,19 @@ class Federation:
         self.policy.observe(record)
         return new_state
 
-    def _aggregate(self, ctx: RoundContext, alive: tuple[int, ...], record: RoundRecord):
-        server = self.aggregator.server_session(ctx)
-        for stage in self.aggregator.stages:
-            messages = server.messages(stage, alive)
-            replies, refused = self.transport.exchange(stage, messages)
+    def _aggregate(self, ctx: RoundContext, alive: tuple[int, ...], record: RoundRecord,
+                   server=None, fused=None, update_replies=None):
+        if server is None:
+            server = self.aggregator.server_session(ctx)
+        for i, stage in enumerate(self.aggregator.stages):
+            if i == 0 and fused:
+                # answered inside the update exchange: same messages, same replies
+                messages = {c: fused[c] for c in alive if c in fused}
+                replies = {c: update_replies[c].then for c in messages if update_replies[c].then is not None}
+                refused = {c: update_replies[c].then_refused for c in messages if update_replies[c].then_refused}
+            else:
+                messages = server.messages(stage, alive)
+                replies, refused = self.transport.exchange(stage, messages)
             record.stages.append(
                 StageRecord(
                     stage,

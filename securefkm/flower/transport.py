@@ -60,6 +60,11 @@ class FlowerTransport(Transport):
     progress_path : str or None
         If given, one JSON line per stage start/end is appended there (for monitoring and
         for the fault-injection tests).
+    fuse_stages : bool
+        Send the aggregator's first stage message (masking ``advertise``, Paillier
+        ``encrypted_input``, plain ``input``) inside the ``update`` message, saving one
+        message exchange per round (each costs a ClientApp process and a SuperLink round
+        trip). The protocol and the transcript are unchanged; ``False`` sends them apart.
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class FlowerTransport(Transport):
         poll_interval: float = 0.05,
         progress_path: str | None = None,
         ordered: bool = False,
+        fuse_stages: bool = True,
     ):
         node_ids = [int(n) for n in node_ids] if ordered else sorted(int(n) for n in node_ids)
         if not node_ids:
@@ -88,6 +94,7 @@ class FlowerTransport(Transport):
         self.suspect_timeout = float(suspect_timeout)
         self.poll_interval = float(poll_interval)
         self.progress_path = progress_path
+        self.fuse_first_stage = bool(fuse_stages)
         self.suspect: set[int] = set()
         #: client id -> last error a client reported about itself (e.g. unreadable data)
         self.errors: dict[int, str] = {}
