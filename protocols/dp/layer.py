@@ -148,6 +148,7 @@ from .sampler import round_up_variance, sample_discrete_gaussian
 MODES = ("central", "distributed", "local")
 _FINE = 2.0**-20  # lattice step relative to sigma in central/local modes
 SET_FIELDS_BOUNDED = ("centres",)
+SHRINKS = ("coordinate", "vector")
 
 
 def _lattice_noise(sigma2_lattice: Fraction, size: int) -> np.ndarray:
@@ -206,6 +207,7 @@ class GaussianDP(Layer):
         allow_plain_set_fields: bool = False,
         count_share: float | str | None = None,
         round_weights: dict | None = None,
+        shrink: str | None = None,
     ):
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
         if count_share is None or (isinstance(count_share, str) and count_share == "auto"):
@@ -223,6 +225,7 @@ class GaussianDP(Layer):
             self.round_weights = {
                 a: check_float(w, f"round_weights[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in round_weights.items()
             }
+        self.shrink = None if shrink is None else check_choice(shrink, "shrink", SHRINKS)
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
         self.mode = check_choice(mode, "mode", MODES)
         self.accountant_name = _check_accountant(accountant)
@@ -641,14 +644,56 @@ class GaussianDP(Layer):
                     round=ctx.round,
                     stage="server_aggregate",
                 )
-            return agg
+            shrunk = self._shrunk(dict(agg.sums), specs, sigmas, ctx.action)
+            return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
         if self.mode == "local":
             return agg
         sums = dict(agg.sums)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
+        sums = self._shrunk(sums, specs, sigmas, ctx.action)
         return AggregatedUpdate(sums=sums, items=agg.items, contributors=agg.contributors, specs=agg.specs)
+
+    def _shrunk(self, sums, specs, sigmas, action):
+        """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their
+        overall mean (post-processing of the released sums with the layer's own, public sigmas).
+
+        Applies to rounds whose noised fields are one ``count`` field of shape (m,) and one
+        ``sum`` field of shape (m, d), d >= 3, m >= 2 (DWF's training round: counts n_j and
+        coordinate sums S_j), except seeding rounds (``init.*``, which shrink their bucket means
+        themselves). The rows with a positive noisy count get S_j' = n_j m_j' with m_j' the
+        shrunk mean (``"coordinate"``: :func:`~securefkm.algorithms._seeding.shrink_coordinates`,
+        ``"vector"``: the James-Stein :func:`~securefkm.algorithms._seeding.shrink_means`), so
+        the algorithm's S_j' / n_j is m_j'. Only released values and the public sigmas are read:
+        no privacy cost, nothing charged.
+        """
+        if self.shrink is None or (action or "").startswith("init.") or len(specs) != 2:
+            return sums
+        kinds = {s.kind: s for s in specs}
+        count, total = kinds.get("count"), kinds.get("sum")
+        if count is None or total is None or len(count.shape) != 1 or len(total.shape) != 2:
+            return sums
+        m, d = total.shape
+        if count.shape[0] != m or m < 2 or d < 3:
+            return sums
+        from securefkm.algorithms._seeding import shrink_coordinates, shrink_means
+
+        n = np.asarray(sums[count.name], dtype=np.float64)
+        S = np.asarray(sums[total.name], dtype=np.float64)
+        pos = n > 0
+        if pos.sum() < 2:
+            return sums
+        means = S[pos] / n[pos, None]
+        target = S[pos].sum(axis=0) / n[pos].sum()
+        sigma_sum, sigma_count = sigmas[total.name][0], sigmas[count.name][0]
+        if self.shrink == "coordinate":
+            shrunk = shrink_coordinates(means, n[pos], sigma_sum, target, sigma_count)
+        else:
+            shrunk = shrink_means(means, n[pos], sigma_sum, target)
+        out = S.copy()
+        out[pos] = shrunk * n[pos, None]
+        return {**sums, total.name: out}
 
     def _charge(self, contributors, z):
         """Charge each contributor one round at noise multiplier z (its actual noise: an

@@ -54,6 +54,8 @@ def initial_centres(init, k: int, n_features: int, rng, init_bounds=None):
     return None
 
 
+_MORRIS_STEPS = 10
+SHRINK = "coordinate"  # shrinkage of the seeding bucket means in >= 3-d: "coordinate" or "vector"
 _THRESHOLD_SIGMAS = 3.0  # buckets kept: noisy count >= this many count-noise sigmas
 SEEDING_ACTIONS = {"private": "init.private", "k-means++": "init.kmeans++", "random": "init.random", "kfed": "init.kfed"}
 
@@ -211,8 +213,9 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
     negative, so the negative noisy counts come from (nearly) empty buckets and their root
     mean square estimates the noise standard deviation; without noise there are none and
     the threshold stays 2.
-    In 3 or more dimensions the kept means are shrunk towards the overall mean by the
-    positive-part James-Stein estimator (:func:`shrink_means`), with the per-coordinate sum
+    In 3 or more dimensions the kept means are shrunk towards the overall mean
+    (``SHRINK = "coordinate"``: coordinate-wise empirical Bayes, :func:`shrink_coordinates`;
+    ``"vector"``: the positive-part James-Stein :func:`shrink_means`), with the per-coordinate sum
     noise estimated the same way: the sum rows of the buckets with a negative noisy count are
     (nearly) pure noise; their median absolute value / 0.6745 estimates sigma_sum.
     Means are kept inside the declared box (noise can push a small bucket's mean out).
@@ -238,7 +241,11 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
         sigma_sum = float(np.median(np.abs(bsums[neg]))) / 0.6745
         total = float(counts.sum())
         if sigma_sum > 0 and total > 0:
-            points = shrink_means(points, counts[keep], sigma_sum, bsums.sum(axis=0) / total)
+            target = bsums.sum(axis=0) / total
+            if SHRINK == "coordinate":
+                points = shrink_coordinates(points, counts[keep], sigma_sum, target, sigma_hat)
+            else:
+                points = shrink_means(points, counts[keep], sigma_sum, target)
     points = np.clip(points, low, high)
     if len(points) == 0:
         return uniform_in_bounds((low, high), k, d, rng)
@@ -266,3 +273,39 @@ def shrink_means(means: np.ndarray, counts: np.ndarray, sigma_sum: float, target
     v = (sigma_sum / np.maximum(np.asarray(counts, dtype=np.float64), 1.0)) ** 2
     factor = np.where(norm2 > 0, np.clip(1.0 - (d - 2) * v / np.where(norm2 > 0, norm2, 1.0), 0.0, 1.0), 0.0)
     return target + factor[:, None] * diff
+
+
+def shrink_coordinates(
+    means: np.ndarray, counts: np.ndarray, sigma_sum: float, target: np.ndarray, sigma_count: float = 0.0
+) -> np.ndarray:
+    """Coordinate-wise empirical-Bayes shrinkage of noisy means towards ``target``.
+
+    Row j is (S_j + e_S) / (n_j + e_n) with e_S ~ N(0, sigma_sum^2) per coordinate and
+    e_n ~ N(0, sigma_count^2): coordinate p of the mean carries noise of variance about
+    v_jp = (sigma_sum^2 + m_jp^2 sigma_count^2) / n_j^2. Across the rows, coordinate p of the
+    true means is modelled as target_p + N(0, A_p); A_p is estimated by moments,
+    A_p = max(0, sum_j w_jp ((m_jp - target_p)^2 - v_jp) / sum_j w_jp) with Morris's weights
+    w_jp = 1 / (A_p + v_jp)^2 (a few fixed-point steps from w = 1 / v: a bucket or cluster with
+    a small count has a large v and must not swamp the estimate), and each entry is shrunk by the
+    posterior factor A_p / (A_p + v_jp) (Efron & Morris 1973, one prior variance per
+    coordinate). Coordinates in which the rows hardly differ (e.g. the border pixels of
+    digits) are pulled almost fully to the target, informative ones hardly at all -- unlike
+    :func:`shrink_means`, which applies one factor to the whole row. With fewer than 4 rows
+    the moments are too noisy and :func:`shrink_means` is used. Post-processing of released
+    values and public noise levels only.
+    """
+    means = np.asarray(means, dtype=np.float64)
+    if means.ndim != 2 or len(means) < 4:
+        return shrink_means(means, counts, sigma_sum, target) if means.ndim == 2 and len(means) else means.copy()
+    n = np.maximum(np.asarray(counts, dtype=np.float64), 1.0)[:, None]
+    v = (sigma_sum**2 + (means * sigma_count) ** 2) / n**2
+    if not np.all(v > 0):
+        return means.copy()  # no noise (or no noise estimate): nothing to shrink
+    diff = means - np.asarray(target, dtype=np.float64)
+    excess = diff**2 - v
+    prior = np.maximum(np.sum(excess / v, axis=0) / np.sum(1.0 / v, axis=0), 0.0)
+    for _ in range(_MORRIS_STEPS):  # weights 1 / (A_p + v_jp)^2: rows of small counts (large v) count little
+        w = 1.0 / (prior + v) ** 2
+        prior = np.maximum(np.sum(w * excess, axis=0) / np.sum(w, axis=0), 0.0)
+    factor = np.divide(prior, prior + v, out=np.zeros_like(v), where=(prior + v) > 0)
+    return target + factor * diff
