@@ -149,6 +149,10 @@ def _deploy(args, out=print):
         from .datasets import load_dataset
 
         data = load_dataset("dwf-blobs", split="non-iid", n_clients=args.clients, random_state=args.seed)
+        if args.protection and "init" not in params and "init_bounds" not in params:
+            # the demo set's public declared box (as in `securefkm demo`): a protected run
+            # must not seed from raw records
+            params["init_bounds"] = (-2.0, 2.0)
         result = deploy(data, algorithm=args.algorithm, params=params, protection=args.protection,
                         random_state=args.seed, stage_timeout=args.timeout)
     out(result.summary())

@@ -449,3 +449,16 @@ def test_deployment_malformed_node(clients, tmp_path):
         bad_client = dep.client_order().index(2)
     assert "oops" in result.errors[bad_client] and "client_bad.csv" in result.errors[bad_client]
     assert all(r.aborted is None and len(r.contributors) == 2 for r in result.transcript)
+
+
+def test_deploy_refuses_a_bad_spec_before_starting_processes(clients, monkeypatch):
+    """A protected spec without a protected start fails in deploy() itself, with the fix in
+    the message, and no SuperLink/SuperNode is started."""
+    from securefkm.exceptions import ProtectionConfigError
+    from securefkm.flower import deploy as deploy_mod
+
+    started = []
+    monkeypatch.setattr(deploy_mod.LocalDeployment, "start", lambda self: started.append(self))
+    with pytest.raises(ProtectionConfigError, match="init_bounds"):
+        deploy_mod.deploy(clients, params={"n_clusters": 3}, protection=["masking"], random_state=0)
+    assert started == []

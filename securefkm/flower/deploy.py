@@ -556,6 +556,18 @@ def _clients_of(data) -> list[np.ndarray]:
     return [check_array(X, f"data client {i}") for i, X in enumerate(clients)]
 
 
+def _preflight(spec: RunSpec, data, paths) -> None:
+    """Raise the spec's configuration errors here, before any process starts (the ServerApp
+    would raise the same error after the deployment came up)."""
+    if data is not None:
+        n_features = _clients_of(data)[0].shape[1]
+    else:
+        from .clientapp import read_client_csv
+
+        n_features = read_client_csv(str(paths[0])).shape[1]
+    spec.estimator()._make_algorithm(n_features, len(paths))
+
+
 def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | None = None,
            protection=None, random_state: int | None = None, stage_timeout: float = 60.0,
            timeout: float = 900.0, workdir=None, verbose: bool = False) -> DeploymentResult:
@@ -583,6 +595,7 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
             paths = sorted(Path(csv_dir).glob("*.csv"))
             if not paths:
                 raise InputError(f"csv_dir {str(csv_dir)!r} holds no *.csv files; put one CSV per client there.")
+        _preflight(spec, data, paths)
         with LocalDeployment(paths, workdir=workdir / "flower") as dep:
             result = dep.run(spec, stage_timeout=stage_timeout, timeout=timeout)
         if verbose:
