@@ -564,7 +564,17 @@ def _preflight(spec: RunSpec, data, paths) -> None:
     else:
         from .clientapp import read_client_csv
 
-        n_features = read_client_csv(str(paths[0])).shape[1]
+        # the first readable CSV; a malformed one is that node's own error in the run
+        # (it reports it and the others finish), not a reason to refuse the deployment
+        n_features = None
+        for path in paths:
+            try:
+                n_features = read_client_csv(str(path)).shape[1]
+                break
+            except InputError:
+                continue
+        if n_features is None:
+            return
     spec.estimator()._make_algorithm(n_features, len(paths))
 
 
