@@ -12,11 +12,10 @@ from scipy import stats
 
 from protocols.codec import FixedPointCodec
 from protocols.masking import PairwiseMasking
-from securefkm.algorithms.base import Algorithm, AlgorithmState
 from securefkm.exceptions import InputError, RoundAbortedError
 from securefkm.federation import Federation, ServerPolicy
 from securefkm.layers import ClientContext, ProtocolRefusal, RoundContext, RunInfo
-from securefkm.messages import Broadcast, FieldSpec, Update
+from securefkm.messages import Broadcast, FieldSpec
 
 STAGES = ("advertise", "share", "masked_input", "unmask")
 SPECS = (FieldSpec("count", (1,), "count", integer=True), FieldSpec("total", (3,), "sum"))
@@ -299,37 +298,7 @@ def test_masked_vector_looks_uniform_plain_encoding_does_not():
 
 
 # --------------------------------------------------------------------------- Federation
-class SumAlgorithm(Algorithm):
-    """One action, one integer count field and one float sum field."""
-
-    name = "test-sum"
-
-    def init(self, n_clients, n_features, rng):
-        return AlgorithmState(centres=np.zeros((1, n_features)))
-
-    def configure(self, state, round):
-        return Broadcast("sum", centres=state.centres, sample="all")
-
-    def sum_fields(self, broadcast):
-        return SPECS
-
-    def client_update(self, X, broadcast, rng, memory=None):
-        return Update(sums={"count": np.array([float(len(X))]), "total": X.sum(axis=0)})
-
-    def aggregate(self, state, agg):
-        return AlgorithmState(
-            centres=(agg.sums["total"] / agg.sums["count"][0])[None, :],
-            round=state.round + 1,
-            extra={"sums": agg.sums, "contributors": agg.contributors},
-        )
-
-    def converged(self, state):
-        return state.round >= 1
-
-
-def _clients(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(int(rng.integers(3, 9)), 3)) * 10 for _ in range(n)]
+from _sum_algorithm import SumAlgorithm, _clients  # noqa: E402
 
 
 @pytest.mark.parametrize("stage", STAGES)
