@@ -462,3 +462,38 @@ def test_deploy_refuses_a_bad_spec_before_starting_processes(clients, monkeypatc
     with pytest.raises(ProtectionConfigError, match="init_bounds"):
         deploy_mod.deploy(clients, params={"n_clusters": 3}, protection=["masking"], random_state=0)
     assert started == []
+
+
+def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
+    """Idle polling scales with nodes per core (bounded), is passed to both SuperNode launcher
+    and SuperExec, can be set, and a bad value names the argument; the SuperLink keeps its
+    state in memory unless a database path is given."""
+    from securefkm.exceptions import InputError
+    from securefkm.flower import deploy as deploy_mod
+
+    paths = deploy_mod.write_client_csvs([np.zeros((2, 2))] * 10, tmp_path / "data")
+    monkeypatch.setattr(deploy_mod.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("SECUREFKM_SUPERNODE_POLL", raising=False)
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
+    auto = deploy_mod.LocalDeployment(paths, workdir=tmp_path / "a")
+    assert auto.poll_interval == pytest.approx(0.5)
+    env = auto.environ()
+    assert env["SECUREFKM_SUPERNODE_POLL"] == env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
+    assert deploy_mod.LocalDeployment(paths[:2], workdir=tmp_path / "b").poll_interval == pytest.approx(0.1)
+    assert deploy_mod.LocalDeployment(paths * 10, workdir=tmp_path / "c").poll_interval == pytest.approx(2.0)
+    assert deploy_mod.LocalDeployment(paths, workdir=tmp_path / "d", poll_interval=0.2).environ()["SECUREFKM_SUPERNODE_POLL"] == "0.2"
+    with pytest.raises(InputError, match="poll_interval"):
+        deploy_mod.LocalDeployment(paths, poll_interval=0)
+
+    spawned = []
+    monkeypatch.setattr(deploy_mod.LocalDeployment, "_spawn", lambda self, args, log: spawned.append(args) or None)
+    monkeypatch.setattr(deploy_mod.LocalDeployment, "_wait", lambda self, *a: None)
+    for dep, expect in ((deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "e", provision=False), None),
+                        (deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "f", provision=False,
+                                                    database=tmp_path / "s.db"), str(tmp_path / "s.db"))):
+        spawned.clear()
+        dep._start()
+        superlink = spawned[0]
+        assert ("--database" in superlink) == (expect is not None)
+        if expect:
+            assert superlink[superlink.index("--database") + 1] == expect

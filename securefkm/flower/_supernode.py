@@ -5,7 +5,8 @@ protocol stage waits on average 1.5 s (and up to 3 s) before the node even sees 
 message. securefkm's rounds have up to six stages, so for local deployments, tests and
 benchmarks :class:`~securefkm.flower.deploy.LocalDeployment` (``fast_poll=True``) starts
 SuperNodes through this launcher, which caps those idle sleeps at
-``SECUREFKM_SUPERNODE_POLL`` seconds (default 0.1) and otherwise runs Flower's own
+``SECUREFKM_SUPERNODE_POLL`` seconds (default 0.1; ``LocalDeployment`` sets it from its
+``poll_interval``, which grows with the nodes per core) and otherwise runs Flower's own
 ``flower-supernode`` unchanged. It also starts :mod:`securefkm.flower._superexec` in place
 of ``flower-superexec``, so ClientApp processes are forked from a warm server instead of
 importing Flower and securefkm for every message (``SECUREFKM_WARM_CLIENTS=0`` turns that

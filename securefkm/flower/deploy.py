@@ -234,10 +234,24 @@ class LocalDeployment:
     every process on exit. Processes run in their own process groups; logs go to
     ``workdir/logs``. ``kill_node(i)`` SIGKILLs the SuperNode holding ``csv_paths[i]``
     (fault injection in tests).
+
+    ``fast_poll`` (default): SuperNodes start through :mod:`securefkm.flower._supernode`
+    (idle sleeps capped at ``poll_interval`` instead of Flower's 3 s, warm ClientApp
+    processes) and the SuperExecs poll every ``poll_interval``. ``poll_interval=None`` picks
+    ``0.1 s x nodes / cores`` within [0.1, 2] s: every idle node polls its SuperLink and every
+    SuperExec its SuperNode, and on one machine those polls are what the rounds compete with
+    (10 nodes on 2 cores at 0.1 s kept 80% of the machine busy while idle; at 0.5 s, 17%, and
+    a masked round took half the time, docs/deployment.md "Overhead").
+
+    ``database=None`` (default) keeps the SuperLink's state in memory: a local deployment
+    never restarts its SuperLink, messages (masked vectors, encrypted shares) never touch the
+    disk, and Flower's SQLite state answers every poll with a write (3x slower rounds
+    measured). Give a path to keep a file database.
     """
 
     def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0,
-                 env: dict | None = None, fast_poll: bool = True, provision: bool = True):
+                 env: dict | None = None, fast_poll: bool = True, provision: bool = True,
+                 poll_interval: float | None = None, database=None):
         if not csv_paths:
             raise InputError("csv_paths is empty; give one CSV per SuperNode.")
         self.csv_paths = [Path(p).resolve() for p in csv_paths]
@@ -249,6 +263,13 @@ class LocalDeployment:
         self.startup_timeout = float(startup_timeout)
         self.extra_env = dict(env or {})
         self.fast_poll = bool(fast_poll)
+        if poll_interval is None:
+            poll_interval = min(2.0, max(0.1, 0.1 * len(self.csv_paths) / (os.cpu_count() or 1)))
+        elif not (isinstance(poll_interval, (int, float)) and 0 < poll_interval <= 60):
+            raise InputError(f"poll_interval={poll_interval!r} must be a number of seconds in (0, 60], "
+                             "or None to scale it with the number of nodes per core.")
+        self.poll_interval = float(poll_interval)
+        self.database = None if database is None else Path(database).resolve()
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen | None] = []
         self.node_ids: list[int | None] = []
@@ -276,8 +297,10 @@ class LocalDeployment:
             PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
         )
         if self.fast_poll:
-            # SuperExec (launches ClientApp/ServerApp processes) polls every 1 s by default
-            env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.05")
+            # SuperExec (launches ClientApp/ServerApp processes) polls every 1 s by default;
+            # the SuperNode launcher caps Flower's 3 s idle sleep (securefkm.flower._supernode)
+            env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", f"{self.poll_interval:g}")
+            env.setdefault("SECUREFKM_SUPERNODE_POLL", f"{self.poll_interval:g}")
         env.update(self.extra_env)
         return env
 
@@ -311,9 +334,9 @@ class LocalDeployment:
             f'[superlink.local-deployment]\naddress = "{HOST}:{self.port}"\ninsecure = true\n'
         )
         exe = _entry_point("flower-superlink")
+        database = [] if self.database is None else ["--database", str(self.database)]
         self.superlink = self._spawn(
-            [exe, "--insecure", "--host", HOST, "--port", str(self.port),
-             "--database", str(self.workdir / "state.db"),
+            [exe, "--insecure", "--host", HOST, "--port", str(self.port), *database,
              "--disable-runtime-dependency-installation"],
             "superlink.log",
         )
