@@ -436,11 +436,17 @@ def run(
     num_rounds: int = 3,
     modes=("simulation", "inprocess"),
     quick: bool = False,
+    same_graph: bool = True,
     out=print,
 ) -> list[dict]:
-    """Print Flower SecAgg+ vs PairwiseMasking round times and their ratios (target <= 0.1)."""
+    """Print Flower SecAgg+ vs PairwiseMasking round times and their ratios (target <= 0.1).
+
+    ``same_graph``: also time Flower's in-process round with each of our configurations'
+    neighbourhood (``num_shares = degree + 1``, ``n`` for the complete graph, and our
+    threshold), so every row has a like-for-like denominator besides Flower's ``num_shares``.
+    """
     if quick:  # one warm-up round + one timed round, Flower's simulation only
-        num_rounds, modes = 2, tuple(m for m in modes if m == "simulation") or modes[:1]
+        num_rounds, modes, same_graph = 2, tuple(m for m in modes if m == "simulation") or modes[:1], False
     if not flower_available():
         out("Flower (flwr) is not installed: SecAgg+ comparison skipped (pip install 'flwr[simulation]>=1.41,<1.43').")
         return []
@@ -469,6 +475,25 @@ def run(
         out(f"  Flower SecAgg+ {mode:>10}: rounds {', '.join(f'{t:.2f}' for t in r['rounds_s'])} s wall "
             f"(steady round {r['round_s']:.2f} s = median of rounds 2..{num_rounds}; CPU of this process "
             f"{r['round_cpu_s']:.2f} s); start-up/other {r['startup_s']:.1f} s; max |FedAvg - vector| {r['max_error']:.1e}")
+    same: dict[int, dict] = {}  # our holders (degree + 1) -> Flower in-process with that many shares
+    if same_graph:
+        for b in before:
+            holders = b["degree"] + 1
+            if holders == num_shares or holders in same:
+                continue
+            try:
+                r = flower_round(n, length, holders, b["threshold"], 2, mode="inprocess")
+            except Exception as exc:
+                out(f"  Flower inprocess num_shares={holders}: failed: {exc}")
+                continue
+            r["mode"] = f"inprocess, num_shares={holders}"
+            same[holders] = r
+            rows.append(r)
+            out(f"  Flower SecAgg+ inprocess num_shares={holders} t={b['threshold']}: rounds "
+                f"{', '.join(f'{t:.2f}' for t in r['rounds_s'])} s wall (CPU {r['round_cpu_s']:.2f} s in round 2); "
+                f"max |FedAvg - vector| {r['max_error']:.1e}")
+        if "inprocess" in flower:
+            same[num_shares] = flower["inprocess"]
     after = [masking_round(n, length, g, k) for g, k in configs]
     ours = []
     for b, a in zip(before, after):
@@ -480,7 +505,8 @@ def run(
     rows.extend(ours)
     cpu_ratio = "inprocess" in flower
     out(f"\n{'PairwiseMasking':>15} {'k':>4} {'t':>4} {'before s':>9} {'after s':>8} {'CPU s':>6}"
-        + "".join(f" {'/ Flower ' + m:>20}" for m in flower) + (f" {'CPU / Flower inproc':>20}" if cpu_ratio else ""))
+        + "".join(f" {'/ Flower ' + m:>20}" for m in flower) + (f" {'CPU / Flower inproc':>20}" if cpu_ratio else "")
+        + (f" {'same graph':>10} {'CPU ratio':>10}" if same_graph else ""))
     for r in ours:
         ratios = ""
         for m, f in flower.items():
@@ -489,11 +515,16 @@ def run(
         if cpu_ratio:
             r["cpu_ratio_inprocess"] = r["round_cpu_s"] / flower["inprocess"]["round_cpu_s"]
             ratios += f" {r['cpu_ratio_inprocess']:>20.3f}"
+        f = same.get(r["degree"] + 1)
+        if same_graph:
+            r["cpu_ratio_same_graph"] = r["round_cpu_s"] / f["round_cpu_s"] if f else None
+            ratios += f" {f['num_shares'] if f else '-':>10} {r['cpu_ratio_same_graph'] or float('nan'):>10.3f}"
         out(f"{r['graph']:>15} {r['degree']:>4} {r['threshold']:>4} {r['round_before_s']:>9.3f} {r['round_after_s']:>8.3f} "
             f"{r['round_cpu_s']:>6.2f}{ratios}")
     out("  (target: ratio <= 0.1; our round = update stage + 4 masking stages through Federation, best of 3,\n"
         "   timed before and after Flower's; the wall ratios divide the slower of the two by Flower's steady round;\n"
-        "   the CPU ratio (both sides single-process, so robust to other jobs' load) divides CPU seconds)")
+        "   the CPU ratio (both sides single-process, so robust to other jobs' load) divides CPU seconds;\n"
+        "   'same graph': Flower in-process with num_shares = our holders (degree + 1) and our threshold)")
     out(DIFFERENCES)
     return rows
 
