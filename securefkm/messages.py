@@ -55,6 +55,12 @@ class FieldSpec:
     spreads do): the L2 sensitivity is then ``sqrt(cells)`` times the kind's bound.
     For ``count`` and ``sum`` the kind's bound already covers a record spread over several
     cells with total weight at most 1 (fuzzy memberships), so ``cells`` stays 1 there.
+    ``weighted_by`` (``sum`` fields of shape (k, d) only): the name of the ``count`` field of
+    shape (k,) in the same message that holds this sum's weights, i.e. row j is
+    ``sum_i w_ij x_i`` and the count field's entry j is ``sum_i w_ij`` for the same w. It lets
+    a DP layer noise the translated sum ``S - N c`` (a smaller sensitivity when the records'
+    box is not centred at the origin) and translate back after noising; declare it only when
+    that identity holds exactly.
     """
 
     name: str
@@ -62,10 +68,14 @@ class FieldSpec:
     kind: FieldKind
     integer: bool = False
     cells: int = 1
+    weighted_by: str | None = None
 
     def __post_init__(self):
         if self.kind not in FIELD_KINDS:
             raise InputError(f"FieldSpec.kind must be one of {FIELD_KINDS}, got {self.kind!r}.")
+        if self.weighted_by is not None and (self.kind != "sum" or len(self.shape) != 2):
+            raise InputError(f"FieldSpec {self.name!r}: weighted_by is only for 'sum' fields of shape (k, d), "
+                             f"got kind {self.kind!r} and shape {self.shape}.")
 
     @property
     def size(self) -> int:

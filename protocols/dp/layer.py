@@ -15,6 +15,16 @@ kind                  Delta_f (R = clip, or the largest norm in the ``bounds`` b
 ``value``             unbounded: refused, except in ``mode="local"`` (see below)
 ====================  ==========================================================
 
+Centred sums (``bounds`` only, ``centre_sums=True``, the default). A ``sum`` field that
+declares its weights (``FieldSpec.weighted_by``: row j is sum_i w_ij x_i and the count field
+holds sum_i w_ij) is noised translated: the layer releases ``T = S - N c`` (c the box centre,
+N the exact weights) with Delta = R_c = ||(high - low) / 2||, the box's half-diagonal, and
+the noisy count N', and the algorithm receives ``S' = T' + N' c`` -- post-processing of the
+two released fields, so the same proof applies with R_c in place of R (a record adds w_ij
+(x_i - c) to row j of T, ||x_i - c|| <= R_c, sum_j w_ij <= 1). R_c <= R always, and for a box
+far from the origin much smaller (digits' [0, 16]^64: 64 instead of 128). In distributed and
+local mode each client sends ``T_i' + N_i' c`` (the sums add up to ``T' + N' c``).
+
 Every field gets independent Gaussian noise of standard deviation
 ``sigma_f = z * sqrt(F) * Delta'_f`` (Delta'_f = Delta_f plus the lattice rounding term
 below). **Proof that this is one Gaussian mechanism with noise multiplier z.** Divide
@@ -188,7 +198,9 @@ class GaussianDP(Layer):
     ``_field_weights``; default: equal shares); ``round_weights`` ({action: w}, default w = 1:
     a round of that action gets noise multiplier z / sqrt(w), i.e. w times a weight-1 round's
     share of the budget; z is calibrated so that the whole planned schedule meets the target,
-    see "Weighted round schedules" in the module docstring). See the module docstring for the
+    see "Weighted round schedules" in the module docstring); ``centre_sums`` (``bounds`` only,
+    default True: sums that declare their weights are noised translated by the box centre,
+    sensitivity the box's half-diagonal; see "Centred sums"). See the module docstring for the
     mechanism, the proof of the joint sensitivity and each mode's trust model.
     """
 
@@ -208,7 +220,9 @@ class GaussianDP(Layer):
         count_share: float | str | None = None,
         round_weights: dict | None = None,
         shrink: str | None = None,
+        centre_sums: bool = True,
     ):
+        self.centre_sums = bool(centre_sums)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
         if count_share is None or (isinstance(count_share, str) and count_share == "auto"):
             self.count_share = count_share
@@ -278,19 +292,51 @@ class GaussianDP(Layer):
         low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
         return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
 
+    def _centred_radius(self, d: int) -> float:
+        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        return float(np.linalg.norm((high - low) / 2))
+
+    def _box_centre(self, d: int) -> np.ndarray:
+        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        return (low + high) / 2
+
+    def centred_pairs(self, specs) -> dict[str, str]:
+        """{sum field: its weights field} noised translated by the box centre (see "Centred sums")."""
+        if self.bounds is None or not self.centre_sums:
+            return {}
+        by_name = {s.name: s for s in specs}
+        out = {}
+        for s in specs:
+            w = by_name.get(s.weighted_by) if s.kind == "sum" and s.weighted_by else None
+            if w is not None and w.kind == "count" and w.shape == s.shape[:1] and s.shape[-1] == self._d:
+                out[s.name] = w.name
+        return out
+
+    def _translate(self, sums: dict, pairs: dict[str, str], sign: int) -> dict:
+        """A new dict: ``S + sign * N c`` for every centred pair, with the current values of N
+        (never the caller's dict: noising writes into the result)."""
+        out = dict(sums)
+        if not pairs:
+            return out
+        c = self._box_centre(self._d)
+        for s, w in pairs.items():
+            out[s] = np.asarray(out[s], dtype=np.float64) + sign * np.outer(np.asarray(out[w], dtype=np.float64), c)
+        return out
+
     def _diameter(self, d: int) -> float:
         if self.clip is not None:
             return 2 * self.clip
         low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
         return float(np.linalg.norm(high - low))
 
-    def sensitivity(self, spec: FieldSpec, d: int) -> float:
-        """Per-record L2 sensitivity Delta_f of one field (before lattice rounding)."""
+    def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False) -> float:
+        """Per-record L2 sensitivity Delta_f of one field (before lattice rounding);
+        ``centred``: a ``sum`` field noised as S - N c (the box's half-diagonal)."""
         f = self._sens_factor * math.sqrt(getattr(spec, "cells", 1))
         if spec.kind == "count":
             return f * 1.0
         if spec.kind == "sum":
-            return f * self._radius(d)
+            return f * (self._centred_radius(d) if centred else self._radius(d))
         if spec.kind == "distance":
             return f * self._diameter(d)
         if spec.kind == "score":
@@ -458,7 +504,8 @@ class GaussianDP(Layer):
         """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of ``action``."""
         d = self._d
         z = self._z_for(action)
-        deltas = {s.name: (self.sensitivity(s, d), s.size, self._steps(s), s.integer) for s in specs}
+        centred = self.centred_pairs(specs)
+        deltas = {s.name: (self.sensitivity(s, d, s.name in centred), s.size, self._steps(s), s.integer) for s in specs}
         for name, (delta, size) in (extra_deltas or {}).items():
             deltas[name] = (delta, size, 0.0, False)
         weights = self._field_weights(specs, deltas)
@@ -574,14 +621,15 @@ class GaussianDP(Layer):
             if ctx.specs and len(ctx.sampled) < self.min_clients:
                 return None  # the share would be too small: decline (KLS21, dropout-robust sizing)
             sigmas = self.field_sigmas(ctx.specs, action=ctx.action)  # a 'value' field raises here, on the client too
-            sums = dict(update.sums)
+            pairs = self.centred_pairs(ctx.specs)
+            sums = self._translate(update.sums, pairs, -1)
             for s in ctx.specs:
                 sigma, step, _ = sigmas[s.name]
                 share = round_up_variance(self._share_variance(sigma, step))
                 lattice = np.rint(np.asarray(sums[s.name], dtype=np.float64) / step)
                 noise = _lattice_noise(share, s.size).reshape(s.shape)
                 sums[s.name] = (lattice + noise) * step
-            return Update(sums=sums, items=update.items)
+            return Update(sums=self._translate(sums, pairs, +1), items=update.items)
         # local mode
         d = self._d
         extra = {}
@@ -598,8 +646,10 @@ class GaussianDP(Layer):
                 continue
             rows = arr.size // d
             extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
-        sigmas = self.field_sigmas(self._noised_specs(ctx.specs), extra, action=ctx.action)
-        sums = dict(update.sums)
+        noised = self._noised_specs(ctx.specs)
+        sigmas = self.field_sigmas(noised, extra, action=ctx.action)
+        pairs = self.centred_pairs(noised)
+        sums = self._translate(update.sums, pairs, -1)
         for s in ctx.specs:
             val = np.asarray(sums[s.name], dtype=np.float64)
             if s.kind == "value":
@@ -607,7 +657,7 @@ class GaussianDP(Layer):
             sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2])
         for name in extra:
             items[name] = self._noise_fine(self._project_rows(items[name], d), *sigmas[name][:2])
-        return Update(sums=sums, items=items)
+        return Update(sums=self._translate(sums, pairs, +1), items=items)
 
     def _share_variance(self, sigma: float, step: float) -> float:
         """Per-client lattice variance: sigma^2 / (step^2 min_clients), raised if needed so that
@@ -648,11 +698,12 @@ class GaussianDP(Layer):
             return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
         if self.mode == "local":
             return agg
-        sums = dict(agg.sums)
+        pairs = self.centred_pairs(specs)
+        sums = self._translate(agg.sums, pairs, -1)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
-        sums = self._shrunk(sums, specs, sigmas, ctx.action)
+        sums = self._shrunk(self._translate(sums, pairs, +1), specs, sigmas, ctx.action)
         return AggregatedUpdate(sums=sums, items=agg.items, contributors=agg.contributors, specs=agg.specs)
 
     def _shrunk(self, sums, specs, sigmas, action):

@@ -147,7 +147,7 @@ def seeding_sum_fields(broadcast: Broadcast):
     n_features = broadcast.params["n_features"]
     return (
         FieldSpec("bucket_counts", (n_buckets,), "count", integer=True),
-        FieldSpec("bucket_sums", (n_buckets, n_features), "sum"),
+        FieldSpec("bucket_sums", (n_buckets, n_features), "sum", weighted_by="bucket_counts"),
     )
 
 

@@ -107,7 +107,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             kind = "sum" if self.max_local_steps == 1 else "value"
             specs = (
                 FieldSpec("weights", (k,), "count", integer=True),
-                FieldSpec("weighted_centres", (k, d), kind),
+                FieldSpec("weighted_centres", (k, d), kind, weighted_by="weights" if kind == "sum" else None),
             )
             if self.max_local_steps > 1:  # eq. 4 fallback needs the unweighted local centres
                 specs += (FieldSpec("centres", (k, d), "value"),)

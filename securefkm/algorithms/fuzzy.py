@@ -231,7 +231,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             return self.secure.fields(broadcast)
         k, d = broadcast.centres.shape
         if broadcast.action == "train.fedavg":
-            return (FieldSpec("weighted_sums", (k, d), "sum"), FieldSpec("weights", (k,), "count"))
+            return (FieldSpec("weighted_sums", (k, d), "sum", weighted_by="weights"), FieldSpec("weights", (k,), "count"))
         if broadcast.action == "validity":
             # n: one per record; memberships: each record adds u_ij, sum_j u_ij = 1;
             # spread: each record adds u_ij^m ||x - c_i||^q <= (2R)^q to every one of the k

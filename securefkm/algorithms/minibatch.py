@@ -162,7 +162,8 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         k, d = broadcast.centres.shape
         return (
             FieldSpec("sizes", (k,), "count", integer=True),
-            FieldSpec("weighted_centres", (k, d), "sum" if self.exact_sums else "value"),
+            FieldSpec("weighted_centres", (k, d), "sum" if self.exact_sums else "value",
+                      weighted_by="sizes" if self.exact_sums else None),
         )
 
     def aggregate(self, state, agg: AggregatedUpdate):

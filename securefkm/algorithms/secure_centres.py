@@ -86,7 +86,8 @@ def secure_fields(k: int, d: int, *, exact_means: bool) -> tuple[FieldSpec, ...]
     """Sum-field layout of one secure iteration (see the module docstring for the kinds)."""
     return (
         FieldSpec("weights", (k,), "count" if exact_means else "value", integer=exact_means),
-        FieldSpec("weighted_centres", (k, d), "sum" if exact_means else "value"),
+        FieldSpec("weighted_centres", (k, d), "sum" if exact_means else "value",
+                  weighted_by="weights" if exact_means else None),
         FieldSpec("spread", (k,), "value"),
     )
 

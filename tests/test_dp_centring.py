@@ -1,0 +1,109 @@
+"""GaussianDP(bounds=...) noises sums that declare their weights translated by the box centre.
+
+The release is T' = (S - N c) + noise and N' = N + noise, and the algorithm gets T' + N' c
+(post-processing), with sensitivity the box's half-diagonal instead of the largest norm in
+the box. These tests pin the sensitivity, show what is actually noised, and show the
+utility gain on a box far from the origin (where it matters) against centre_sums=False.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from protocols.dp import GaussianDP
+from securefkm import metrics
+from securefkm.estimators.dwf import WeightedFederatedKMeans
+from securefkm.exceptions import InputError
+from securefkm.messages import FieldSpec
+
+LOW, HIGH = 100.0, 104.0  # a box far from the origin: largest norm 104 sqrt(d), half-diagonal 2 sqrt(d)
+
+
+def _specs(k=3, d=4):
+    return (FieldSpec("weights", (k,), "count", integer=True),
+            FieldSpec("weighted_centres", (k, d), "sum", weighted_by="weights"))
+
+
+def test_weighted_sum_sensitivity_is_the_half_diagonal():
+    dp = GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH))
+    dp._d = 4  # set by setup() from the data
+    specs = _specs()
+    assert dp.centred_pairs(specs) == {"weighted_centres": "weights"}
+    assert dp.sensitivity(specs[1], 4, centred=True) == pytest.approx(2.0 * math.sqrt(4))
+    assert dp.sensitivity(specs[1], 4) == pytest.approx(104.0 * math.sqrt(4))
+    # not declared, switched off, or clip=: no translation
+    plain = (specs[0], FieldSpec("weighted_centres", (3, 4), "sum"))
+    assert dp.centred_pairs(plain) == {}
+    off = GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=False)
+    off._d = 4
+    assert off.centred_pairs(specs) == {}
+    clipped = GaussianDP(1.0, 1e-5, clip=3.0)
+    clipped._d = 4
+    assert clipped.centred_pairs(specs) == {}
+
+
+def test_weighted_by_only_on_sum_matrices():
+    with pytest.raises(InputError, match="weighted_by"):
+        FieldSpec("weights", (3,), "count", weighted_by="x")
+    with pytest.raises(InputError, match="weighted_by"):
+        FieldSpec("v", (3,), "sum", weighted_by="weights")
+
+
+def _clients(seed=0, n_clients=5, per=300, d=4, k=3):
+    rng = np.random.default_rng(seed)
+    means = rng.uniform(LOW + 0.7, HIGH - 0.7, size=(k, d))
+    X = np.concatenate([m + 0.25 * rng.standard_normal((per * n_clients // k, d)) for m in means])
+    X = np.clip(X, LOW, HIGH)
+    rng.shuffle(X)
+    return np.array_split(X, n_clients), X
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_what_is_noised_is_the_translated_sum_and_the_fit_is_unchanged_without_noise(monkeypatch, mode):
+    """With the noise replaced by the identity, the DP fit equals the non-private fit (the
+    translation is undone exactly), and every noised weighted sum has row means inside the
+    centred box, i.e. the layer noised S - N c, not S."""
+    clients, _ = _clients()
+    seen = []
+
+    def no_noise(val, sigma, step):
+        seen.append(np.array(val, dtype=np.float64))
+        return np.array(val, dtype=np.float64)
+
+    monkeypatch.setattr(GaussianDP, "_noise_fine", staticmethod(no_noise))
+    kw = dict(init_bounds=(LOW, HIGH), init="uniform", max_rounds=4, max_local_steps=1, tol=0, random_state=0)
+    dp = WeightedFederatedKMeans(3, protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), mode=mode)], **kw).fit(clients)
+    plain = WeightedFederatedKMeans(3, **kw).fit(clients)
+    np.testing.assert_allclose(dp.cluster_centers_, plain.cluster_centers_, rtol=0, atol=1e-9)
+    sums = [v for v in seen if v.ndim == 2]
+    counts = [v for v in seen if v.ndim == 1]
+    assert sums and len(sums) == len(counts)
+    for T, N in zip(sums, counts):
+        rows = N > 0
+        assert np.all(np.abs(T[rows] / N[rows, None]) <= (HIGH - LOW) / 2 + 1e-9)
+
+
+def test_centring_cuts_the_dp_loss_on_an_off_centre_box():
+    """Same budget, same seeds: noising the translated sums (sensitivity 4 instead of 208
+    here) gives several times lower k-means loss than noising the sums as they are (median
+    over 5 seeds: measured 2.1 vs 16.0; a seed that loses one of the 3 clusters to the
+    private seeding scores 2)."""
+    clients, X = _clients(seed=1, per=1000)
+    ref = metrics.sse(X, WeightedFederatedKMeans(3, init_bounds=(LOW, HIGH), max_rounds=10, random_state=0)
+                      .fit(clients).cluster_centers_)
+    ratios = {}
+    for centre in (True, False):
+        r = []
+        for seed in range(5):
+            est = WeightedFederatedKMeans(
+                3, init="private", init_bounds=(LOW, HIGH), max_rounds=4, max_local_steps=1, tol=0, random_state=seed,
+                protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=centre)],
+            ).fit(clients)
+            assert est.privacy_spent_[0] <= 1.0
+            r.append(metrics.sse(X, np.clip(est.cluster_centers_, LOW, HIGH)) / ref)
+        ratios[centre] = float(np.median(r))
+    assert ratios[True] <= 2.5, ratios
+    assert ratios[False] >= 4 * ratios[True], ratios
