@@ -127,7 +127,9 @@ def test_layer_claim_and_sigmas(correct_scores):
     game, _ = correct_scores
     assert game.claimed_epsilon <= 1.0 + 1e-9
     z = game.info["noise_multiplier"]
-    assert game.info["field_sigmas"]["weights"] == pytest.approx(math.sqrt(2) * z, rel=1e-6)
+    # the layer's default split of the round's unit budget: counts get c = 1 / (1 + sqrt(d)), d = 2
+    c = 1 / (1 + math.sqrt(2))
+    assert game.info["field_sigmas"]["weights"] == pytest.approx(z / math.sqrt(c), rel=1e-6)
 
 
 def test_batched_noise_has_the_calibrated_sigma(correct_scores):

@@ -198,7 +198,7 @@ def _clients(n=4, m=50, d=2, seed=0):
 
 def test_layer_central_end_to_end_spent_within_target_and_noise_scale():
     algo = CountSum(rounds=3)
-    dp = GaussianDP(epsilon=2.0, delta=1e-5, clip=1.0)
+    dp = GaussianDP(epsilon=2.0, delta=1e-5, clip=1.0, count_share=None)  # equal shares
     fed = Federation(algo, _clients(), protection=[dp], max_rounds=3, random_state=0)
     fed.run()
     rep = dp.report()
@@ -337,7 +337,7 @@ def test_rounding_before_dp_refused():
 def test_min_cluster_before_noise_inflates_sensitivity():
     from protocols.min_cluster import MinClusterSize
 
-    dp = GaussianDP(2.0, 1e-5, clip=1.0)
+    dp = GaussianDP(2.0, 1e-5, clip=1.0, count_share=None)  # equal shares: sigma = sqrt(2) z Delta
     Federation(CountSum(rounds=1), _clients(), protection=[MinClusterSize(p=3), dp], max_rounds=1).run()
     z = dp.report()["noise_multiplier"]
     assert dp.report()["field_sigmas"]["count"] == pytest.approx(3 * math.sqrt(2) * z, rel=1e-5)

@@ -160,9 +160,10 @@ def test_round_weights_validation():
         GaussianDP(1.0, 1e-5, clip=1.0, round_weights=[0.5])
 
 
-def test_count_share_auto_is_the_minimax_split():
+@pytest.mark.parametrize("kw", [{"count_share": "auto"}, {}], ids=["explicit", "default"])
+def test_count_share_auto_is_the_minimax_split(kw):
     d = 3
-    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), count_share="auto")
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), **kw)
     fed = Federation(SeedThenTrain(rounds=1), _clients(d=d), protection=[dp], max_rounds=1, random_state=0)
     fed.run()
     rep = _layer(fed).report()

@@ -34,7 +34,9 @@ field f by ``sqrt(F) Delta'_f``; the release becomes ``g(D) + N(0, z^2 I)`` with
 So the round is the Gaussian mechanism with L2 sensitivity 1 and noise z, i.e. *one*
 composition in the accountant (Dwork & Roth 2014, Thm A.1; Balle & Wang 2018 for the
 exact (epsilon, delta) curve used by the PRV accountant). For DWF's training round
-(counts + coordinate sums, F = 2): sigma_count = sqrt(2) z, sigma_sum = sqrt(2) z clip.
+(counts + coordinate sums, F = 2) with equal shares (``count_share=None``): sigma_count =
+sqrt(2) z, sigma_sum = sqrt(2) z clip; the default ``count_share="auto"`` splits the same
+unit budget unequally (see ``_field_weights``), still one Gaussian mechanism.
 Post-processing (the server's division, centre update) keeps the guarantee.
 
 Noise is exact discrete Gaussian (Canonne, Kamath & Steinke 2020) drawn from the OS CSPRNG
@@ -194,8 +196,9 @@ class GaussianDP(Layer):
     the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
     explicitly requested k-means++ seeding through un-noised; privacy_spent is then
     reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
-    the count fields, the rest for the other fields; ``"auto"``: c = 1/(1 + sqrt(d)), see
-    ``_field_weights``; default: equal shares); ``round_weights`` ({action: w}, default w = 1:
+    the count fields, the rest for the other fields; ``"auto"`` (default): c = 1/(1 + sqrt(d))
+    for a round of counts and sums of width d, see ``_field_weights``; ``None``: equal
+    shares); ``round_weights`` ({action: w}, default w = 1:
     a round of that action gets noise multiplier z / sqrt(w), i.e. w times a weight-1 round's
     share of the budget; z is calibrated so that the whole planned schedule meets the target,
     see "Weighted round schedules" in the module docstring); ``centre_sums`` (``bounds`` only,
@@ -217,7 +220,7 @@ class GaussianDP(Layer):
         min_clients=None,
         noise_multiplier=None,
         allow_plain_set_fields: bool = False,
-        count_share: float | str | None = None,
+        count_share: float | str | None = "auto",
         round_weights: dict | None = None,
         shrink: str | None = None,
         centre_sums: bool = True,
