@@ -58,3 +58,29 @@ def test_round_intervals_and_steady():
 def test_flower_error_bound():
     # one quantisation level (16 / 2**22) times max_weight / num_examples, up to the rounded ratio
     assert ds.flower_error_bound() == pytest.approx(16 / 2**22 * 1000, rel=1e-3)
+
+
+def test_polling_bench_helpers():
+    """securefkm.bench.deployment_polling: settings parse (bad ones name the fix) and the
+    /proc/stat busy fraction is a fraction that sees a busy core."""
+    import argparse
+    import os
+    import threading
+    import time
+
+    from securefkm.bench import deployment_polling as dp
+
+    assert dp.parse_setting("memory:0.5") == ("memory", 0.5)
+    assert dp.parse_setting("file:0.1") == ("file", 0.1)
+    for bad in ("disk:0.5", "memory", "memory:"):
+        with pytest.raises(argparse.ArgumentTypeError, match="STATE:POLL"):
+            dp.parse_setting(bad)
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("Linux only")
+    stop = time.monotonic() + 0.6
+    spin = threading.Thread(target=lambda: [None for _ in iter(lambda: time.monotonic() < stop, False)])
+    spin.start()
+    busy = dp.busy_fraction(0.5)
+    spin.join()
+    assert 0.0 <= busy <= 1.0
+    assert busy >= 0.5 / (os.cpu_count() or 1) * 0.5  # at least half of one core of all cores
