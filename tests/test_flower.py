@@ -216,6 +216,26 @@ def test_fake_grid_equals_in_process(tmp_path, clients, task_identity, protectio
             assert stages[:2] == ["update", first] and len(rec.stages[1].received) == len(clients)
 
 
+def test_nodes_read_their_records_only_for_update_stages(tmp_path, clients, task_identity, monkeypatch):
+    """Each message is a fresh process: a node parses its CSV for the stages that compute on
+    the records (``update``), not for the masking stages; the result is unchanged."""
+    reads, stages = [], []
+    real_read, real_handle = clientapp.read_client_csv, clientapp.handle_message
+    monkeypatch.setattr(clientapp, "read_client_csv", lambda path: reads.append(path) or real_read(path))
+
+    def handle(msg, context):
+        stages.append(str(msg.content[_wire.RECORD_KEY]["stage"]))
+        return real_handle(msg, context)
+
+    monkeypatch.setattr(clientapp, "handle_message", handle)
+    spec = RunSpec("dwf", PARAMS, ["masking"], random_state=11)
+    result, order = _fake_run(tmp_path, clients, spec)
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result["centres"], ref.cluster_centers_)
+    assert {"update", "share", "masked_input", "unmask"} <= set(stages)
+    assert len(reads) == stages.count("update") < len(stages)
+
+
 def test_fake_grid_dropout_is_recovered(tmp_path, clients, task_identity):
     # threshold 2 of 3: one client may drop after sharing its keys
     spec = RunSpec("dwf", PARAMS, [{"name": "masking", "threshold": 2}], random_state=5)

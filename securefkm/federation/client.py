@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..exceptions import InputError
 from ..layers import Aggregator, ClientContext, Layer, RoundContext, RunInfo
 from ..messages import Broadcast, check_sums
 
@@ -70,14 +71,37 @@ class ClientRuntime:
         aggregator: Aggregator,
         info: RunInfo,
         state: dict | None = None,
+        n_records: int | None = None,
     ):
-        self.context = ClientContext(client_id=client_id, n_records=len(X), state=state if state is not None else {})
-        self.X = X
+        # ``X`` may be a zero-argument loader (with ``n_records``): a deployed client then
+        # reads its records only for the stages that compute on them, not for every
+        # aggregator stage (each Flower message is a fresh process that would re-read them)
+        if callable(X):
+            if n_records is None:
+                raise TypeError("ClientRuntime: a loader X needs n_records")
+            self._load, self._X = X, None
+        else:
+            self._load, self._X = None, X
+            n_records = len(X)
+        self.context = ClientContext(client_id=client_id, n_records=int(n_records), state=state if state is not None else {})
         self.algorithm = algorithm
         self.layers = layers
         self.aggregator = aggregator
         self.info = info
         self.session = None
+
+    @property
+    def X(self) -> np.ndarray:
+        """The client's records (loaded on first use when a loader was given)."""
+        if self._X is None:
+            X = self._load()
+            if len(X) != self.context.n_records:
+                raise InputError(
+                    f"client {self.client_id}: its data changed during the run ({len(X)} records, "
+                    f"{self.context.n_records} when the run started); keep the data file fixed while a run is going."
+                )
+            self._X = X
+        return self._X
 
     @property
     def memory(self) -> dict:

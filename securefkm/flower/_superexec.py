@@ -50,6 +50,7 @@ PRELOAD = (
     "securefkm.estimators.oneshot",
     "securefkm.estimators.fuzzy",
     "protocols.masking.layer",
+    "cryptography.hazmat.backends.openssl.backend",  # imported lazily by the masking keys
     "protocols.paillier.layer",
     "phe.paillier",
     "protocols.dp.layer",
