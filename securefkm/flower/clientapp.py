@@ -79,34 +79,33 @@ def read_client_csv(path: str) -> np.ndarray:
     if not rows:
         raise InputError(f"data-path {os.path.basename(path)!r} has a header but no records.")
     width = len(rows[0])
-    try:  # fast path: NumPy converts the strings in C; the loop below only names the bad cell
+    try:  # NumPy converts the strings in C; on failure the loop below names the bad cell
         out = np.array(rows, dtype=np.float64)
-        if out.ndim != 2 or out.shape[1] != width:
-            raise ValueError
     except ValueError:
-        out = None
-    if out is not None:
-        rows = []
-    else:
-        out = np.empty((len(rows), width))
-    for i, row in enumerate(rows):
-        if len(row) != width:
-            raise InputError(
-                f"data-path {os.path.basename(path)!r} line {i + first_line} has {len(row)} columns, "
-                f"expected {width}; every record needs the same number of features."
-            )
-        for j, cell in enumerate(row):
-            try:
-                out[i, j] = float(cell)
-            except ValueError:
-                raise InputError(
-                    f"data-path {os.path.basename(path)!r} line {i + first_line} column {j + 1} is "
-                    f"{cell.strip()[:40]!r}, not a number; clean or drop that record."
-                ) from None
+        out = _first_bad_cell(rows, width, os.path.basename(path), first_line)
     try:
         return check_array(out, f"data-path {os.path.basename(path)!r}")
     except InputError as exc:
         raise InputError(str(exc).replace("row ", "record ")) from None
+
+
+def _first_bad_cell(rows: list[list[str]], width: int, name: str, first_line: int) -> np.ndarray:
+    """Raise :class:`InputError` naming the first ragged row or non-numeric cell."""
+    for i, row in enumerate(rows):
+        if len(row) != width:
+            raise InputError(
+                f"data-path {name!r} line {i + first_line} has {len(row)} columns, "
+                f"expected {width}; every record needs the same number of features."
+            )
+        for j, cell in enumerate(row):
+            try:
+                float(cell)
+            except ValueError:
+                raise InputError(
+                    f"data-path {name!r} line {i + first_line} column {j + 1} is "
+                    f"{cell.strip()[:40]!r}, not a number; clean or drop that record."
+                ) from None
+    raise InputError(f"data-path {name!r} could not be read as a numeric table.")
 
 
 _DATA_CACHE: dict[tuple[str, float, int], np.ndarray] = {}
