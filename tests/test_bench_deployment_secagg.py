@@ -72,13 +72,18 @@ def test_polling_bench_helpers():
 
     assert dp.parse_setting("memory:0.5") == ("memory", 0.5)
     assert dp.parse_setting("file:0.1") == ("file", 0.1)
-    for bad in ("disk:0.5", "memory", "memory:"):
+    for bad in ("disk:0.5", "memory", "memory:", "memory:fast", "memory:-1"):
         with pytest.raises(argparse.ArgumentTypeError, match="STATE:POLL"):
             dp.parse_setting(bad)
     if not os.path.exists("/proc/stat"):
         pytest.skip("Linux only")
     stop = time.monotonic() + 0.6
-    spin = threading.Thread(target=lambda: [None for _ in iter(lambda: time.monotonic() < stop, False)])
+
+    def burn():
+        while time.monotonic() < stop:
+            pass
+
+    spin = threading.Thread(target=burn)
     spin.start()
     busy = dp.busy_fraction(0.5)
     spin.join()

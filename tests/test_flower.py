@@ -504,6 +504,8 @@ def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
     assert deploy_mod.LocalDeployment(paths, workdir=tmp_path / "d", poll_interval=0.2).environ()["SECUREFKM_SUPERNODE_POLL"] == "0.2"
     with pytest.raises(InputError, match="poll_interval"):
         deploy_mod.LocalDeployment(paths, poll_interval=0)
+    with pytest.raises(InputError, match="database="):
+        deploy_mod.LocalDeployment(paths, database=tmp_path / "missing" / "state.db")
 
     spawned = []
     monkeypatch.setattr(deploy_mod.LocalDeployment, "_spawn", lambda self, args, log: spawned.append(args) or None)

@@ -289,18 +289,22 @@ class GaussianDP(Layer):
         self._schedule = None
 
     # ------------------------------------------------------------------ geometry
+    def _box(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """The declared ``bounds`` as two length-``d`` vectors."""
+        return tuple(np.broadcast_to(b, (d,)) for b in self.bounds)
+
     def _radius(self, d: int) -> float:
         if self.clip is not None:
             return self.clip
-        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        low, high = self._box(d)
         return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
 
     def _centred_radius(self, d: int) -> float:
-        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        low, high = self._box(d)
         return float(np.linalg.norm((high - low) / 2))
 
     def _box_centre(self, d: int) -> np.ndarray:
-        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        low, high = self._box(d)
         return (low + high) / 2
 
     def centred_pairs(self, specs) -> dict[str, str]:
@@ -329,7 +333,7 @@ class GaussianDP(Layer):
     def _diameter(self, d: int) -> float:
         if self.clip is not None:
             return 2 * self.clip
-        low, high = (np.broadcast_to(b, (d,)) for b in self.bounds)
+        low, high = self._box(d)
         return float(np.linalg.norm(high - low))
 
     def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False) -> float:

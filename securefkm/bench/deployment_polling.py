@@ -45,9 +45,14 @@ def busy_fraction(seconds: float) -> float:
 
 def parse_setting(text: str) -> tuple[str, float]:
     state, _, poll = text.partition(":")
-    if state not in ("file", "memory") or not poll:
-        raise argparse.ArgumentTypeError(f"setting {text!r}: use STATE:POLL with STATE file or memory, e.g. memory:0.5")
-    return state, float(poll)
+    try:
+        seconds = float(poll)
+    except ValueError:
+        seconds = -1.0
+    if state not in ("file", "memory") or not seconds > 0:
+        raise argparse.ArgumentTypeError(
+            f"setting {text!r}: use STATE:POLL with STATE file or memory and POLL seconds > 0, e.g. memory:0.5")
+    return state, seconds
 
 
 def run(n_clients=10, rounds=3, settings=(("file", 0.1), ("memory", 0.5)), protections=("none", "masking"),

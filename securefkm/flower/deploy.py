@@ -240,13 +240,12 @@ class LocalDeployment:
     processes) and the SuperExecs poll every ``poll_interval``. ``poll_interval=None`` picks
     ``0.1 s x nodes / cores`` within [0.1, 2] s: every idle node polls its SuperLink and every
     SuperExec its SuperNode, and on one machine those polls are what the rounds compete with
-    (10 nodes on 2 cores at 0.1 s kept 80% of the machine busy while idle; at 0.5 s, 17%, and
-    a masked round took half the time, docs/deployment.md "Overhead").
+    (measurements: docs/deployment.md, "Idle polling and the SuperLink's state").
 
     ``database=None`` (default) keeps the SuperLink's state in memory: a local deployment
     never restarts its SuperLink, messages (masked vectors, encrypted shares) never touch the
-    disk, and Flower's SQLite state answers every poll with a write (3x slower rounds
-    measured). Give a path to keep a file database.
+    disk, and Flower's SQLite state costs a write per poll. Give a file path (its folder must
+    exist) to keep a file database.
     """
 
     def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0,
@@ -270,6 +269,9 @@ class LocalDeployment:
                              "or None to scale it with the number of nodes per core.")
         self.poll_interval = float(poll_interval)
         self.database = None if database is None else Path(database).resolve()
+        if self.database is not None and not self.database.parent.is_dir():
+            raise InputError(f"database={str(database)!r}: its folder does not exist; create it or pass "
+                             "database=None to keep the SuperLink's state in memory.")
         self.superlink: subprocess.Popen | None = None
         self.supernodes: list[subprocess.Popen | None] = []
         self.node_ids: list[int | None] = []
