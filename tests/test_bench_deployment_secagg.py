@@ -1,4 +1,5 @@
-"""Pure helpers of securefkm.bench.deployment_secagg (no processes are started here)."""
+"""Helpers of securefkm.bench.deployment_secagg (no deployment is started here; the CPU
+accounting test starts two short Python processes)."""
 
 import pytest
 
@@ -52,6 +53,7 @@ def test_round_intervals_and_steady():
               {"event": "start", "round": 0, "t": 1.5}, {"event": "start", "round": 1, "t": 4.0},
               {"event": "start", "round": 2, "t": 6.5}]
     assert ds.round_intervals(events) == {0: 4.0, 1: 2.5}
+    assert ds.round_stamps(events) == {0: (0.0, 4.0), 1: (4.0, 6.5)}
     assert ds.steady([9.0, 2.0, 4.0]) == 3.0 and ds.steady([5.0]) == 5.0
 
 
@@ -89,3 +91,59 @@ def test_polling_bench_helpers():
     spin.join()
     assert 0.0 <= busy <= 1.0
     assert busy >= 0.5 / (os.cpu_count() or 1) * 0.5  # at least half of one core of all cores
+
+
+def test_rows_pool_steady_rounds_of_every_repeat():
+    cfg = ds.configurations(10, neighbours=(4,))[0]
+    theirs = [{"rounds_s": [30.0, 10.0, 12.0], "rounds_cpu_s": [40.0, 20.0, 22.0], "max_error": 1e-3},
+              {"rounds_s": [30.0, 14.0, 16.0], "rounds_cpu_s": [40.0, 24.0, 26.0], "max_error": 2e-3}]
+    ours = [{"rounds_s": [50.0, 5.0, 7.0], "rounds_cpu_s": [60.0, 10.0, 12.0], "centres_equal_in_process": True,
+             "max_abs_vs_unprotected": 1e-8},
+            {"rounds_s": [50.0, 9.0, 11.0], "rounds_cpu_s": [60.0, 14.0, 16.0], "centres_equal_in_process": False,
+             "max_abs_vs_unprotected": 2e-8}]
+    row = ds._row("warm", cfg, 10, 10_000, 0.05, theirs, ours)
+    # first rounds skipped, the rest pooled: median(10, 12, 14, 16) = 13, median(5, 7, 9, 11) = 8
+    assert row["flower_round_s"] == 13.0 and row["ours_round_s"] == 8.0 and row["ratio"] == 8.0 / 13.0
+    assert row["flower_round_cpu_s"] == 23.0 and row["ours_round_cpu_s"] == 13.0
+    assert row["ratio_per_repeat"] == [6.0 / 11.0, 10.0 / 15.0] and row["repeats"] == 2
+    assert row["ours_exact"] is False and row["flower_max_error"] == 2e-3  # the worst run counts
+    no_cpu = ds._row("warm", cfg, 10, 10_000, 0.05, [{**t, "rounds_cpu_s": []} for t in theirs], ours)
+    assert "cpu_ratio" not in no_cpu
+
+
+def test_tree_cpu_counts_live_and_finished_children():
+    import subprocess
+    import sys
+    import time
+
+    from securefkm.bench import _tree_cpu
+
+    if not _tree_cpu.available():
+        pytest.skip("Linux /proc only")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass\n{}"
+    before = _tree_cpu.descendants_cpu_seconds()
+    subprocess.run([sys.executable, "-c", burn.format(0.4, "")], check=True)  # finished, reaped by us
+    finished = _tree_cpu.descendants_cpu_seconds() - before
+    assert 0.35 <= finished <= 5.0
+    base = _tree_cpu.descendants_cpu_seconds()
+    live = subprocess.Popen([sys.executable, "-c", burn.format(0.4, "time.sleep(30)")])
+    try:
+        with _tree_cpu.CpuSampler(interval=0.05) as sampler:
+            deadline = time.monotonic() + 20
+            while sampler.cpu[-1] - base < 0.35 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the sleeping child's burnt CPU shows while it is alive
+            t_mid = sampler.times[-1]
+        assert live.poll() is None and sampler.cpu[-1] - base >= 0.35
+        assert sampler.between(sampler.times[0], t_mid) == pytest.approx(sampler.at(t_mid) - sampler.cpu[0])
+        assert sampler.at(sampler.times[0] - 10) == sampler.cpu[0] and sampler.at(time.time() + 10) == sampler.cpu[-1]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_cpu_sampler_interpolates_between_samples():
+    from securefkm.bench._tree_cpu import CpuSampler
+
+    s = CpuSampler()
+    s.times, s.cpu = [0.0, 1.0, 3.0], [10.0, 12.0, 16.0]
+    assert s.at(0.5) == 11.0 and s.at(2.0) == 14.0 and s.between(0.5, 2.0) == 3.0

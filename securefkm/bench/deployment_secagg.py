@@ -1,7 +1,7 @@
 """PairwiseMasking over Flower against Flower's own SecAgg+, on the same local deployment.
 
     python -m securefkm.bench.deployment_secagg --clients 10 --length 10000 --rounds 3 \
-        --client-processes warm cold
+        --client-processes warm cold [--repeats 4]
 
 One :class:`~securefkm.flower.deploy.LocalDeployment` (SuperLink + one SuperNode per client on
 127.0.0.1) per ClientApp process mode; on it, back to back, for each configuration:
@@ -26,8 +26,15 @@ Both sides get the same SuperNodes (0.1 s idle poll), the same server-side poll 
 SuperLink (``--flower-poll``, default 0.05 s = ``FlowerTransport``'s; Flower's own
 ``send_and_receive`` sleeps 3 s, give ``--flower-poll 0`` to time that too) and the same
 ClientApp process mode (``warm``: forked from a pre-imported server, ``cold``: Flower's
-fresh ``flwr-clientapp`` per message). Steady state: the first round is skipped; the round
-used is the median of the others. Printed: seconds per round and securefkm / Flower.
+fresh ``flwr-clientapp`` per message). Steady state: the first round of each run is skipped;
+the round used is the median of the others. Printed: seconds per round and securefkm / Flower.
+
+``--repeats R`` runs every configuration R times in ABBA order (Flower first, then ours first
+with the configurations reversed, ...), so drift of the deployment over time favours neither
+side, and pools the steady rounds. On Linux each round is also charged the CPU seconds of all
+the deployment's processes during it (SuperLink, SuperNodes, SuperExecs, ClientApp and
+ServerApp processes; :mod:`securefkm.bench._tree_cpu`): on a shared machine other jobs move
+the wall time of a round but not that CPU time, so ``CPU ours / F`` is the steadier ratio.
 
 Configurations (``n`` nodes): ``sparse`` -- ours ``graph="sparse", neighbours=k`` against
 Flower ``num_shares = k + 1`` (each secret has ``k + 1`` holders on both sides), ``complete``
@@ -134,15 +141,20 @@ def flower_error_bound(num_examples: int = 1, max_weight: float = 1000.0, clippi
     return (2.0 * clipping_range / quantization_range) / (q_ratio / quantization_range)
 
 
-def round_intervals(events) -> dict[int, float]:
-    """Seconds of each round but the last from a ``FlowerTransport`` progress log: start of the
-    round's first stage to the start of the next round's first stage."""
+def round_stamps(events) -> dict[int, tuple[float, float]]:
+    """``time.time()`` (start, end) of each round but the last from a ``FlowerTransport`` progress
+    log: start of the round's first stage to the start of the next round's first stage."""
     starts: dict[int, float] = {}
     for e in events:
         if e.get("event") == "start":
             starts.setdefault(int(e["round"]), float(e["t"]))
     rs = sorted(starts)
-    return {r: starts[nxt] - starts[r] for r, nxt in zip(rs, rs[1:])}
+    return {r: (starts[r], starts[nxt]) for r, nxt in zip(rs, rs[1:])}
+
+
+def round_intervals(events) -> dict[int, float]:
+    """Seconds of each round but the last (see :func:`round_stamps`)."""
+    return {r: t1 - t0 for r, (t0, t1) in round_stamps(events).items()}
 
 
 def steady(rounds) -> float:
@@ -224,7 +236,7 @@ def run_ours(dep: LocalDeployment, spec: RunSpec, clients, n_features: int, run_
     progress = run_dir / "progress.jsonl"
     res = dep.run(spec, n_features=n_features, stage_timeout=stage_timeout, timeout=timeout, progress_path=progress)
     events = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
-    intervals = round_intervals(events)
+    stamps = round_stamps(events)
     order = dep.client_order()
     est = spec.estimator().fit([clients[i] for i in order])
     plain = RunSpec(spec.algorithm, spec.params, [], random_state=spec.random_state).estimator().fit(
@@ -233,7 +245,8 @@ def run_ours(dep: LocalDeployment, spec: RunSpec, clients, n_features: int, run_
     for _, stage, secs, _, _ in res.timings:
         stages.setdefault(stage, []).append(secs)
     return {
-        "rounds_s": [intervals[r] for r in sorted(intervals)],
+        "rounds_s": [stamps[r][1] - stamps[r][0] for r in sorted(stamps)],
+        "rounds_wall": [list(stamps[r]) for r in sorted(stamps)],
         "n_rounds": res.n_rounds,
         "centres_equal_in_process": bool(np.array_equal(res.centres, est.cluster_centers_)),
         "max_abs_vs_unprotected": float(np.max(np.abs(res.centres - plain.cluster_centers_))),
@@ -244,66 +257,133 @@ def run_ours(dep: LocalDeployment, spec: RunSpec, clients, n_features: int, run_
 
 
 def run(n: int = 10, length: int = 10_000, rounds: int = 3, records: int = 50, neighbours=(4,), complete: bool = True,
-        client_processes=("warm",), flower_poll=(0.05,), stage_timeout: float = 300.0, timeout: float = 1800.0,
-        seed: int = 0, out=print) -> list[dict]:
-    """Run every configuration on one deployment per process mode; print and return the rows."""
+        client_processes=("warm",), flower_poll=(0.05,), repeats: int = 1, stage_timeout: float = 300.0,
+        timeout: float = 1800.0, seed: int = 0, out=print) -> list[dict]:
+    """Run every configuration ``repeats`` times on one deployment per process mode; print and
+    return one row per (process mode, configuration, Flower poll).
+
+    Repeats alternate the order (ABBA: Flower then ours over the configurations, then ours then
+    Flower in reverse), so a deployment that drifts over time favours neither side. Each row
+    pools the steady rounds of all repeats (median) and, on Linux, the CPU seconds per round of
+    every process of the deployment (:mod:`securefkm.bench._tree_cpu`), which other jobs on a
+    shared machine do not inflate.
+    """
     import flwr
 
+    from . import _tree_cpu
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     d = length // N_CLUSTERS
     clients = make_clients(n, records, d, seed)
     configs = configurations(n, neighbours, complete)
+    for c in configs:  # refuse a configuration Flower cannot run before starting anything
+        for poll in flower_poll:
+            flower_run_config(n, length, c["num_shares"], c["threshold"], rounds, poll, "-", stage_timeout)
     out(f"[deployment SecAgg] Flower {flwr.__version__}: n = {n} SuperNodes, vector length L = {length}; "
         f"securefkm: EWF k = {N_CLUSTERS} x d = {d} (masked vector {length + 1} x 64-bit), {rounds + 1} rounds "
         f"({rounds} timed as start-to-next-start); Flower: FedAvg over SecAgg+, {rounds} rounds, float32; "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+        f"{repeats} repeat(s) in ABBA order; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="securefkm-bench-secagg-") as tmp:
+    sampler = _tree_cpu.CpuSampler() if _tree_cpu.available() else None
+
+    def cpu_of(walls) -> list[float]:
+        return [sampler.between(t0, t1) for t0, t1 in walls] if sampler is not None else []
+
+    with tempfile.TemporaryDirectory(prefix="securefkm-bench-secagg-") as tmp, (sampler or _Null()):
         paths = write_client_csvs(clients, Path(tmp) / "data")
         for mode in client_processes:
             t0 = time.perf_counter()
+            # (config index, "ours" | Flower poll) -> list of per-run results
+            runs: dict[tuple[int, object], list[dict]] = {}
             with LocalDeployment(paths, workdir=Path(tmp) / f"flower-{mode}",
                                  env={"SECUREFKM_WARM_CLIENTS": CLIENT_PROCESSES[mode]}) as dep:
                 out(f"\n[{mode} ClientApp processes] deployment up in {time.perf_counter() - t0:.1f} s "
                     f"(load average {os.getloadavg()[0]:.1f})")
-                for i, c in enumerate(configs):
-                    flower = {}
-                    for poll in flower_poll:
-                        cfg = flower_run_config(n, length, c["num_shares"], c["threshold"], rounds, poll,
-                                                Path(tmp) / f"flower-{mode}-{i}-{poll}.json", stage_timeout)
-                        try:
-                            f = run_flower(dep, cfg, Path(tmp) / f"runs-{mode}" / f"flower-{i}-{poll}", timeout)
-                        except Exception as exc:  # report and go on
-                            out(f"  {c['label']}: Flower SecAgg+ (poll {poll}) failed: {exc}")
-                            continue
-                        f["round_s"] = steady(f["rounds_s"])
-                        flower[poll] = f
-                        out(f"  {c['label']:<12} Flower SecAgg+ num_shares={c['num_shares']} t={c['threshold']} "
-                            f"poll {_poll_name(poll)}: rounds {', '.join(f'{t:.2f}' for t in f['rounds_s'])} s -> "
-                            f"{f['round_s']:.2f} s/round; max |FedAvg - vector| {f['max_error']:.1e} "
-                            f"(<= quantisation bound {flower_error_bound():.1e}: {f['max_error'] <= flower_error_bound()})")
-                    spec = ewf_spec(length, rounds + 1, c["protection"], seed)
-                    try:
-                        o = run_ours(dep, spec, clients, d, Path(tmp) / f"runs-{mode}" / f"ours-{i}", stage_timeout, timeout)
-                    except Exception as exc:
-                        out(f"  {c['label']}: securefkm PairwiseMasking failed: {exc}")
-                        continue
-                    o["round_s"] = steady(o["rounds_s"])
-                    out(f"  {c['label']:<12} securefkm PairwiseMasking m={c['holders']} t={c['threshold']}: rounds "
-                        f"{', '.join(f'{t:.2f}' for t in o['rounds_s'])} s -> {o['round_s']:.2f} s/round; centres == "
-                        f"in-process fit: {o['centres_equal_in_process']}, max |centres - unprotected| "
-                        f"{o['max_abs_vs_unprotected']:.1e}; stages "
-                        + ", ".join(f"{k}={v:.2f}" for k, v in o["stage_mean_s"].items()))
-                    for poll, f in flower.items():
-                        rows.append({"client_processes": mode, "config": c["label"], "n": n, "length": length,
-                                     "num_shares": c["num_shares"], "threshold": c["threshold"], "flower_poll": poll,
-                                     "flower_rounds_s": f["rounds_s"], "flower_round_s": f["round_s"],
-                                     "flower_max_error": f["max_error"],
-                                     "flower_within_quantisation": f["max_error"] <= flower_error_bound(), "ours_rounds_s": o["rounds_s"],
-                                     "ours_round_s": o["round_s"], "ours_exact": o["centres_equal_in_process"],
-                                     "ours_max_abs_vs_unprotected": o["max_abs_vs_unprotected"],
-                                     "ratio": o["round_s"] / f["round_s"]})
+                for rep in range(repeats):
+                    forward = rep % 2 == 0
+                    order = list(enumerate(configs)) if forward else list(enumerate(configs))[::-1]
+                    for i, c in order:
+                        sides = [*flower_poll, "ours"] if forward else ["ours", *flower_poll]
+                        for side in sides:
+                            tag = f"{mode}-{i}-{side}-{rep}"
+                            if side == "ours":
+                                spec = ewf_spec(length, rounds + 1, c["protection"], seed)
+                                try:
+                                    o = run_ours(dep, spec, clients, d, Path(tmp) / "runs" / tag, stage_timeout, timeout)
+                                except Exception as exc:
+                                    out(f"  {c['label']}: securefkm PairwiseMasking failed: {exc}")
+                                    continue
+                                o["rounds_cpu_s"] = cpu_of(o["rounds_wall"])
+                                runs.setdefault((i, "ours"), []).append(o)
+                                out(f"  [{rep + 1}/{repeats}] {c['label']:<12} securefkm PairwiseMasking m={c['holders']} "
+                                    f"t={c['threshold']}: rounds {_secs(o['rounds_s'])} s{_cpu_note(o['rounds_cpu_s'])}; "
+                                    f"centres == in-process fit: {o['centres_equal_in_process']}, max |centres - "
+                                    f"unprotected| {o['max_abs_vs_unprotected']:.1e}; stages "
+                                    + ", ".join(f"{k}={v:.2f}" for k, v in o["stage_mean_s"].items()))
+                                continue
+                            cfg = flower_run_config(n, length, c["num_shares"], c["threshold"], rounds, side,
+                                                    Path(tmp) / f"flower-{tag}.json", stage_timeout)
+                            try:
+                                f = run_flower(dep, cfg, Path(tmp) / "runs" / tag, timeout)
+                            except Exception as exc:  # report and go on
+                                out(f"  {c['label']}: Flower SecAgg+ (poll {side}) failed: {exc}")
+                                continue
+                            f["rounds_cpu_s"] = cpu_of(f.get("rounds_wall", []))
+                            runs.setdefault((i, side), []).append(f)
+                            out(f"  [{rep + 1}/{repeats}] {c['label']:<12} Flower SecAgg+ num_shares={c['num_shares']} "
+                                f"t={c['threshold']} poll {_poll_name(side)}: rounds {_secs(f['rounds_s'])} s"
+                                f"{_cpu_note(f['rounds_cpu_s'])}; max |FedAvg - vector| {f['max_error']:.1e} "
+                                f"(<= quantisation bound {flower_error_bound():.1e}: {f['max_error'] <= flower_error_bound()})")
+            for i, c in enumerate(configs):
+                ours = runs.get((i, "ours"), [])
+                for poll in flower_poll:
+                    theirs = runs.get((i, poll), [])
+                    if ours and theirs:
+                        rows.append(_row(mode, c, n, length, poll, theirs, ours))
     _print(rows, out)
     return rows
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _secs(values) -> str:
+    return ", ".join(f"{t:.2f}" for t in values)
+
+
+def _cpu_note(cpu) -> str:
+    return f" (CPU {_secs(cpu)} s)" if cpu else ""
+
+
+def _pooled(results, key: str) -> list[float]:
+    """The steady values (all but each run's first round) of every run, pooled."""
+    return [v for r in results for v in (r[key][1:] if len(r[key]) > 1 else r[key])]
+
+
+def _row(mode: str, c: dict, n: int, length: int, poll, theirs: list[dict], ours: list[dict]) -> dict:
+    f_rounds, o_rounds = _pooled(theirs, "rounds_s"), _pooled(ours, "rounds_s")
+    f_cpu, o_cpu = _pooled(theirs, "rounds_cpu_s"), _pooled(ours, "rounds_cpu_s")
+    per_repeat = [steady(o["rounds_s"]) / steady(f["rounds_s"]) for f, o in zip(theirs, ours)]
+    row = {"client_processes": mode, "config": c["label"], "n": n, "length": length,
+           "num_shares": c["num_shares"], "threshold": c["threshold"], "flower_poll": poll, "repeats": len(per_repeat),
+           "flower_rounds_s": f_rounds, "flower_round_s": statistics.median(f_rounds),
+           "flower_max_error": max(f["max_error"] for f in theirs),
+           "flower_within_quantisation": all(f["max_error"] <= flower_error_bound() for f in theirs),
+           "ours_rounds_s": o_rounds, "ours_round_s": statistics.median(o_rounds),
+           "ours_exact": all(o["centres_equal_in_process"] for o in ours),
+           "ours_max_abs_vs_unprotected": max(o["max_abs_vs_unprotected"] for o in ours),
+           "ratio_per_repeat": per_repeat}
+    row["ratio"] = row["ours_round_s"] / row["flower_round_s"]
+    if f_cpu and o_cpu:
+        row.update(flower_round_cpu_s=statistics.median(f_cpu), ours_round_cpu_s=statistics.median(o_cpu))
+        row["cpu_ratio"] = row["ours_round_cpu_s"] / row["flower_round_cpu_s"]
+    return row
 
 
 def _poll_name(poll: float) -> str:
@@ -312,10 +392,14 @@ def _poll_name(poll: float) -> str:
 
 def _print(rows, out) -> None:
     out(f"\n{'processes':>9} {'config':<12} {'Flower poll':>18} {'Flower s/round':>15} {'ours s/round':>13} "
-        f"{'ours / Flower':>14} {'ours exact':>11} {'Flower max err':>15}")
+        f"{'ours / Flower':>14} {'per repeat':>18} {'CPU s/round F / ours':>21} {'CPU ours / F':>13} "
+        f"{'ours exact':>11} {'Flower max err':>15}")
     for r in rows:
+        cpu = (f"{r['flower_round_cpu_s']:.2f} / {r['ours_round_cpu_s']:.2f}", f"{r['cpu_ratio']:.3f}") \
+            if "cpu_ratio" in r else ("-", "-")
         out(f"{r['client_processes']:>9} {r['config']:<12} {_poll_name(r['flower_poll']):>18} {r['flower_round_s']:>15.2f} "
-            f"{r['ours_round_s']:>13.2f} {r['ratio']:>14.3f} {str(r['ours_exact']):>11} {r['flower_max_error']:>15.1e}")
+            f"{r['ours_round_s']:>13.2f} {r['ratio']:>14.3f} {' '.join(f'{x:.2f}' for x in r['ratio_per_repeat']):>18} "
+            f"{cpu[0]:>21} {cpu[1]:>13} {str(r['ours_exact']):>11} {r['flower_max_error']:>15.1e}")
 
 
 def main(argv=None) -> int:
@@ -330,6 +414,8 @@ def main(argv=None) -> int:
     p.add_argument("--client-processes", nargs="+", default=["warm"], choices=sorted(CLIENT_PROCESSES))
     p.add_argument("--flower-poll", type=float, nargs="+", default=[0.05],
                    help="Flower ServerApp's poll of the SuperLink in seconds; 0 = Flower's own send_and_receive (3 s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every configuration this many times, alternating the order (ABBA); rows pool the repeats")
     p.add_argument("--stage-timeout", type=float, default=300.0)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (each side, each configuration)")
     p.add_argument("--json", help="also write the rows as JSON to this path")
@@ -337,7 +423,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     rows = run(a.clients, a.length, a.rounds, a.records, a.neighbours, not a.no_complete, a.client_processes,
-               a.flower_poll, a.stage_timeout, a.timeout)
+               a.flower_poll, a.repeats, a.stage_timeout, a.timeout)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=2)

@@ -79,6 +79,7 @@ def main(grid, context) -> None:
             "ok": True,
             "rounds_s": [t for t in timings if isinstance(t, float)],
             "rounds_cpu_s": [t[1] for t in timings if isinstance(t, tuple) and t[0] == "cpu"],
+            "rounds_wall": [list(t[1:]) for t in timings if isinstance(t, tuple) and t[0] == "wall"],
             "max_error": next((t[1] for t in timings if isinstance(t, tuple) and t[0] == "max_error"), None),
             "total_s": time.perf_counter() - t0,
             "node_ids": sorted(int(n) for n in grid.get_node_ids()),
