@@ -1,4 +1,5 @@
-"""GaussianDP(bounds=...) noises sums that declare their weights translated by the box centre.
+"""GaussianDP(bounds=...) noises sums that declare their weights translated by the box centre,
+and (``project_means``) projects their noisy means into the records' domain.
 
 The release is T' = (S - N c) + noise and N' = N + noise, and the algorithm gets T' + N' c
 (post-processing), with sensitivity the box's half-diagonal instead of the largest norm in
@@ -90,7 +91,8 @@ def test_centring_cuts_the_dp_loss_on_an_off_centre_box():
     """Same budget, same seeds: noising the translated sums (sensitivity 4 instead of 208
     here) gives several times lower k-means loss than noising the sums as they are (median
     over 5 seeds: measured 2.1 vs 16.0; a seed that loses one of the 3 clusters to the
-    private seeding scores 2)."""
+    private seeding scores 2). Means are not projected here (``project_means=False``), so
+    only the centring differs."""
     clients, X = _clients(seed=1, per=1000)
     ref = metrics.sse(X, WeightedFederatedKMeans(3, init_bounds=(LOW, HIGH), max_rounds=10, random_state=0)
                       .fit(clients).cluster_centers_)
@@ -100,10 +102,71 @@ def test_centring_cuts_the_dp_loss_on_an_off_centre_box():
         for seed in range(5):
             est = WeightedFederatedKMeans(
                 3, init="private", init_bounds=(LOW, HIGH), max_rounds=4, max_local_steps=1, tol=0, random_state=seed,
-                protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=centre)],
+                protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=centre, project_means=False)],
             ).fit(clients)
             assert est.privacy_spent_[0] <= 1.0
             r.append(metrics.sse(X, np.clip(est.cluster_centers_, LOW, HIGH)) / ref)
         ratios[centre] = float(np.median(r))
     assert ratios[True] <= 2.5, ratios
     assert ratios[False] >= 4 * ratios[True], ratios
+
+
+def _layer(**kw):
+    dp = GaussianDP(1.0, 1e-5, **kw)
+    dp._d = 4  # set by setup() from the data
+    return dp
+
+
+def test_noisy_means_are_projected_into_the_domain():
+    """Rows with a positive weight get N' P(S'/N'): a mean outside the box moves onto it
+    (coordinate-wise), a mean inside is unchanged, a row with weight <= 0 is left to the
+    algorithm; with clip= the projection is onto the clip ball; project_means=False,
+    seeding rounds and undeclared sums are untouched."""
+    specs = _specs()
+    N = np.array([2.0, -1.0, 4.0])
+    S = np.array([[2 * 99.0, 2 * 101.0, 2 * 105.0, 2 * 102.0],  # mean (99, 101, 105, 102)
+                  [7.0, 7.0, 7.0, 7.0],  # negative noisy weight
+                  [4 * 101.0, 4 * 102.0, 4 * 103.0, 4 * 100.5]])  # mean inside
+    out = _layer(bounds=(LOW, HIGH))._projected({"weights": N, "weighted_centres": S}, specs)
+    np.testing.assert_allclose(out["weighted_centres"][0] / 2, [100.0, 101.0, 104.0, 102.0])
+    np.testing.assert_array_equal(out["weighted_centres"][1:], S[1:])
+    np.testing.assert_array_equal(out["weights"], N)
+    # never farther from any mean inside the box than the noisy mean was
+    true = np.array([100.5, 101.0, 103.5, 102.0])
+    assert np.all(np.abs(out["weighted_centres"][0] / 2 - true) <= np.abs(S[0] / 2 - true))
+    ball = _layer(clip=2.0)._projected({"weights": N, "weighted_centres": S}, specs)
+    assert np.linalg.norm(ball["weighted_centres"][0] / 2) == pytest.approx(2.0)
+    np.testing.assert_allclose(ball["weighted_centres"][0] / 2, 2.0 * S[0] / np.linalg.norm(S[0]))
+    off = _layer(bounds=(LOW, HIGH), project_means=False)._projected({"weights": N, "weighted_centres": S}, specs)
+    np.testing.assert_array_equal(off["weighted_centres"], S)
+    seeding = _layer(bounds=(LOW, HIGH))._projected({"weights": N, "weighted_centres": S}, specs, "init.private")
+    np.testing.assert_array_equal(seeding["weighted_centres"], S)  # the seeding shrinks raw means itself
+    plain = (specs[0], FieldSpec("weighted_centres", (3, 4), "sum"))
+    np.testing.assert_array_equal(
+        _layer(bounds=(LOW, HIGH))._projected({"weights": N, "weighted_centres": S}, plain)["weighted_centres"], S)
+
+
+@pytest.mark.parametrize("mode", ["central", "distributed", "local"])
+def test_dp_fit_centres_stay_in_the_box(mode):
+    """At a small budget noisy means of small clusters leave the box; with the projection
+    (default) every centre the fit returns lies in the declared box in every mode; without
+    it at least one does not (5 seeds, eps 0.1)."""
+    from protocols.masking import PairwiseMasking
+
+    clients, _ = _clients(seed=2, per=150)
+    outside = {}
+    for project in (True, False):
+        n_out = 0
+        for seed in range(5):
+            layers = [GaussianDP(0.1, 1e-5, bounds=(LOW, HIGH), mode=mode, project_means=project)]
+            if mode == "distributed":
+                layers.append(PairwiseMasking())
+            est = WeightedFederatedKMeans(
+                6, init="uniform", init_bounds=(LOW, HIGH), max_rounds=3, max_local_steps=1, tol=0, random_state=seed,
+                protection=layers,
+            ).fit(clients)
+            c = est.cluster_centers_
+            n_out += int(np.any((c < LOW - 1e-9) | (c > HIGH + 1e-9)))
+        outside[project] = n_out
+    assert outside[True] == 0, outside
+    assert outside[False] >= 1, outside

@@ -25,6 +25,16 @@ two released fields, so the same proof applies with R_c in place of R (a record 
 far from the origin much smaller (digits' [0, 16]^64: 64 instead of 128). In distributed and
 local mode each client sends ``T_i' + N_i' c`` (the sums add up to ``T' + N' c``).
 
+Means projected into the domain (``project_means=True``, the default). For the same declared
+pairs, each released row with a positive noisy weight N'_j gets ``S'_j = N'_j P(S'_j / N'_j)``,
+P the projection onto the records' domain (the ``bounds`` box, or the ``clip`` ball). Every
+record lies in that convex set, so the true mean S_j / N_j does too, and the projection of
+the noisy mean is never farther from it (per coordinate for the box, in L2 for the ball).
+Post-processing of released values with public parameters: no privacy cost. Without it a
+cluster with few records gets a noisy centre far outside the data, which the next round's
+assignments then follow. Seeding rounds (``init.*``) are left alone: their aggregation
+shrinks the raw noisy bucket means (which needs them unbiased) and clips the result itself.
+
 Every field gets independent Gaussian noise of standard deviation
 ``sigma_f = z * sqrt(F) * Delta'_f`` (Delta'_f = Delta_f plus the lattice rounding term
 below). **Proof that this is one Gaussian mechanism with noise multiplier z.** Divide
@@ -203,7 +213,9 @@ class GaussianDP(Layer):
     share of the budget; z is calibrated so that the whole planned schedule meets the target,
     see "Weighted round schedules" in the module docstring); ``centre_sums`` (``bounds`` only,
     default True: sums that declare their weights are noised translated by the box centre,
-    sensitivity the box's half-diagonal; see "Centred sums"). See the module docstring for the
+    sensitivity the box's half-diagonal; see "Centred sums"); ``project_means`` (default True:
+    the noisy mean of every released weighted sum is projected into the records' domain, the
+    box or the clip ball; see "Means projected into the domain"). See the module docstring for the
     mechanism, the proof of the joint sensitivity and each mode's trust model.
     """
 
@@ -224,8 +236,10 @@ class GaussianDP(Layer):
         round_weights: dict | None = None,
         shrink: str | None = None,
         centre_sums: bool = True,
+        project_means: bool = True,
     ):
         self.centre_sums = bool(centre_sums)
+        self.project_means = bool(project_means)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
         if count_share is None or (isinstance(count_share, str) and count_share == "auto"):
             self.count_share = count_share
@@ -311,12 +325,34 @@ class GaussianDP(Layer):
         """{sum field: its weights field} noised translated by the box centre (see "Centred sums")."""
         if self.bounds is None or not self.centre_sums:
             return {}
+        return self.weighted_pairs(specs)
+
+    def weighted_pairs(self, specs) -> dict[str, str]:
+        """{sum field: its count field} for the sums that declare their weights (row j is a
+        weighted sum of records, the count field its total weight) and are d wide."""
         by_name = {s.name: s for s in specs}
         out = {}
         for s in specs:
             w = by_name.get(s.weighted_by) if s.kind == "sum" and s.weighted_by else None
             if w is not None and w.kind == "count" and w.shape == s.shape[:1] and s.shape[-1] == self._d:
                 out[s.name] = w.name
+        return out
+
+    def _projected(self, sums: dict, specs, action=None) -> dict:
+        """``project_means``: rows with a positive weight get their mean projected into the
+        records' domain (see "Means projected into the domain"); a new dict. Not in seeding
+        rounds (``init.*``): they shrink the raw noisy bucket means (an empirical-Bayes
+        estimate that needs them unbiased) and clip the result themselves."""
+        skip = not self.project_means or (action or "").startswith("init.")
+        pairs = {} if skip else self.weighted_pairs(specs)
+        out = dict(sums)
+        for s, w in pairs.items():
+            n = np.asarray(out[w], dtype=np.float64)
+            S = np.array(out[s], dtype=np.float64)
+            pos = n > 0
+            if pos.any():
+                S[pos] = self._project_rows(S[pos] / n[pos, None], self._d) * n[pos, None]
+            out[s] = S
         return out
 
     def _translate(self, sums: dict, pairs: dict[str, str], sign: int) -> dict:
@@ -701,17 +737,19 @@ class GaussianDP(Layer):
                     round=ctx.round,
                     stage="server_aggregate",
                 )
-            shrunk = self._shrunk(dict(agg.sums), specs, sigmas, ctx.action)
+            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action), specs, ctx.action)
             return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
         if self.mode == "local":
-            return agg
+            return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action), items=agg.items,
+                                    contributors=agg.contributors, specs=agg.specs)
         pairs = self.centred_pairs(specs)
         sums = self._translate(agg.sums, pairs, -1)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
         sums = self._shrunk(self._translate(sums, pairs, +1), specs, sigmas, ctx.action)
-        return AggregatedUpdate(sums=sums, items=agg.items, contributors=agg.contributors, specs=agg.specs)
+        return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action), items=agg.items, contributors=agg.contributors,
+                                specs=agg.specs)
 
     def _shrunk(self, sums, specs, sigmas, action):
         """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their

@@ -38,7 +38,8 @@ Choices (all fixed before looking at the test losses, each data-independent; see
   towards their overall mean by the positive-part James-Stein estimator with the layer's own
   sigmas (post-processing of released values, no privacy cost); the seeding's bucket means
   get coordinate-wise empirical-Bayes shrinkage (``_seeding.shrink_coordinates``).
-* the final centres are projected onto the declared box (post-processing, free).
+* every Lloyd round's noisy means are projected onto the declared box by the layer
+  (``project_means=True``, its default; post-processing, free), so the returned centres lie in it.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int | None = No
         protection=[GaussianDP(epsilon, DELTA, bounds=bounds, mode="central", **options)],
         random_state=seed,
     ).fit(data.clients)
-    centres = np.clip(est.cluster_centers_, low, high)  # post-processing
+    centres = est.cluster_centers_  # in the box: the layer projects the noisy means (project_means)
     return centres, tuple(float(v) for v in est.privacy_spent_)
 
 
