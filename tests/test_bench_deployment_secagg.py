@@ -95,12 +95,12 @@ def test_polling_bench_helpers():
 
 def test_rows_pool_steady_rounds_of_every_repeat():
     cfg = ds.configurations(10, neighbours=(4,))[0]
-    theirs = [{"rounds_s": [30.0, 10.0, 12.0], "rounds_cpu_s": [40.0, 20.0, 22.0], "max_error": 1e-3},
-              {"rounds_s": [30.0, 14.0, 16.0], "rounds_cpu_s": [40.0, 24.0, 26.0], "max_error": 2e-3}]
+    theirs = [{"rounds_s": [30.0, 10.0, 12.0], "rounds_cpu_s": [40.0, 20.0, 22.0], "max_error": 1e-3, "repeat": 0},
+              {"rounds_s": [30.0, 14.0, 16.0], "rounds_cpu_s": [40.0, 24.0, 26.0], "max_error": 2e-3, "repeat": 1}]
     ours = [{"rounds_s": [50.0, 5.0, 7.0], "rounds_cpu_s": [60.0, 10.0, 12.0], "centres_equal_in_process": True,
-             "max_abs_vs_unprotected": 1e-8},
+             "max_abs_vs_unprotected": 1e-8, "repeat": 0},
             {"rounds_s": [50.0, 9.0, 11.0], "rounds_cpu_s": [60.0, 14.0, 16.0], "centres_equal_in_process": False,
-             "max_abs_vs_unprotected": 2e-8}]
+             "max_abs_vs_unprotected": 2e-8, "repeat": 1}]
     row = ds._row("warm", cfg, 10, 10_000, 0.05, theirs, ours)
     # first rounds skipped, the rest pooled: median(10, 12, 14, 16) = 13, median(5, 7, 9, 11) = 8
     assert row["flower_round_s"] == 13.0 and row["ours_round_s"] == 8.0 and row["ratio"] == 8.0 / 13.0
@@ -109,6 +109,9 @@ def test_rows_pool_steady_rounds_of_every_repeat():
     assert row["ours_exact"] is False and row["flower_max_error"] == 2e-3  # the worst run counts
     no_cpu = ds._row("warm", cfg, 10, 10_000, 0.05, [{**t, "rounds_cpu_s": []} for t in theirs], ours)
     assert "cpu_ratio" not in no_cpu
+    # a repeat in which one side failed (here Flower's repeat 0) gives no per-repeat ratio
+    tagged = ds._row("warm", cfg, 10, 10_000, 0.05, [theirs[1]], ours)
+    assert tagged["ratio_per_repeat"] == [10.0 / 15.0]
 
 
 def test_tree_cpu_counts_live_and_finished_children():

@@ -45,6 +45,7 @@ is ``floor(2m/3) + 1`` of the ``m`` holders on both sides (our default).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -290,7 +291,7 @@ def run(n: int = 10, length: int = 10_000, rounds: int = 3, records: int = 50, n
     def cpu_of(walls) -> list[float]:
         return [sampler.between(t0, t1) for t0, t1 in walls] if sampler is not None else []
 
-    with tempfile.TemporaryDirectory(prefix="securefkm-bench-secagg-") as tmp, (sampler or _Null()):
+    with tempfile.TemporaryDirectory(prefix="securefkm-bench-secagg-") as tmp, (sampler or contextlib.nullcontext()):
         paths = write_client_csvs(clients, Path(tmp) / "data")
         for mode in client_processes:
             t0 = time.perf_counter()
@@ -314,7 +315,7 @@ def run(n: int = 10, length: int = 10_000, rounds: int = 3, records: int = 50, n
                                 except Exception as exc:
                                     out(f"  {c['label']}: securefkm PairwiseMasking failed: {exc}")
                                     continue
-                                o["rounds_cpu_s"] = cpu_of(o["rounds_wall"])
+                                o["rounds_cpu_s"], o["repeat"] = cpu_of(o["rounds_wall"]), rep
                                 runs.setdefault((i, "ours"), []).append(o)
                                 out(f"  [{rep + 1}/{repeats}] {c['label']:<12} securefkm PairwiseMasking m={c['holders']} "
                                     f"t={c['threshold']}: rounds {_secs(o['rounds_s'])} s{_cpu_note(o['rounds_cpu_s'])}; "
@@ -329,7 +330,7 @@ def run(n: int = 10, length: int = 10_000, rounds: int = 3, records: int = 50, n
                             except Exception as exc:  # report and go on
                                 out(f"  {c['label']}: Flower SecAgg+ (poll {side}) failed: {exc}")
                                 continue
-                            f["rounds_cpu_s"] = cpu_of(f.get("rounds_wall", []))
+                            f["rounds_cpu_s"], f["repeat"] = cpu_of(f.get("rounds_wall", [])), rep
                             runs.setdefault((i, side), []).append(f)
                             out(f"  [{rep + 1}/{repeats}] {c['label']:<12} Flower SecAgg+ num_shares={c['num_shares']} "
                                 f"t={c['threshold']} poll {_poll_name(side)}: rounds {_secs(f['rounds_s'])} s"
@@ -343,14 +344,6 @@ def run(n: int = 10, length: int = 10_000, rounds: int = 3, records: int = 50, n
                         rows.append(_row(mode, c, n, length, poll, theirs, ours))
     _print(rows, out)
     return rows
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def _secs(values) -> str:
@@ -369,7 +362,9 @@ def _pooled(results, key: str) -> list[float]:
 def _row(mode: str, c: dict, n: int, length: int, poll, theirs: list[dict], ours: list[dict]) -> dict:
     f_rounds, o_rounds = _pooled(theirs, "rounds_s"), _pooled(ours, "rounds_s")
     f_cpu, o_cpu = _pooled(theirs, "rounds_cpu_s"), _pooled(ours, "rounds_cpu_s")
-    per_repeat = [steady(o["rounds_s"]) / steady(f["rounds_s"]) for f, o in zip(theirs, ours)]
+    flower_of = {f.get("repeat"): f for f in theirs}  # a repeat where one side failed has no ratio
+    per_repeat = [steady(o["rounds_s"]) / steady(flower_of[o.get("repeat")]["rounds_s"])
+                  for o in ours if o.get("repeat") in flower_of]
     row = {"client_processes": mode, "config": c["label"], "n": n, "length": length,
            "num_shares": c["num_shares"], "threshold": c["threshold"], "flower_poll": poll, "repeats": len(per_repeat),
            "flower_rounds_s": f_rounds, "flower_round_s": statistics.median(f_rounds),
