@@ -452,7 +452,12 @@ def plot_frontier(rows, path) -> None:
         g = groups.setdefault((r["dataset"], r["algorithm"], r["stack"]), {"u": [], "f": [0.0], "eps": r.get("epsilon")})
         g["u"].append(_num(r.get("utility")))
         g["f"].append(_num(r.get("fraction_recovered"), 0.0))
-    stacks = list(dict.fromkeys(k[2] for k in groups))
+    spent = {}  # stack -> smallest epsilon spent (DP stacks only)
+    for k, g in groups.items():
+        if g["eps"] not in (None, "", "-"):
+            spent[k[2]] = min(spent.get(k[2], math.inf), _num(g["eps"]))
+    # plain stacks in configuration order, then the DP stacks from the smallest budget up
+    stacks = sorted(dict.fromkeys(k[2] for k in groups), key=lambda st: (st in spent, spent.get(st, 0.0)))
     algs = list(dict.fromkeys((k[0], k[1]) for k in groups))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, (ds, alg) in enumerate(algs):
@@ -469,10 +474,7 @@ def plot_frontier(rows, path) -> None:
         ax.plot(xs, ys, "-", color="grey", lw=0.6, alpha=0.6)
         sc = ax.scatter(xs, ys, s=30 + 600 * np.asarray(fs), c=fs, cmap="Reds", vmin=0, vmax=max(0.05, max(fs)),
                         edgecolors="k", label=f"{ds} / {alg}")
-    labels = []
-    for s in stacks:
-        eps = {g["eps"] for k, g in groups.items() if k[2] == s and g["eps"] not in (None, "", "-")}
-        labels.append(s + (f"\neps={_num(min(eps, key=_num)):.2g}" if eps else ""))
+    labels = [s.replace(")+", ")+\n") + (f"\nspent {spent[s]:.2g}" if s in spent else "") for s in stacks]
     ax.set_xticks(range(len(stacks)), labels, fontsize=8)
     ax.set_ylabel("utility (best central inertia / federated inertia)")
     ax.set_title("privacy-utility frontier (marker size/colour: largest fraction of records recovered)")
