@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=50)
     pr = bsub.add_parser("protocols", help="masking, Paillier and DP costs and utility")
     pr.add_argument("--quick", action="store_true")
-    pr.add_argument("--part", choices=["masking", "paillier", "dp", "all"], default="all")
+    pr.add_argument("--part", choices=["masking", "paillier", "dp", "deployment", "all"], default="all",
+                    help="'all' = masking, paillier, dp; 'deployment' (PairwiseMasking vs Flower's SecAgg+ on a "
+                         "local Flower deployment, 21 processes, ~35 min; --quick: one repeat) only when named")
     a = bsub.add_parser("attacks", help="algorithms x protections x attacks: leakage next to utility")
     a.add_argument("--quick", action="store_true")
     a.add_argument("--out", default="bench-attacks", help="output directory (CSV, markdown, PNG)")

@@ -150,3 +150,29 @@ def test_cpu_sampler_interpolates_between_samples():
     s = CpuSampler()
     s.times, s.cpu = [0.0, 1.0, 3.0], [10.0, 12.0, 16.0]
     assert s.at(0.5) == 11.0 and s.at(2.0) == 14.0 and s.between(0.5, 2.0) == 3.0
+
+
+def test_cli_part_deployment_runs_the_comparison_only_when_named(monkeypatch):
+    """`securefkm bench protocols --part deployment` runs this benchmark (4 repeats, one with
+    --quick); `--part all` does not start a deployment."""
+    import argparse
+
+    from securefkm import bench
+
+    calls = []
+    monkeypatch.setattr(ds, "run", lambda **kw: calls.append(kw))
+    bench.main(argparse.Namespace(bench="protocols", part="deployment", quick=False))
+    bench.main(argparse.Namespace(bench="protocols", part="deployment", quick=True))
+    assert calls == [{"rounds": 4, "repeats": 4}, {"rounds": 2, "repeats": 1}]
+    from securefkm.bench import (
+        protocols_dp,
+        protocols_masking,
+        protocols_paillier,
+        protocols_secaggplus,
+    )
+
+    ran = []
+    for mod in (protocols_dp, protocols_masking, protocols_paillier, protocols_secaggplus):
+        monkeypatch.setattr(mod, "run", lambda *a, _m=mod.__name__, **kw: ran.append(_m))
+    bench.main(argparse.Namespace(bench="protocols", part="all", quick=True))
+    assert len(ran) == 4 and len(calls) == 2  # the other parts ran, no deployment started

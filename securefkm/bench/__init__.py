@@ -37,6 +37,10 @@ def main(args) -> None:
             from .protocols_dp import run as run_dp
 
             run_dp(quick=args.quick)
+        if args.part == "deployment":  # starts a SuperLink and 10 SuperNodes: only when asked for
+            from .deployment_secagg import run as run_deployment
+
+            run_deployment(rounds=2 if args.quick else 4, repeats=1 if args.quick else 4)
     elif args.bench == "attacks":
         from attacks.bench import cli_run
 
