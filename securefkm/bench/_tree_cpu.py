@@ -25,44 +25,18 @@ def available() -> bool:
     return os.path.isfile(f"/proc/{os.getpid()}/stat")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :].split()  # fields from 3 (state) on
-
-
 def descendants_cpu_seconds(root: int | None = None) -> float:
     """CPU seconds used so far by every process below ``root`` (default: this process)."""
+    from ..flower.deploy import descendants, proc_stats
+
     root = os.getpid() if root is None else int(root)
-    parent: dict[int, int] = {}
-    totals: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        f = _stat_fields(int(entry))
-        if f is None:
-            continue
-        pid = int(entry)
-        parent[pid] = int(f[1])
-        # utime, stime, cutime, cstime are fields 14-17 (f[11:15])
-        totals[pid] = sum(int(x) for x in f[11:15]) / _TICK
-    below: set[int] = set()
-    todo = [root]
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    while todo:
-        for c in children.get(todo.pop(), []):
-            below.add(c)
-            todo.append(c)
+    stats = proc_stats()
     own = 0.0
     if root == os.getpid():
         t = os.times()
         own = t.children_user + t.children_system
-    return own + sum(totals[p] for p in below)
+    # utime + stime + cutime + cstime of every live descendant
+    return own + sum(sum(int(x) for x in stats[p][11:15]) for p in descendants(root, stats)) / _TICK
 
 
 class CpuSampler:

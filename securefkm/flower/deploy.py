@@ -91,8 +91,10 @@ def write_client_csvs(clients: Sequence[np.ndarray], directory, *, prefix: str =
     return paths
 
 
-def _children_of() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
+def proc_stats() -> dict[int, list[str]]:
+    """Every live process's ``/proc/<pid>/stat`` fields from field 3 (state) on (Linux):
+    ``[1]`` is the parent pid, ``[11:15]`` utime, stime, cutime, cstime in clock ticks."""
+    out: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -101,16 +103,23 @@ def _children_of() -> dict[int, list[int]]:
                 stat = fh.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        out.setdefault(ppid, []).append(int(entry))
+        out[int(entry)] = stat[stat.rfind(")") + 2 :].split()
     return out
 
 
-def _descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (Linux /proc), including those in new sessions."""
+def _children_of(stats: dict[int, list[str]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        out.setdefault(int(fields[1]), []).append(pid)
+    return out
+
+
+def descendants(pid: int, stats: dict[int, list[str]] | None = None) -> list[int]:
+    """All live descendants of ``pid`` (Linux /proc), including those in new sessions;
+    ``stats`` (from :func:`proc_stats`) saves reading /proc again."""
     if not os.path.isdir("/proc"):
         return []
-    children, out, todo = _children_of(), [], [pid]
+    children, out, todo = _children_of(proc_stats() if stats is None else stats), [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
@@ -143,7 +152,7 @@ def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Stop a process we started, its process group and every descendant, by PID."""
     if proc is None:
         return
-    pids = [proc.pid] + _descendants(proc.pid)
+    pids = [proc.pid] + descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)  # the group we created with start_new_session
     except (ProcessLookupError, PermissionError):
@@ -156,7 +165,7 @@ def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
         if not any(_alive(p) for p in pids):
             break
         time.sleep(0.05)
-    pids += [p for p in _descendants(proc.pid) if p not in pids]
+    pids += [p for p in descendants(proc.pid) if p not in pids]
     for pid in pids:
         if _alive(pid):
             _signal(pid, signal.SIGKILL)
@@ -431,7 +440,7 @@ class LocalDeployment:
         proc = self.supernodes[i]
         if proc is None:
             return
-        pids = [proc.pid] + _descendants(proc.pid)
+        pids = [proc.pid] + descendants(proc.pid)
         for pid in pids:
             _signal(pid, signal.SIGKILL)
         try:
