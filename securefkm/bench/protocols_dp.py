@@ -138,6 +138,40 @@ def diffprivlib_fit(X: np.ndarray, k: int, box, epsilon: float, seed: int) -> np
         return KMeans(n_clusters=k, epsilon=epsilon, bounds=bounds, random_state=seed).fit(X).cluster_centers_
 
 
+def sweep(variants: dict, dataset: str = "digits", epsilon: float = 1.0, seeds=range(30), out=print) -> dict:
+    """DP loss / non-private loss of :func:`dp_fit` per variant of its GaussianDP options, on
+    the same seeds: mean ± standard error, and the mean paired difference to the first variant.
+
+    ``variants``: {label: dp_options}, e.g. ``{"projected": {}, "not projected":
+    {"project_means": False}}``. The seeds fix the data split and the algorithm's generator;
+    the DP noise comes from the OS CSPRNG and differs at every run, hence standard errors.
+    """
+    if not variants:
+        raise ValueError("variants must name at least one {label: GaussianDP options} entry")
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
+    seeds = list(seeds)
+    data, k, _ = load(dataset, seeds[0])
+    ref = reference_loss(data.pooled(), k)
+    ratios: dict = {label: [] for label in variants}
+    for s in seeds:
+        data, k, box = load(dataset, s)
+        X = data.pooled()
+        for label, options in variants.items():
+            centres, _ = dp_fit(data, k, box, epsilon, seed=s, **options)
+            ratios[label].append(loss(X, centres) / ref)
+    first = np.asarray(next(iter(ratios.values())))
+    out(f"[dp sweep] {dataset}, epsilon {epsilon:g}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}): "
+        "loss / non-private loss, mean ± standard error; paired difference to the first variant")
+    for label, r in ratios.items():
+        r = np.asarray(r)
+        se = r.std(ddof=1) / np.sqrt(len(r)) if len(r) > 1 else float("nan")
+        diff = r - first
+        dse = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+        out(f"  {label:<20} {r.mean():.4f} ± {se:.4f}   difference {diff.mean():+.4f} ± {dse:.4f}")
+    return ratios
+
+
 def _fmt(values) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
