@@ -176,3 +176,10 @@ def test_cli_part_deployment_runs_the_comparison_only_when_named(monkeypatch):
         monkeypatch.setattr(mod, "run", lambda *a, _m=mod.__name__, **kw: ran.append(_m))
     bench.main(argparse.Namespace(bench="protocols", part="all", quick=True))
     assert len(ran) == 4 and len(calls) == 2  # the other parts ran, no deployment started
+
+
+def test_repeats_must_be_positive(capsys):
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit):
+            ds.main(["--repeats", bad])
+        assert "--repeats needs a whole number >= 1" in capsys.readouterr().err

@@ -397,6 +397,16 @@ def _print(rows, out) -> None:
             f"{cpu[0]:>21} {cpu[1]:>13} {str(r['ours_exact']):>11} {r['flower_max_error']:>15.1e}")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--repeats needs a whole number >= 1, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=10)
@@ -409,7 +419,7 @@ def main(argv=None) -> int:
     p.add_argument("--client-processes", nargs="+", default=["warm"], choices=sorted(CLIENT_PROCESSES))
     p.add_argument("--flower-poll", type=float, nargs="+", default=[0.05],
                    help="Flower ServerApp's poll of the SuperLink in seconds; 0 = Flower's own send_and_receive (3 s)")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=_positive_int, default=1,
                    help="run every configuration this many times, alternating the order (ABBA); rows pool the repeats")
     p.add_argument("--stage-timeout", type=float, default=300.0)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (each side, each configuration)")
