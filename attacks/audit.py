@@ -503,7 +503,9 @@ def gaussian_dp_round_game(
     release is one DWF round (:class:`securefkm.algorithms.dwf.WeightedFederatedKMeansAlgorithm`,
     one local step: per-cell counts and coordinate sums) passed through the layer's real
     hooks ``client_data`` -> ``client_update`` -> sum -> ``server_aggregate``; the claim is
-    the layer's own ``report()["privacy_spent"]`` after ``after_round``.
+    the layer's own ``report()["privacy_spent"]`` after ``after_round``. The layer's
+    post-processing of the release (``project_means``) is switched off: the game audits the
+    noised release, and post-processing can only lower what an auditor measures.
 
     ``score``: "lr" (the likelihood-ratio statistic of the claimed Gaussian mechanism,
     count/sigma_w^2 + (sum . u) clip / sigma_S^2 in the canary's cell -- optimal for the
@@ -536,7 +538,9 @@ def gaussian_dp_round_game(
     rng = check_random_state(random_state)
 
     cls = _broken_layer(GaussianDP, broken)
-    layer = cls(epsilon=epsilon, delta=delta, clip=clip, mode=mode)
+    # the game audits the noised release itself: the layer's post-processing of it (projecting
+    # the noisy means into the clip ball) can only hide a broken mechanism, never make it private
+    layer = cls(epsilon=epsilon, delta=delta, clip=clip, mode=mode, project_means=False)
     d = int(n_features)
     clip = float(layer.clip)
     u = np.zeros(d)

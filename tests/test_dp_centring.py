@@ -88,27 +88,35 @@ def test_what_is_noised_is_the_translated_sum_and_the_fit_is_unchanged_without_n
 
 
 def test_centring_cuts_the_dp_loss_on_an_off_centre_box():
-    """Same budget, same seeds: noising the translated sums (sensitivity 4 instead of 208
-    here) gives several times lower k-means loss than noising the sums as they are (median
-    over 5 seeds: measured 2.1 vs 16.0; a seed that loses one of the 3 clusters to the
-    private seeding scores 2). Means are not projected here (``project_means=False``), so
-    only the centring differs."""
+    """Same budget, same seeds, the same start near the optimum (an explicit array, so that
+    only the noise on the Lloyd rounds' sums differs): noising the translated sums
+    (sensitivity 4 instead of 208 here) keeps the k-means loss at the optimum's, noising the
+    sums as they are multiplies it (median over 5 seeds: measured 1.01 vs 11.7-12.8 in four
+    repetitions). Means are not projected here (``project_means=False``), so only the
+    centring differs."""
+    import warnings
+
+    from securefkm.estimators.base import UnprotectedInitWarning
+
     clients, X = _clients(seed=1, per=1000)
-    ref = metrics.sse(X, WeightedFederatedKMeans(3, init_bounds=(LOW, HIGH), max_rounds=10, random_state=0)
-                      .fit(clients).cluster_centers_)
+    plain = WeightedFederatedKMeans(3, init_bounds=(LOW, HIGH), max_rounds=10, random_state=0).fit(clients)
+    ref = metrics.sse(X, plain.cluster_centers_)
+    start = plain.cluster_centers_ + 0.3
     ratios = {}
     for centre in (True, False):
         r = []
         for seed in range(5):
-            est = WeightedFederatedKMeans(
-                3, init="private", init_bounds=(LOW, HIGH), max_rounds=4, max_local_steps=1, tol=0, random_state=seed,
-                protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=centre, project_means=False)],
-            ).fit(clients)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UnprotectedInitWarning)  # the start is the test's, on purpose
+                est = WeightedFederatedKMeans(
+                    3, init=start, init_bounds=(LOW, HIGH), max_rounds=4, max_local_steps=1, tol=0, random_state=seed,
+                    protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=centre, project_means=False)],
+                ).fit(clients)
             assert est.privacy_spent_[0] <= 1.0
             r.append(metrics.sse(X, np.clip(est.cluster_centers_, LOW, HIGH)) / ref)
         ratios[centre] = float(np.median(r))
-    assert ratios[True] <= 2.5, ratios
-    assert ratios[False] >= 4 * ratios[True], ratios
+    assert ratios[True] <= 1.1, ratios
+    assert ratios[False] >= 5 * ratios[True], ratios
 
 
 def _layer(**kw):
