@@ -52,6 +52,11 @@ class MinClusterSize(Layer):
         self.p = p
         self._repr_params = {"p": p}
 
+    def server_view(self, algorithm, aggregator):
+        return (f"no client cluster of fewer than {self.p} records (such clusters are suppressed on the client "
+                "before sending)",
+                "no trust assumption; not a formal privacy guarantee (larger clusters are sent as before)")
+
     def client_update(self, update, client, ctx):
         p = self.p
         items = dict(update.items)

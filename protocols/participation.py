@@ -38,6 +38,11 @@ class ParticipationCap(Layer):
         self.max_rounds = check_int(max_rounds, "max_rounds", minimum=1)
         self._repr_params = {"max_rounds": self.max_rounds}
 
+    def server_view(self, algorithm, aggregator):
+        return (f"each client's messages in at most {self.max_rounds} rounds (limits repeated exposure and "
+                "differencing across rounds)",
+                "clients enforce the cap themselves; the server cannot raise it")
+
     def client_update(self, update, client, ctx):
         done = int(client.state.get(STATE_KEY, 0))
         if done >= self.max_rounds:

@@ -54,6 +54,15 @@ class Rounding(Layer):
         self.decimals = None if decimals is None else check_int(decimals, "decimals", minimum=0)
         self._repr_params = {"count_multiple": count_multiple, "decimals": decimals}
 
+    def server_view(self, algorithm, aggregator):
+        what = []
+        if self.count_multiple is not None:
+            what.append(f"counts rounded to multiples of {self.count_multiple}")
+        if self.decimals is not None:
+            what.append(f"values rounded to {self.decimals} decimals")
+        return (", ".join(what) + " (a coarsening of each client's message, not a formal privacy guarantee)",
+                "no trust assumption; offers no bound on what the rounded values reveal")
+
     def _round_count(self, arr):
         m = self.count_multiple
         return np.rint(np.asarray(arr, dtype=np.float64) / m) * m

@@ -6,7 +6,19 @@ already catch ``ValueError`` keep working; its message names the argument and th
 
 
 class SecureFKMError(Exception):
-    """Base class of every error raised on purpose by the library."""
+    """Base class of every error raised on purpose by the library.
+
+    ``cli``: the same message with its fix in command-line syntax (``--param ...``,
+    ``--protection ...``) for errors a ``securefkm`` command can hit; the CLI prints it
+    instead of the Python wording (:meth:`for_cli`).
+    """
+
+    def __init__(self, *args, cli: str | None = None):
+        super().__init__(*args)
+        self.cli = cli
+
+    def for_cli(self) -> str:
+        return self.cli or str(self)
 
 
 class InputError(SecureFKMError, ValueError):

@@ -41,6 +41,7 @@ import numpy as np
 
 from .exceptions import ProtectionConfigError, RoundAbortedError
 from .messages import AggregatedUpdate, FieldSpec, Update
+from .registry import layer_spec_name
 
 SIDES = ("client", "aggregator", "server")
 
@@ -137,6 +138,15 @@ class Layer:
         """Facts for the user after a fit (e.g. privacy spent)."""
         return {}
 
+    def server_view(self, algorithm: Any, aggregator: Aggregator) -> tuple[str, str]:
+        """(what the server receives under this layer, who must be trusted), in words.
+
+        Feeds ``protection_report_`` (:mod:`securefkm.protection_report`); every layer says
+        plainly what it does *not* hide, so a report never claims more than the layer does.
+        """
+        return (f"what the other layers let through; {self.name} states nothing further",
+                "see the layer's documentation")
+
     def __repr__(self) -> str:
         params = getattr(self, "_repr_params", None)
         if params is None:
@@ -175,6 +185,9 @@ class Aggregator(Layer):
     #: False only for PlainSum: the server sees each client's sum-fields.
     secure: ClassVar[bool] = True
     stages: tuple[str, ...] = ("input",)
+    #: explicit opt-in (constructor argument of the secure aggregators) to run on an
+    #: algorithm whose set-fields reach the server in plain; reports then say so
+    allow_plain_set_fields: bool = False
 
     @abstractmethod
     def server_session(self, ctx: RoundContext) -> ServerSession: ...
@@ -226,6 +239,11 @@ class PlainSum(Aggregator):
 
     secure = False
     stages = ("input",)
+
+    def server_view(self, algorithm, aggregator):
+        return ("every sampled client's exact sum-fields (per-cluster counts, coordinate sums ...), "
+                "one plain message per client",
+                "nothing is hidden from the server: it must be trusted with every client's update")
 
     def server_session(self, ctx):
         return _PlainServer(ctx)
@@ -293,6 +311,7 @@ def validate_stack(protection, algorithm=None) -> tuple[list[Layer], Aggregator]
             raise ProtectionConfigError(
                 f"{layer.name} appears twice in protection; configure one instance instead."
             )
+    _refuse_plain_set_fields(aggregator, algorithm)
     for layer in layers:
         if layer.requires_secure_aggregator and not aggregator.secure:
             raise ProtectionConfigError(
@@ -301,3 +320,29 @@ def validate_stack(protection, algorithm=None) -> tuple[list[Layer], Aggregator]
             )
         layer.validate_stack(layers, algorithm)
     return layers, aggregator
+
+
+def _refuse_plain_set_fields(aggregator: Aggregator, algorithm) -> None:
+    """A secure aggregator on an algorithm that sends set-fields would protect nothing of
+    them (no aggregator can sum a list of local centres), while every report listed the
+    aggregator: refuse, unless the user opted in with ``allow_plain_set_fields=True``."""
+    if not aggregator.secure or aggregator.allow_plain_set_fields:
+        return
+    if algorithm is None or not getattr(algorithm, "uses_set_fields", False):
+        return
+    algo = getattr(algorithm, "name", type(algorithm).__name__)
+    param = getattr(algorithm, "secure_mode_param", None)
+    cli_name = layer_spec_name(aggregator)
+    what = (
+        f"{aggregator.name} hides only sum-fields, but {algo} sends each client's local centres "
+        "and sizes as set-fields, which no aggregator can hide: they would reach the server in plain "
+        f"while the fit reported {aggregator.name} as its protection. "
+    )
+    mode_py = f"Use the algorithm's secure (sum-only) mode, {param}=True, " if param else "Use a sum-only algorithm, "
+    mode_cli = f"Use the algorithm's secure (sum-only) mode, --param {param}=true, " if param else "Use a sum-only algorithm, "
+    tail = "which runs the server's k-means over local centres as rounds of secure sums"
+    optin_py = (f"; or, to hide only the sum-fields and keep the set-fields plain, pass "
+                f"{aggregator.name}(allow_plain_set_fields=True) (every report then says so).")
+    optin_cli = (f"; or, to hide only the sum-fields and keep the set-fields plain, use --protection "
+                 f"{cli_name}:allow_plain_set_fields=true (every report then says so).")
+    raise ProtectionConfigError(what + mode_py + tail + optin_py, cli=what + mode_cli + tail + optin_cli)

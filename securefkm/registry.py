@@ -48,6 +48,14 @@ LAYERS: dict[str, tuple[str, str]] = {
 }
 
 
+def layer_spec_name(layer) -> str:
+    """The spec name (CLI ``--protection`` name) of a layer object, or its class name."""
+    for name, (_module, cls) in LAYERS.items():
+        if type(layer).__name__ == cls:
+            return name
+    return type(layer).__name__
+
+
 def _load(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 

@@ -44,8 +44,9 @@ def test_quick_table_content(quick):
     for attack in ("small-cluster", "differencing"):
         for alg in ("dwf", "fcm-fedavg"):
             assert _n(_rows(rows, algorithm=alg, stack="masking", attack=attack)[0]) == 0
-    # ...but k-FED's set-fields are sent in plain: masking does not protect them
-    assert _n(_rows(rows, algorithm="kfed", stack="masking", attack="small-cluster")[0]) > 0
+    # ...k-FED's set-fields cannot be masked: the stack is refused (not run with a false claim)
+    assert all(r["error"].startswith("refused") for r in _rows(rows, algorithm="kfed", stack="masking"))
+    assert _n(_rows(rows, algorithm="kfed", stack="none", attack="small-cluster")[0]) > 0
     assert _n(_rows(rows, algorithm="kfed", stack="min-cluster(2)", attack="small-cluster")[0]) == 0
     # the fuzzy equation solver on plain fedavg FCM
     assert _rows(rows, algorithm="fcm-fedavg", stack="none", attack="fuzzy-equations")

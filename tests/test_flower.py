@@ -484,6 +484,23 @@ def test_deploy_refuses_a_bad_spec_before_starting_processes(clients, monkeypatc
     assert started == []
 
 
+def test_deploy_and_serverapp_refuse_masking_on_plain_set_fields(clients, tmp_path, task_identity, monkeypatch):
+    """k-FED's local centres cannot be masked: deploy() refuses before any process starts, and
+    the ServerApp itself (fake grid) refuses before any message is sent, naming the fix."""
+    from securefkm.exceptions import ProtectionConfigError
+    from securefkm.flower import deploy as deploy_mod
+
+    started = []
+    monkeypatch.setattr(deploy_mod.LocalDeployment, "start", lambda self: started.append(self))
+    params = {"n_clusters": 3, "init_bounds": [-5, 10]}
+    with pytest.raises(ProtectionConfigError, match="secure_mode=True"):
+        deploy_mod.deploy(clients, algorithm="kfed", params=params, protection=["masking"], random_state=0)
+    assert started == []
+    spec = RunSpec("kfed", params, ["masking"], random_state=0)
+    with pytest.raises(ProtectionConfigError, match="set-fields"):
+        _fake_run(tmp_path, clients, spec)
+
+
 def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
     """Idle polling scales with nodes per core (bounded), is passed to both SuperNode launcher
     and SuperExec, can be set, and a bad value names the argument; the SuperLink keeps its

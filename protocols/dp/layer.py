@@ -806,6 +806,21 @@ class GaussianDP(Layer):
         if released:
             self._charge(agg.contributors, self._z_for(ctx.action))
 
+    def server_view(self, algorithm, aggregator):
+        eps = f"(epsilon={self.epsilon:g}, delta={self.delta:g})"
+        if self.mode == "local":
+            return (f"each client's update with that client's own Gaussian noise {eps} per record",
+                    "no one: every message is noised before it leaves the client")
+        if self.mode == "distributed":
+            return (f"only the noisy sum {eps}: each client adds a share of the noise under the secure aggregator",
+                    f"the secure aggregator's assumptions, and at least min_clients honest survivors per round "
+                    "(colluding clients can subtract their noise shares)")
+        sees = ("every client's exact sum-fields in plain (no secure aggregator)" if not aggregator.secure
+                else "the exact sum of the clients' sum-fields (decoded by the secure aggregator)")
+        return (f"{sees}; noise {eps} is added on the server and only what it releases afterwards is private",
+                "the server (central DP): it sees the un-noised values and must add the noise honestly; "
+                "it gives no protection against a curious server")
+
     def report(self):
         if self._acc is None:
             return {}

@@ -90,6 +90,12 @@ class PairwiseMasking(Aggregator):
         :class:`~protocols.codec.FixedPointCodec` (default 24 fractional bits, no bound).
     cipher:
         Keystream of the mask PRG: ``"chacha20"`` or ``"aes-ctr"``.
+    allow_plain_set_fields:
+        Run on an algorithm that sends set-fields (k-FED, child/parent, aligning, FedFCM with
+        k-means averaging, outside their secure mode). Masking then hides only the sum-fields
+        (e.g. the fuzzy validity index); every client's local centres and sizes reach the
+        server in plain, and ``protection_report_`` says so. Default ``False``: such a stack
+        is refused, naming the algorithm's secure mode.
     """
 
     secure = True
@@ -108,6 +114,8 @@ class PairwiseMasking(Aggregator):
         sign_keys: bool = False,
         codec: FixedPointCodec | None = None,
         cipher: str = "chacha20",
+        *,
+        allow_plain_set_fields: bool = False,
     ):
         check_threshold_arg(threshold)
         if graph not in GRAPHS:
@@ -130,6 +138,7 @@ class PairwiseMasking(Aggregator):
         self.sign_keys = bool(sign_keys)
         self.codec = codec
         self.cipher = cipher
+        self.allow_plain_set_fields = bool(allow_plain_set_fields)
         self.registry = keys.IdentityRegistry() if self.sign_keys else None
         self.stages = self.STAGES_CHECKED if self.sign_keys else self.STAGES
         self._repr_params = {
@@ -140,8 +149,22 @@ class PairwiseMasking(Aggregator):
             "sign_keys": sign_keys,
             "cipher": cipher,
         }
+        if self.allow_plain_set_fields:
+            self._repr_params["allow_plain_set_fields"] = True
 
     # ------------------------------------------------------------------ hooks
+    def server_view(self, algorithm, aggregator):
+        sees = ("one masked vector per client (uniformly random without the other clients' masks), the "
+                "exact sum of the survivors' sum-fields, and who survived each stage")
+        if self.allow_plain_set_fields and getattr(algorithm, "uses_set_fields", False):
+            sees += "; AND every client's local centres and sizes in plain (allow_plain_set_fields=True)"
+        holders = "t of a client's holders (Shamir threshold)"
+        trust = (f"no {holders} collude with the server; "
+                 + ("a malicious server is covered (signed keys, consistency check)" if self.sign_keys else
+                    "the server follows the protocol (semi-honest; sign_keys=True for a malicious one)")
+                 + "; the sum itself is not hidden (GaussianDP noises it)")
+        return sees, trust
+
     def setup(self, info: RunInfo) -> None:
         if isinstance(self.threshold, (int, np.integer)) and self.graph == "complete":
             if self.threshold > info.clients_per_round:

@@ -124,6 +124,12 @@ class Paillier(Aggregator):
     authority:
         an existing :class:`KeyAuthority` (e.g. a separate service, or a test fixture with
         a small key); default: a new one with a fresh ``key_size`` keypair per fit.
+    allow_plain_set_fields:
+        Run on an algorithm that sends set-fields (k-FED, child/parent, aligning, FedFCM with
+        k-means averaging, outside their secure mode): only the sum-fields are encrypted,
+        every client's local centres and sizes reach the server in plain, and
+        ``protection_report_`` says so. Default ``False``: such a stack is refused, naming
+        the algorithm's secure mode.
     """
 
     stages = (STAGE,)
@@ -137,6 +143,7 @@ class Paillier(Aggregator):
         *,
         max_clients: int | None = None,
         authority: KeyAuthority | None = None,
+        allow_plain_set_fields: bool = False,
     ):
         if key_size not in KEY_SIZES or isinstance(key_size, bool):
             raise InputError(f"Paillier key_size must be 2048 or 3072 bits, got {key_size!r}.")
@@ -176,11 +183,14 @@ class Paillier(Aggregator):
         self._signing_key: bytes | None = None
         self.authority: KeyAuthority | None = None
         self.layout: SlotLayout | None = None
+        self.allow_plain_set_fields = bool(allow_plain_set_fields)
         self._repr_params = {
             "key_size": key_size,
             "min_clients": min_clients,
             "slot_bits": slot_bits,
         }
+        if self.allow_plain_set_fields:
+            self._repr_params["allow_plain_set_fields"] = True
 
     # ------------------------------------------------------------------ setup
     @property
@@ -258,6 +268,16 @@ class Paillier(Aggregator):
         }
 
     # ------------------------------------------------------------------ sessions
+    def server_view(self, algorithm, aggregator):
+        sees = ("one Paillier ciphertext bundle per client and the sum of the survivors' sum-fields (exact unless a client-side layer, e.g. distributed GaussianDP, noised them), "
+                "decrypted by the key authority")
+        if self.allow_plain_set_fields and getattr(algorithm, "uses_set_fields", False):
+            sees += "; AND every client's local centres and sizes in plain (allow_plain_set_fields=True)"
+        trust = ("the key authority holds the private key and must not collude with the server nor decrypt "
+                 "single ciphertexts; fewer than min_clients clients must not collude with the server; the sum "
+                 "itself is not hidden (GaussianDP noises it)")
+        return sees, trust
+
     def server_session(self, ctx: RoundContext) -> ServerSession:
         self._require_setup()
         return _PaillierServer(self, ctx)

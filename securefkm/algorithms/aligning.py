@@ -100,7 +100,8 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
     """Server and client logic of Garst & Reinders' FKM (Algorithm 1), plain or secure mode."""
 
     name = "garst-fkm"
-    uses_set_fields = True
+    uses_set_fields = True  # an instance in secure mode sends none (see __init__)
+    secure_mode_param = "secure_mode"
     needs_client_rng = True
 
     def client_rng_needed(self, broadcast):
@@ -129,6 +130,7 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         self.local_init = check_choice(local_init, "local_init", LOCAL_INITS)
         self.server_n_init = check_int(server_n_init, "server_n_init", minimum=1)
         self.secure_mode = bool(secure_mode)
+        self.uses_set_fields = not self.secure_mode
         self.server_max_iter, self.server_tol, self.oversample = sc.check_secure_params(
             server_max_iter, server_tol, oversample
         )

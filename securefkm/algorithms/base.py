@@ -43,8 +43,12 @@ class Algorithm(ABC):
 
     #: short name used in transcripts, the CLI and the benchmark tables.
     name: str = "algorithm"
-    #: True if some rounds carry set-fields (per-client local centres).
+    #: True if some rounds carry set-fields (per-client local centres). Secure aggregators
+    #: cannot hide set-fields, so a stack with one refuses such an algorithm (see
+    #: :func:`securefkm.layers.validate_stack`); an algorithm with a sum-only variant names
+    #: the estimator parameter that selects it in ``secure_mode_param``.
     uses_set_fields: bool = False
+    secure_mode_param: str | None = None
     #: True if client_update draws random numbers (shuffling, sampling); the runtime then
     #: passes a per-(run, round, client) generator, else ``None``.
     needs_client_rng: bool = False

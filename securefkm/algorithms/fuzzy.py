@@ -105,6 +105,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
 
     name = "fedfcm"
     needs_client_rng = True  # only seeding rounds draw random numbers
+    secure_mode_param = "secure_mode"  # k-means averaging's sum-only variant
 
     def client_rng_needed(self, broadcast):
         return broadcast.action.startswith("init.")

@@ -124,7 +124,8 @@ def child_parent_local(X: np.ndarray, k: int, rng: np.random.Generator, *, shuff
 class OneShotFederatedKMeansAlgorithm(Algorithm):
     """k-FED or the child/parent one-shot method, plain or in secure mode."""
 
-    uses_set_fields = True
+    uses_set_fields = True  # an instance in secure mode sends none (see __init__)
+    secure_mode_param = "secure_mode"
     needs_client_rng = True
 
     def client_rng_needed(self, broadcast):
@@ -155,6 +156,7 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         self.local_n_init = check_int(local_n_init, "local_n_init", minimum=1)
         self.server_n_init = check_int(server_n_init, "server_n_init", minimum=1)
         self.secure_mode = bool(secure_mode)
+        self.uses_set_fields = not self.secure_mode
         self.server_max_iter, self.server_tol, self.oversample = sc.check_secure_params(
             server_max_iter, server_tol, oversample
         )

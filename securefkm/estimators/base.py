@@ -8,7 +8,8 @@ or a list of per-client arrays and runs the rounds in process (the simulation tr
 
 Fitted attributes: ``cluster_centers_``, ``labels_``, ``inertia_``, ``n_iter_`` (training
 rounds of the chosen run), ``transcript_`` (what the server saw), ``protection_report_``
-and, under differential privacy, ``privacy_spent_`` = (epsilon, delta).
+(per layer, in words, what the server saw and whom the guarantee trusts; ``.summary()``) and
+``privacy_spent_`` = (epsilon, delta) under differential privacy, ``None`` without it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..algorithms._kmeans import assign, sq_distances
 from ..datasets import as_federated
 from ..exceptions import InputError, ProtectionConfigError
 from ..federation import Federation, clone_layers
+from ..protection_report import ProtectionReport
 
 
 class UnprotectedInitWarning(UserWarning):
@@ -153,10 +155,9 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         self.federated_score_ = state.score
         self.transcript_ = federation.transcript
         self.algorithm_ = algorithm
-        self.protection_report_ = {layer.name: layer.report() for layer in federation.layers}
-        spent = federation.privacy_spent()
-        if spent is not None:
-            self.privacy_spent_ = spent
+        self.protection_report_ = ProtectionReport.from_federation(federation)
+        #: (epsilon, delta) under differential privacy; None when no layer gives a guarantee
+        self.privacy_spent_ = federation.privacy_spent()
 
     # -------------------------------------------------------------- predict
     def _check_X(self, X):

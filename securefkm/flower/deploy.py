@@ -609,7 +609,12 @@ def _preflight(spec: RunSpec, data, paths) -> None:
                 continue
         if n_features is None:
             return
-    spec.estimator()._make_algorithm(n_features, len(paths))
+    from ..federation import clone_layers
+    from ..layers import validate_stack
+
+    est = spec.estimator()
+    # the same checks the ServerApp's Federation makes: e.g. an aggregator on plain set-fields
+    validate_stack(clone_layers(est.protection), est._make_algorithm(n_features, len(paths)))
 
 
 def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | None = None,
