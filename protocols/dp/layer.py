@@ -813,7 +813,7 @@ class GaussianDP(Layer):
                     "no one: every message is noised before it leaves the client")
         if self.mode == "distributed":
             return (f"only the noisy sum {eps}: each client adds a share of the noise under the secure aggregator",
-                    f"the secure aggregator's assumptions, and at least min_clients honest survivors per round "
+                    "the secure aggregator's assumptions, and at least min_clients honest survivors per round "
                     "(colluding clients can subtract their noise shares)")
         sees = ("every client's exact sum-fields in plain (no secure aggregator)" if not aggregator.secure
                 else "the exact sum of the clients' sum-fields (decoded by the secure aggregator)")
