@@ -28,6 +28,19 @@ def _kv(text: str):
     return key.replace("-", "_"), value
 
 
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split on ``sep`` outside brackets, so JSON values like bounds=[-2,2] stay whole."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[{(" and 1 or (-1 if ch in "]})" else 0)
+        if ch == sep and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
 def _protection(text: str):
     """'masking,dp:epsilon=1:delta=1e-5:clip=2' or a JSON list."""
     text = text.strip()
@@ -36,8 +49,8 @@ def _protection(text: str):
     if text.startswith("["):
         return json.loads(text)
     specs = []
-    for part in text.split(","):
-        name, *params = part.split(":")
+    for part in _split_top(text, ","):
+        name, *params = _split_top(part, ":")
         spec = {"name": name}
         for p in params:
             k, v = _kv(p)
@@ -46,31 +59,58 @@ def _protection(text: str):
     return specs
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every (sub-)command's help shows each option's default (nested parsers inherit it)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+_COLUMNS_HELP = ("refused unless --label-column or --feature-columns says what it is: a header column named "
+                 "label, class, target or y")
+
+
+def _columns(text: str) -> list:
+    """'a,b,c' -> names (integers stay indices)."""
+    return [int(c) if c.strip().lstrip("-").isdigit() else c.strip() for c in text.split(",") if c.strip()]
+
+
 def _add_common(p):
     p.add_argument("--protection", type=_protection, default=[],
-                   help="protection layers, e.g. 'masking' or 'dp:epsilon=1:delta=1e-5:clip=2,masking' (default none)")
-    p.add_argument("--seed", type=int, default=0, help="random_state (default 0)")
+                   help="protection layers, comma-separated, parameters after ':' -- e.g. 'masking' or "
+                        "'dp:epsilon=1:delta=1e-5:bounds=[-2,2]:mode=distributed,masking'; [] = none")
+    p.add_argument("--seed", type=int, default=0, help="random_state: the same seed gives the same run")
+
+
+def _add_columns(p):
+    p.add_argument("--label-column", default=None,
+                   help="column holding labels: scored with ARI, never clustered nor sent (name or index)")
+    p.add_argument("--feature-columns", type=_columns, default=None,
+                   help="comma-separated columns to cluster (names or indices); default: all but the label. "
+                        + _COLUMNS_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .registry import ALGORITHM_HELP
 
-    parser = argparse.ArgumentParser(prog="securefkm", description="Privacy-hardened federated clustering.")
+    parser = _Parser(prog="securefkm", description="Privacy-hardened federated clustering.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="DWF on the non-IID 5-blob set with 100 in-process clients")
-    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--clients", type=int, default=100, help="number of simulated clients")
     p.add_argument("--plot", default="securefkm-demo.png", help="PNG path ('' for none)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(p)
 
     p = sub.add_parser("run", help="cluster a directory of client CSV files (one file per client)")
-    p.add_argument("directory")
+    p.add_argument("directory", help="directory with one CSV per client (optional header row)")
     p.add_argument("--algorithm", default="dwf", choices=sorted(ALGORITHM_HELP),
                    help="; ".join(f"{k}: {v}" for k, v in ALGORITHM_HELP.items()))
-    p.add_argument("--clusters", "-k", type=int, required=True)
-    p.add_argument("--label-column", default=None, help="column holding labels (scored with ARI, not clustered)")
-    p.add_argument("--param", type=_kv, action="append", default=[], help="estimator parameter key=value (JSON values)")
+    p.add_argument("--clusters", "-k", type=int, required=True, help="number of clusters")
+    _add_columns(p)
+    p.add_argument("--param", type=_kv, action="append", default=[],
+                   help="estimator parameter key=value, JSON values (repeat), e.g. init_bounds=[-2,2]")
     p.add_argument("--out", default=None, help="write centres to this CSV")
     p.add_argument("--plot", default=None, help="PNG of clients and centres (2-D data)")
     _add_common(p)
@@ -78,27 +118,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (not run in CI)")
     bsub = p.add_subparsers(dest="bench", required=True)
     q = bsub.add_parser("quality", help="DWF paper Table 1, Triebe 1-D, Stallmann Table 1 / G2 detection")
-    q.add_argument("--quick", action="store_true")
-    q.add_argument("--runs", type=int, default=None)
-    q.add_argument("--part", choices=["dwf", "triebe", "fuzzy", "all"], default="all")
+    q.add_argument("--quick", action="store_true", help="fewer runs and smaller data (minutes, for CI)")
+    q.add_argument("--runs", type=int, default=None, help="runs per configuration (default: the papers')")
+    q.add_argument("--part", choices=["dwf", "triebe", "fuzzy", "all"], default="all", help="which comparison")
     s = bsub.add_parser("speed", help="one DWF round (100 clients) / one scikit-learn Lloyd iteration")
-    s.add_argument("--repeats", type=int, default=50)
+    s.add_argument("--repeats", type=int, default=50, help="timed repeats per figure (medians are reported)")
     pr = bsub.add_parser("protocols", help="masking, Paillier and DP costs and utility")
-    pr.add_argument("--quick", action="store_true")
+    pr.add_argument("--quick", action="store_true", help="fewer sizes and seeds")
     pr.add_argument("--part", choices=["masking", "paillier", "dp", "deployment", "all"], default="all",
                     help="'all' = masking, paillier, dp; 'deployment' (PairwiseMasking vs Flower's SecAgg+ on a "
                          "local Flower deployment, 21 processes, ~35 min; --quick: one repeat) only when named")
     a = bsub.add_parser("attacks", help="algorithms x protections x attacks: leakage next to utility")
-    a.add_argument("--quick", action="store_true")
+    a.add_argument("--quick", action="store_true", help="the small CI matrix (minutes)")
     a.add_argument("--out", default="bench-attacks", help="output directory (CSV, markdown, PNG)")
-    a.add_argument("--seeds", type=int, default=None)
+    a.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: 1 quick, 3 full)")
 
     d = sub.add_parser("deploy", help="run over Flower: a local SuperLink and one SuperNode per client CSV")
     d.add_argument("directory", nargs="?", default=None, help="directory of client CSVs (default: demo data)")
-    d.add_argument("--algorithm", default="dwf", choices=sorted(ALGORITHM_HELP))
-    d.add_argument("--clusters", "-k", type=int, default=5)
+    d.add_argument("--algorithm", default="dwf", choices=sorted(ALGORITHM_HELP),
+                   help="; ".join(f"{k}: {v}" for k, v in ALGORITHM_HELP.items()))
+    d.add_argument("--clusters", "-k", type=int, default=5, help="number of clusters")
     d.add_argument("--clients", type=int, default=3, help="clients when using demo data")
-    d.add_argument("--param", type=_kv, action="append", default=[])
+    _add_columns(d)
+    d.add_argument("--param", type=_kv, action="append", default=[],
+                   help="estimator parameter key=value, JSON values (repeat), e.g. init_bounds=[-2,2]")
     d.add_argument("--timeout", type=float, default=60.0, help="per-stage deadline in seconds")
     _add_common(d)
 
@@ -109,26 +152,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args, out=print):
-    import numpy as np
+def _load_csv_dir(args):
+    from .datasets import FederatedDataset
+
+    return FederatedDataset.from_csv_dir(args.directory, label_column=args.label_column,
+                                         feature_columns=args.feature_columns)
+
+
+def fit_summary(algorithm, data, centres, *, n_iter, privacy_spent, report=None, transcript=None,
+                label_column=None) -> list[str]:
+    """The lines `run` and `deploy` print after a fit: data, score, rounds, ARI, privacy."""
     from sklearn.metrics import adjusted_rand_score
 
-    from .datasets import FederatedDataset
+    from .algorithms._kmeans import assign
+
+    X = data.pooled()
+    labels, d2 = assign(X, centres)
+    lines = [f"{algorithm}: {data.n_clients} clients, {data.n_samples} records, {data.n_features} features",
+             f"score (inertia/n): {d2.sum() / len(X):.6g}   rounds: {n_iter}"]
+    if data.labels is not None:
+        lines.append(f"ARI against {label_column!r}: {adjusted_rand_score(data.pooled_labels(), labels):.4f}")
+    if privacy_spent is not None:
+        lines.append(f"privacy spent: epsilon={privacy_spent[0]:.4g}, delta={privacy_spent[1]:g}")
+    else:
+        lines.append("privacy spent: no differential privacy layer (no epsilon guarantee)")
+    if report is not None and hasattr(report, "summary"):
+        lines.append(report.summary())
+    if transcript is not None:
+        lines.append(transcript.summary())
+    return lines
+
+
+def _run(args, out=print):
+    import numpy as np
+
     from .registry import make_estimator
 
-    data = FederatedDataset.from_csv_dir(args.directory, label_column=args.label_column)
+    data = _load_csv_dir(args)
     params = dict(args.param)
     est = make_estimator(args.algorithm, n_clusters=args.clusters, protection=args.protection,
                          random_state=args.seed, verbose=1, **params)
     est.fit(data)
-    X = data.pooled()
-    out(f"{args.algorithm}: {data.n_clients} clients, {data.n_samples} records, {data.n_features} features")
-    out(f"score (inertia/n): {est.inertia_ / len(X):.6g}   rounds: {est.n_iter_}")
-    if data.labels is not None:
-        out(f"ARI against {args.label_column!r}: {adjusted_rand_score(data.pooled_labels(), est.labels_):.4f}")
-    if getattr(est, "privacy_spent_", None) is not None:
-        out(f"privacy spent: epsilon={est.privacy_spent_[0]:.4g}, delta={est.privacy_spent_[1]:g}")
-    out(est.transcript_.summary())
+    for line in fit_summary(args.algorithm, data, est.cluster_centers_, n_iter=est.n_iter_,
+                            privacy_spent=est.privacy_spent_, report=est.protection_report_,
+                            transcript=est.transcript_, label_column=args.label_column):
+        out(line)
     if args.out:
         np.savetxt(args.out, est.cluster_centers_, delimiter=",")
         out(f"centres written to {args.out}")
@@ -140,13 +208,18 @@ def _run(args, out=print):
 
 
 def _deploy(args, out=print):
-    """``securefkm deploy``: a local SuperLink and one SuperNode per client CSV on 127.0.0.1."""
+    """``securefkm deploy``: a local SuperLink and one SuperNode per client CSV on 127.0.0.1.
+
+    The client CSVs are read here (label and feature columns chosen as for ``run``) and each
+    node gets its feature columns only; the labels stay in this process for the ARI line.
+    """
+    import time
+
     from .flower.deploy import deploy
 
     params = {"n_clusters": args.clusters, **dict(args.param)}
     if args.directory:
-        result = deploy(csv_dir=args.directory, algorithm=args.algorithm, params=params,
-                        protection=args.protection, random_state=args.seed, stage_timeout=args.timeout)
+        data = _load_csv_dir(args)
     else:
         from .datasets import load_dataset
 
@@ -155,9 +228,19 @@ def _deploy(args, out=print):
             # the demo set's public declared box (as in `securefkm demo`): a protected run
             # must not seed from raw records
             params["init_bounds"] = (-2.0, 2.0)
-        result = deploy(data, algorithm=args.algorithm, params=params, protection=args.protection,
-                        random_state=args.seed, stage_timeout=args.timeout)
-    out(result.summary())
+    t0 = time.perf_counter()
+
+    def progress(message: str) -> None:
+        out(f"[deploy {time.perf_counter() - t0:6.1f} s] {message}")
+
+    result = deploy(data, algorithm=args.algorithm, params=params, protection=args.protection,
+                    random_state=args.seed, stage_timeout=args.timeout, progress=progress)
+    for line in fit_summary(args.algorithm, data, result.centres, n_iter=result.n_iter,
+                            privacy_spent=result.privacy_spent, report=result.protection_report,
+                            transcript=result.transcript, label_column=args.label_column):
+        out(line)
+    for c, err in sorted(result.errors.items()):
+        out(f"client {c} failed: {err}")
     return result
 
 
@@ -186,7 +269,7 @@ def main(argv=None) -> int:
 
             run_cli(args)
     except SecureFKMError as exc:
-        print(f"securefkm: error: {exc}", file=sys.stderr)
+        print(f"securefkm: error: {exc.for_cli()}", file=sys.stderr)
         return 2
     return 0
 

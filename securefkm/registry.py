@@ -79,9 +79,40 @@ def make_protection(specs) -> list:
         params: dict[str, Any] = {} if isinstance(spec, str) else dict(spec)
         name = spec if isinstance(spec, str) else params.pop("name", None)
         if name not in LAYERS:
-            raise InputError(f"unknown protection layer {name!r}; choose from {', '.join(LAYERS)}.")
-        layers.append(_load(*LAYERS[name])(**params))
+            raise InputError(f"unknown protection layer {name!r}; choose from {', '.join(LAYERS)}.",
+                             cli=f"unknown --protection layer {name!r}; choose from {', '.join(LAYERS)}.")
+        layers.append(_construct(name, _load(*LAYERS[name]), params))
     return layers
+
+
+def _construct(name: str, cls, params: dict):
+    """``cls(**params)``, turning a missing or unknown parameter into an InputError that
+    names it and shows both the Python and the ``--protection`` form."""
+    import inspect
+
+    sig = inspect.signature(cls)
+    unknown = [k for k in params if k not in sig.parameters]
+    missing = [p.name for p in sig.parameters.values()
+               if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               and p.name not in params]
+    accepted = ", ".join(p for p in sig.parameters if p != "self")
+    cli_example = f"{name}:" + ":".join(f"{k}=..." for k in (missing or list(params)[:1]))
+    if unknown or missing:
+        problem = (f"unknown parameter(s) {', '.join(unknown)}" if unknown else
+                   f"missing required parameter(s) {', '.join(missing)}")
+        raise InputError(
+            f"{cls.__name__}: {problem}; it takes {accepted}.",
+            cli=f"--protection {name}: {problem}; it takes {accepted} (e.g. '{cli_example}').",
+        )
+    try:
+        return cls(**params)
+    except InputError as exc:
+        if exc.cli is None:
+            exc.cli = f"--protection {name}: {exc}"
+        raise
+    except TypeError as exc:  # a value of the wrong type the constructor could not use
+        raise InputError(f"{cls.__name__}: {exc}",
+                         cli=f"--protection {name}: {exc} (values are JSON: numbers, [a,b], true)") from None
 
 
 def make_estimator(name: str, protection=None, **params):

@@ -46,3 +46,106 @@ def test_run_reports_bad_input_clearly(tmp_path, capsys):
 def test_unknown_algorithm_is_rejected():
     with pytest.raises(SystemExit):
         main(["run", ".", "-k", "2", "--algorithm", "nope"])
+
+
+def _labelled_dir(tmp_path, n_clients=4):
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [3.0, 3.0]])
+    clients, labels = [], []
+    for _ in range(n_clients):
+        y = rng.integers(0, 2, 30)
+        clients.append(centres[y] + rng.normal(scale=0.3, size=(30, 2)))
+        labels.append(y)
+    FederatedDataset.from_arrays(clients, labels=labels).to_csv_dir(tmp_path / "clients")
+    return str(tmp_path / "clients")
+
+
+def _walk(parser, path=()):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _walk(sub, path + (name,))
+
+
+def test_every_option_has_help_and_shows_its_default():
+    import argparse
+
+    from securefkm.cli import build_parser
+
+    missing = []
+    for path, parser in _walk(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            if not action.help:
+                missing.append(f"securefkm {' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+    run = dict(_walk(build_parser()))[("run",)]
+    assert "(default: dwf)" in run.format_help() and "--feature-columns" in run.format_help()
+    assert "--label-column" in dict(_walk(build_parser()))[("deploy",)].format_help()
+
+
+def test_run_refuses_a_label_like_column_unless_told(tmp_path, capsys):
+    d = _labelled_dir(tmp_path)
+    assert main(["run", d, "-k", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "'label' looks like a label" in err and "--label-column label" in err and "label_column=" not in err
+    assert main(["run", d, "-k", "2", "--feature-columns", "x0,x1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 features" in out and "ARI" not in out
+    assert main(["run", d, "-k", "2", "--label-column", "label"]) == 0
+    assert "ARI against 'label'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--protection", "dp:epsilon=1"], "--protection dp: missing required parameter(s) delta"),
+    (["--protection", "dp:epsilon=1:delta=1e-5:colour=red"], "unknown parameter(s) colour"),
+    (["--protection", "masking"], "--param init_bounds=[low,high]"),
+    (["--protection", "masking", "--algorithm", "kfed", "--param", "init_bounds=[-1,4]"],
+     "--param secure_mode=true"),
+    (["--protection", "nope"], "unknown --protection layer 'nope'"),
+])
+def test_refusals_speak_cli_syntax_without_traceback(tmp_path, capsys, args, says):
+    d = _labelled_dir(tmp_path)
+    assert main(["run", d, "-k", "2", "--label-column", "label", *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert "PairwiseMasking(" not in err and "=(low, high)" not in err  # no Python syntax
+
+
+def test_run_summary_has_score_rounds_privacy_and_report(tmp_path, capsys):
+    d = _labelled_dir(tmp_path)
+    spec = "dp:epsilon=2:delta=1e-4:bounds=[-2,5]:mode=distributed,masking"
+    assert main(["run", d, "-k", "2", "--label-column", "label", "--protection", spec,
+                 "--param", "init_bounds=[-2,5]", "--param", "max_rounds=2"]) == 0
+    out = capsys.readouterr().out
+    for want in ("score (inertia/n):", "rounds:", "privacy spent: epsilon=", "only the noisy sum",
+                 "one masked vector per client"):
+        assert want in out, want
+
+
+def test_deploy_prints_progress_and_the_run_summary(tmp_path, capsys, monkeypatch):
+    """`deploy` shares `run`'s summary (score, rounds, privacy spent, report) and reports its
+    steps; the deployment itself is exercised in tests/test_flower.py."""
+    from types import SimpleNamespace
+
+    import securefkm.flower.deploy as deploy_mod
+    from securefkm.transcript import Transcript
+
+    def fake_deploy(data, *, progress, **kwargs):
+        progress("starting a SuperLink and 4 SuperNodes")
+        return SimpleNamespace(centres=np.array([[0.0, 0.0], [3.0, 3.0]]), n_iter=4, privacy_spent=None,
+                               protection_report=None, transcript=Transcript(), errors={})
+
+    monkeypatch.setattr(deploy_mod, "deploy", fake_deploy)
+    d = _labelled_dir(tmp_path)
+    assert main(["deploy", d, "-k", "2", "--label-column", "label"]) == 0
+    out = capsys.readouterr().out
+    assert "[deploy" in out and "starting a SuperLink" in out
+    assert "score (inertia/n):" in out and "rounds: 4" in out and "ARI against 'label': 1.0000" in out
+    assert "privacy spent: no differential privacy layer" in out
+    assert main(["deploy", d, "-k", "2"]) == 2  # the label column is refused here too
+    assert "--label-column label" in capsys.readouterr().err

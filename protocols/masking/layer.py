@@ -155,7 +155,8 @@ class PairwiseMasking(Aggregator):
     # ------------------------------------------------------------------ hooks
     def server_view(self, algorithm, aggregator):
         sees = ("one masked vector per client (uniformly random without the other clients' masks), the "
-                "exact sum of the survivors' sum-fields, and who survived each stage")
+                "sum of the survivors' sum-fields (exact unless a client-side layer such as distributed GaussianDP "
+                "noised them), and who survived each stage")
         if self.allow_plain_set_fields and getattr(algorithm, "uses_set_fields", False):
             sees += "; AND every client's local centres and sizes in plain (allow_plain_set_fields=True)"
         holders = "t of a client's holders (Shamir threshold)"

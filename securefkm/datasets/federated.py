@@ -92,7 +92,43 @@ def _labels_from_strings(col: np.ndarray) -> np.ndarray:
         return col.astype(str)
 
 
-def _read_client_csv(file: Path, label_column):
+#: header names that are almost surely labels, not features: clustering one would leak the
+#: answer into the clustering and make any score meaningless
+LABEL_LIKE_NAMES = ("label", "labels", "class", "target", "y")
+
+
+def _column_index(file: Path, header, width: int, column, arg: str) -> int:
+    """Index of a column given by header name or integer index (negative allowed)."""
+    if isinstance(column, str) and not column.lstrip("-").isdigit():
+        if header is None or column not in header:
+            raise InputError(
+                f"{file}: {arg}={column!r} not found "
+                f"({'no header row' if header is None else 'columns: ' + ', '.join(header)}); "
+                "pass the column's name or integer index."
+            )
+        return header.index(column)
+    j = int(column)
+    if not -width <= j < width:
+        raise InputError(f"{file}: {arg}={column} is out of range for {width} columns.")
+    return j % width
+
+
+def _refuse_label_like(file: Path, header) -> None:
+    suspects = [h for h in header or () if h.strip().lower() in LABEL_LIKE_NAMES]
+    if not suspects:
+        return
+    col = suspects[0]
+    why = (f"{file}: column {col!r} looks like a label; clustering it as a feature would leak the "
+           "answer into the clustering. ")
+    raise InputError(
+        why + f"Pass label_column={col!r} to score against it (labels never leave the client), or "
+        "feature_columns=[...] to name the columns to cluster (include it there to cluster it anyway).",
+        cli=why + f"Pass --label-column {col} to score against it (labels never leave the client), or "
+        "--feature-columns a,b,... to name the columns to cluster (include it there to cluster it anyway).",
+    )
+
+
+def _read_client_csv(file: Path, label_column, feature_columns=None):
     with open(file, newline="") as fh:
         rows = [r for r in csv.reader(fh) if r]
     if not rows:
@@ -114,25 +150,20 @@ def _read_client_csv(file: Path, label_column):
     table = np.array(rows, dtype=str)
     names = header if header is not None else [str(j) for j in range(width)]
     labels = None
+    if label_column is None and feature_columns is None:
+        _refuse_label_like(file, header)
     if label_column is not None:
-        if isinstance(label_column, str) and not label_column.lstrip("-").isdigit():
-            if header is None or label_column not in header:
-                raise InputError(
-                    f"{file}: label_column={label_column!r} not found "
-                    f"({'no header row' if header is None else 'columns: ' + ', '.join(header)}); "
-                    "pass the column's name or integer index."
-                )
-            j = header.index(label_column)
-        else:
-            j = int(label_column)
-            if not -width <= j < width:
-                raise InputError(
-                    f"{file}: label_column={label_column} is out of range for {width} columns."
-                )
-            j %= width
+        j = _column_index(file, header, width, label_column, "label_column")
         labels = _labels_from_strings(np.char.strip(table[:, j]))
-        table = np.delete(table, j, axis=1)
-        names = [n for k, n in enumerate(names) if k != j]
+    if feature_columns is not None:
+        keep = [_column_index(file, header, width, c, "feature_columns") for c in feature_columns]
+        if label_column is not None and j in keep:
+            raise InputError(f"{file}: column {names[j]!r} is both label_column and in feature_columns; "
+                             "a label must not be clustered.")
+    else:
+        keep = [k for k in range(width) if label_column is None or k != j]
+    table = table[:, keep]
+    names = [names[k] for k in keep]
     if table.shape[1] == 0:
         raise InputError(f"{file}: no feature columns left after removing the label column.")
     X = np.empty(table.shape, dtype=np.float64)
@@ -293,13 +324,16 @@ class FederatedDataset:
 
     @classmethod
     def from_csv_dir(
-        cls, path, label_column=None, pattern: str = "*.csv", name=None
+        cls, path, label_column=None, pattern: str = "*.csv", name=None, feature_columns=None
     ) -> FederatedDataset:
         """One CSV per client in ``path`` (client id = file stem, natural name order).
 
         ``label_column`` (a header name or an integer index, negative allowed) is split off
         as the labels; files written by :meth:`to_csv_dir` read back with ``label_column="label"``
-        (or ``-1`` without header).
+        (or ``-1`` without header). ``feature_columns`` (names or indices) selects the columns
+        to cluster; by default every column but the label. A header column named like a
+        label (``label``, ``class``, ``target``, ``y``) is refused unless one of the two says
+        what it is: clustering a label as a feature silently leaks the answer.
         """
         folder = Path(path)
         if not folder.is_dir():
@@ -313,7 +347,7 @@ class FederatedDataset:
             )
         clients, labels = [], []
         for f in files:
-            X, lab = _read_client_csv(f, label_column)
+            X, lab = _read_client_csv(f, label_column, feature_columns)
             clients.append(X)
             labels.append(lab)
         widths = {c.shape[1] for c in clients}

@@ -51,11 +51,13 @@ def resolve_init(
         if not protected:
             return default_plain
         if init_bounds is None:
+            why = ("under protection the first centres must not come from a client's raw records "
+                   "(k-means++ / random / k-FED seeding send exactly that). ")
             raise ProtectionConfigError(
-                "under protection the first centres must not come from a client's raw records "
-                "(k-means++ / random / k-FED seeding send exactly that). Pass init_bounds=(low, high) "
-                "for a data-independent uniform start, pass init=<array of centres>, or pass "
-                "init='k-means++' explicitly to accept that leak."
+                why + "Pass init_bounds=(low, high) for a data-independent (or, with DP, private) start, "
+                "pass init=<array of centres>, or pass init='k-means++' explicitly to accept that leak.",
+                cli=why + "Pass --param init_bounds=[low,high] (the public range of every feature) for a "
+                "data-independent (or, with DP, private) start, or --param init=k-means++ to accept that leak.",
             )
         return default_protected
     if isinstance(init, str):

@@ -619,7 +619,7 @@ def _preflight(spec: RunSpec, data, paths) -> None:
 
 def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | None = None,
            protection=None, random_state: int | None = None, stage_timeout: float = 60.0,
-           timeout: float = 900.0, workdir=None, verbose: bool = False) -> DeploymentResult:
+           timeout: float = 900.0, workdir=None, verbose: bool = False, progress=None) -> DeploymentResult:
     """Run securefkm on a fresh local Flower deployment and return the result.
 
     Give either ``data`` (a FederatedDataset or a list of client arrays: one CSV per client
@@ -629,7 +629,10 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
     or dicts, as in :func:`securefkm.registry.make_protection`), collects the ServerApp's
     result and stops every process. ``random_state=None`` draws a seed (reported in the
     transcript meta). ``result.client_paths[i]`` says which CSV became client ``i``.
+    ``progress``: a callable taking one message per step (files written, processes up, run
+    finished), e.g. ``print``; the CLI prints them with the elapsed time.
     """
+    say = progress or (lambda message: None)
     if (data is None) == (csv_dir is None):
         raise InputError("deploy needs exactly one of data= (client arrays) or csv_dir= (a directory of CSVs).")
     if random_state is None:
@@ -645,8 +648,12 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
             if not paths:
                 raise InputError(f"csv_dir {str(csv_dir)!r} holds no *.csv files; put one CSV per client there.")
         _preflight(spec, data, paths)
+        say(f"starting a SuperLink and {len(paths)} SuperNodes on 127.0.0.1 (one per client CSV)")
         with LocalDeployment(paths, workdir=workdir / "flower") as dep:
+            say(f"deployment up; running {algorithm} with protection {spec.protection or 'none'} "
+                f"(each round waits up to {stage_timeout:g} s per stage)")
             result = dep.run(spec, stage_timeout=stage_timeout, timeout=timeout)
+            say(f"run finished: {result.n_rounds} rounds in {result.rounds_seconds:.1f} s; stopping processes")
         if verbose:
             print(result.summary(), file=sys.stderr)
         result.workdir = None if own else workdir

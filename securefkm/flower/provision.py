@@ -421,15 +421,15 @@ def add_cli(sub) -> None:
     p = sub.add_parser("provision", help="node identity keys and the public directory (Paillier, signed-key masking)")
     ps = p.add_subparsers(dest="provision", required=True)
     k = ps.add_parser("node-key", help="create this node's Ed25519 identity key (run on the node); prints the public key")
-    k.add_argument("path")
+    k.add_argument("path", help="file to write the private key to (the .pub beside it)")
     d = ps.add_parser("directory", help="write the public directory (client i = i-th --node)")
     d.add_argument("--node", action="append", required=True, metavar="KEY",
                    help="a node's public key: 64 hex digits or a .pub file (repeat, in client order)")
     d.add_argument("--name", action="append", default=None, help="a label per --node (optional)")
     d.add_argument("--authority", default=None, help="the key authority's verify key (hex or file; Paillier)")
-    d.add_argument("--out", "-o", required=True)
+    d.add_argument("--out", "-o", required=True, help="path of the directory JSON to write")
     loc = ps.add_parser("local", help="all node keys + directory on this machine (loopback tests)")
-    loc.add_argument("--nodes", type=int, required=True)
+    loc.add_argument("--nodes", type=int, required=True, help="number of nodes (clients)")
     loc.add_argument("--out", "-o", required=True, help="directory to create")
     loc.add_argument("--authority", action="store_true", help="also create the key authority's keys")
 

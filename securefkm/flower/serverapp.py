@@ -43,6 +43,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..exceptions import InputError
+from ..protection_report import ProtectionReport
 from .spec import RunSpec, build_federation
 from .transport import FlowerTransport
 
@@ -194,7 +195,7 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
         "federated_score": best.score,
         "transcript": federation.transcript,
         "privacy_spent": federation.privacy_spent(),
-        "protection_report": {layer.name: layer.report() for layer in federation.layers},
+        "protection_report": ProtectionReport.from_federation(federation),
         "node_ids": list(transport.node_ids),  # node of client 0, 1, ...
         "errors": dict(transport.errors),
         "timings": list(transport.timings),
