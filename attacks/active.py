@@ -233,6 +233,7 @@ def _run(estimator, clients, algorithm, policy, max_rounds, random_state):
         max_rounds=max_rounds,
         random_state=random_state,
         server_policy=policy,
+        crypto=getattr(estimator, "crypto", "real"),  # the ideal functionality releases the same
     )
     state = algorithm.init(len(clients), clients[0].shape[1], np.random.default_rng(random_state))
     aborted = []

@@ -192,6 +192,14 @@ class Aggregator(Layer):
     @abstractmethod
     def server_session(self, ctx: RoundContext) -> ServerSession: ...
 
+    def ideal(self) -> Aggregator:
+        """This aggregator's ideal functionality (``crypto="ideal"``): a layer that releases
+        exactly what this one releases for the same dropouts, with the same aborts, without
+        the cryptography. Aggregators without one cannot run under ``crypto="ideal"``."""
+        raise ProtectionConfigError(
+            f"{self.name} has no ideal functionality; run it with crypto='real'."
+        )
+
     @abstractmethod
     def client_session(
         self, client: ClientContext, ctx: RoundContext, sums: dict[str, np.ndarray]
@@ -239,6 +247,9 @@ class PlainSum(Aggregator):
 
     secure = False
     stages = ("input",)
+
+    def ideal(self):
+        return self  # nothing to simulate: the server sees the inputs either way
 
     def server_view(self, algorithm, aggregator):
         return ("every sampled client's exact sum-fields (per-cluster counts, coordinate sums ...), "

@@ -63,7 +63,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto
     """
 
     def __init__(
@@ -86,6 +86,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         dropout_rate=None,
         random_state=None,
         verbose=0,
+        crypto="real",
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size
@@ -104,6 +105,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.dropout_rate = dropout_rate
         self.random_state = random_state
         self.verbose = verbose
+        self.crypto = crypto
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

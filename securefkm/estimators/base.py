@@ -6,6 +6,11 @@ or a list of per-client arrays and runs the rounds in process (the simulation tr
 ``labels_`` and ``inertia_`` are then computed for the pooled order of the records (client
 0's records first), which in a deployment each client would compute for itself.
 
+``crypto="real"`` (default) runs the secure aggregators' cryptography; ``crypto="ideal"``
+replaces each by its ideal functionality, which releases exactly the same sums with the same
+aborts at a fraction of the cost (:mod:`protocols.masking.ideal`; utility and leakage
+studies, never deployments: docs/protocols/ideal-functionality.md).
+
 Fitted attributes: ``cluster_centers_``, ``labels_``, ``inertia_``, ``n_iter_`` (training
 rounds of the chosen run), ``transcript_`` (what the server saw), ``protection_report_``
 (per layer, in words, what the server saw and whom the guarantee trusts; ``.summary()``) and
@@ -135,6 +140,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             random_state=seed,
             verbose=verbose,
             server_policy=server_policy,
+            crypto=getattr(self, "crypto", "real"),
             **self._transport_kwargs(transport, data),
         )
         federation.transcript.meta["init_bounds"] = getattr(self, "init_bounds", None)

@@ -46,7 +46,9 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
         Simulated dropouts (probability per client and round, or a schedule).
-    random_state, verbose
+    random_state, verbose, crypto
+        ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
+        studies only, see docs/protocols/ideal-functionality.md).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         dropout_rate=None,
         random_state=None,
         verbose=0,
+        crypto="real",
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -85,6 +88,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.dropout_rate = dropout_rate
         self.random_state = random_state
         self.verbose = verbose
+        self.crypto = crypto
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

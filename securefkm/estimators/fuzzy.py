@@ -68,7 +68,9 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         ``oversample * n_clusters`` uniform centres and reduces them to ``n_clusters``.
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose
+    random_state, verbose, crypto
+        ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
+        studies only, see docs/protocols/ideal-functionality.md).
 
     Attributes
     ----------
@@ -99,6 +101,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         dropout_rate=None,
         random_state=None,
         verbose=0,
+        crypto="real",
     ):
         self.n_clusters = n_clusters
         self.averaging = averaging
@@ -119,6 +122,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         self.dropout_rate = dropout_rate
         self.random_state = random_state
         self.verbose = verbose
+        self.crypto = crypto
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

@@ -43,7 +43,9 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     init_bounds : (low, high) or None
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose
+    random_state, verbose, crypto
+        ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
+        studies only, see docs/protocols/ideal-functionality.md).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         dropout_rate=None,
         random_state=None,
         verbose=0,
+        crypto="real",
     ):
         self.n_clusters = n_clusters
         self.clients_per_round = clients_per_round
@@ -84,6 +87,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.dropout_rate = dropout_rate
         self.random_state = random_state
         self.verbose = verbose
+        self.crypto = crypto
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(

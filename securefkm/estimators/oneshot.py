@@ -31,7 +31,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         k-means runs as rounds of secure sums over privately kept local centres.
     max_rounds : int
         Cap on training rounds (one-shot methods use one).
-    clients_per_round, protection, dropout_rate, random_state, verbose
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto
     """
 
     def __init__(
@@ -56,6 +56,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         dropout_rate=None,
         random_state=None,
         verbose=0,
+        crypto="real",
     ):
         self.n_clusters = n_clusters
         self.variant = variant
@@ -76,6 +77,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.dropout_rate = dropout_rate
         self.random_state = random_state
         self.verbose = verbose
+        self.crypto = crypto
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

@@ -33,6 +33,9 @@ from .sampling import Dropouts, resolve_sample, sample_clients
 
 log = logging.getLogger("securefkm")
 
+#: ``crypto=`` choices: the aggregators' real protocol, or their ideal functionality
+CRYPTO = ("real", "ideal")
+
 
 class ServerPolicy:
     """Whom the server asks and what it sends them. The honest policy sends every sampled
@@ -142,6 +145,8 @@ class Federation:
     ``dropout_rate`` (probability or schedule, simulation only), ``max_rounds``,
     ``random_state``, ``verbose`` and the ``protection`` stack. ``n_runs`` is the number of
     runs the fit will make (``n_init``); DP layers size their budget for all of them.
+    ``crypto="ideal"`` swaps the stack's secure aggregator for its ideal functionality
+    (:meth:`~securefkm.layers.Aggregator.ideal`): same release, same aborts, no cryptography.
     """
 
     def __init__(
@@ -160,9 +165,20 @@ class Federation:
         server_policy: ServerPolicy | None = None,
         transport: Transport | None = None,
         n_features: int | None = None,
+        crypto: str = "real",
     ):
         self.algorithm = algorithm
         self.layers, self.aggregator = validate_stack(protection, algorithm)
+        if crypto not in CRYPTO:
+            raise InputError(
+                f"crypto must be 'real' (run the secure aggregators' protocol) or 'ideal' (their ideal "
+                f"functionality: the same release without the cryptography, for studies); got {crypto!r}."
+            )
+        self.crypto = crypto
+        if crypto == "ideal":  # the one seam: the stack keeps its order, the aggregator is swapped
+            ideal = self.aggregator.ideal()
+            self.layers = [ideal if layer is self.aggregator else layer for layer in self.layers]
+            self.aggregator = ideal
         self.max_rounds = check_int(max_rounds, "max_rounds", minimum=1)
         self.n_runs = check_int(n_runs, "n_runs", minimum=1)
         if record not in RECORD_LEVELS:
@@ -217,6 +233,7 @@ class Federation:
                 "protection": tuple(repr(layer) for layer in self.layers),
                 "aggregator": self.aggregator.name,
                 "clients_per_round": self.clients_per_round,
+                "crypto": crypto,
             },
             level=record,
         )

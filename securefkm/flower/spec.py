@@ -165,6 +165,11 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
         )
     n_clusters = check_int(est.n_clusters, "n_clusters", minimum=1)
     del n_clusters
+    if getattr(est, "crypto", "real") != "real":
+        raise InputError(
+            f"crypto={est.crypto!r} is refused over Flower: the ideal functionality trusts one process "
+            "with every client's input, which a deployment must never do; drop crypto (default 'real')."
+        )
     seed = int(check_random_state(est.random_state).integers(2**63 - 1))
     algorithm = est._make_algorithm(n_features, n_clients)
     federation = Federation(

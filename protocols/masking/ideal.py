@@ -1,0 +1,284 @@
+"""The ideal functionality of :class:`~protocols.masking.layer.PairwiseMasking` (``crypto="ideal"``).
+
+A trusted party receives every client's encoded input and gives the server exactly what the
+real protocol (Bonawitz et al. 2017, Fig. 4; the SecAgg+ graph of Bell et al. 2020) gives it
+for the same dropouts: the sum modulo ``2**64`` of the encoded inputs of the clients whose
+masked input arrived (``U3``), or an abort at the same stage for the same reason. This is the
+simulation of a secure-sum intrinsic, as TensorFlow Federated's simulation runs
+``federated_secure_sum``: no key agreement, no Shamir sharing, no mask expansion; the
+clients still encode their values exactly as under the real protocol (and every client-side
+layer -- DP noise shares, rounding, caps -- runs for real before it).
+
+Why the release is the same (honest server, honest clients; the simulation's only faults are
+dropouts at chosen stages and the server policy's choice of broadcasts). Write ``H(c) = {c} u N(c)``
+for a client's holders, ``t`` the Shamir threshold, ``m`` the minimum survivors, ``q`` the
+consistency quorum. The real protocol's decisions depend only on who answered which stage:
+
+* ``advertise``: ``U1`` = answering sampled clients; abort if ``|U1| < m``.
+* ``share``: client ``c`` refuses if ``|H(c) n U1| < t``; ``U2`` = the others that answer;
+  abort if ``|U2| < m``.
+* ``masked_input``: ``c`` refuses if ``1 + |N(c) n U2| < t`` (too few peers sent shares);
+  ``U3`` = the answering others; abort if ``|U3| < m``.
+* ``consistency_check`` (``sign_keys``): ``c`` refuses if ``1 + |N(c) n U3| < t``; the signers
+  ``Sig``; abort if ``|Sig| < q``.
+* ``unmask``: ``c`` (in ``U3``, with ``sign_keys`` in ``Sig``) refuses if fewer than ``q`` of
+  ``H(c)`` signed, or ``1 + |N(c) n U3| < t``; ``R`` = the answering others. The server needs,
+  for every survivor ``o`` (in id order), ``|R n H(o)| >= t`` self-mask shares, then for every
+  dropped ``v`` in ``U2 \\ U3``, ``|R n N(v)| >= t`` mask-key shares, else it aborts naming the
+  first short owner.
+* The masks cancel iff every pair of neighbouring survivors bound them to the same broadcast
+  digest, and every survivor next to a dropped client bound them to the digest the server
+  uses to remove that client's masks (``bind_broadcast``); otherwise the check slot fails and
+  the round aborts (the model-inconsistency attack is caught). With cancelling masks the
+  unmasked sum *is* the modular sum of the encoded inputs of ``U3``, decoded by the same codec.
+
+The functionality below evaluates exactly these rules, and tells each client (through its own
+message) whether its honest counterpart would refuse, so the transport drops the same clients
+as under the real protocol. ``tests/test_ideal.py`` checks bit-identical centres, aborts,
+transcripts' released fields and attack reports over a matrix of algorithms, dropouts at every
+stage, thresholds and graphs. The one difference: an abort on the check slot cannot quote the
+value the real check slot read (random under the real protocol).
+
+The server's transcript records :class:`Sealed` objects at ``masked_input``: a handle the
+functionality empties on receipt, so no client's input is readable from the transcript.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from securefkm.exceptions import RoundAbortedError
+from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
+
+from .layer import PairwiseMasking
+
+
+class Sealed:
+    """A client's encoded input handed to the ideal functionality (never to the server).
+
+    The functionality takes the value out on receipt (:meth:`open`); what stays in the
+    transcript is an empty handle whose repr reveals nothing."""
+
+    __slots__ = ("_value", "digest")
+
+    def __init__(self, value: np.ndarray, digest: bytes):
+        self._value = value
+        self.digest = digest
+
+    def open(self) -> np.ndarray:
+        value, self._value = self._value, None
+        if value is None:
+            raise RuntimeError("a sealed input was opened twice")
+        return value
+
+    def __repr__(self) -> str:
+        return "Sealed(<input held by the ideal functionality>)"
+
+    def __getstate__(self):
+        return {"_value": self._value, "digest": self.digest}
+
+    def __setstate__(self, state):
+        self._value, self.digest = state["_value"], state["digest"]
+
+
+class IdealMasking(PairwiseMasking):
+    """``PairwiseMasking``'s ideal functionality: same configuration, same release, no cryptography.
+
+    Built by :meth:`PairwiseMasking.ideal` (``crypto="ideal"``); its name and repr are the real
+    layer's, so transcripts and reports read the same. Not for deployments (a Flower run with
+    ``crypto="ideal"`` is refused): it trusts the simulation's process to hold every input.
+    """
+
+    @classmethod
+    def of(cls, real: PairwiseMasking) -> IdealMasking:
+        ideal = cls.__new__(cls)
+        ideal.__dict__.update(real.__dict__)
+        ideal.registry = None  # no identity keys: the functionality authenticates everyone
+        return ideal
+
+    @property
+    def name(self) -> str:
+        return "PairwiseMasking"
+
+    def ideal(self):
+        return self
+
+    def setup(self, info):
+        registry, self.registry = self.registry, None
+        try:
+            super().setup(info)  # the configuration checks, without provisioning identity keys
+        finally:
+            self.registry = registry
+
+    def server_session(self, ctx):
+        self.codec.check_capacity(ctx.specs, len(ctx.sampled))
+        return _IdealServer(ctx, self.plan(ctx), self.codec, bind_broadcast=self.bind_broadcast,
+                            consistency=self.sign_keys)
+
+    def client_session(self, client, ctx, sums):
+        plan = self.plan(ctx)
+        vector = np.empty(plan.length, dtype=np.uint64)
+        vector[:-1] = self.codec.encode(sums, ctx.specs, len(ctx.sampled))
+        vector[-1] = 1  # the check slot, as under the real protocol
+        return _IdealClient(vector, ctx.broadcast_digest if self.bind_broadcast else b"")
+
+
+class _IdealClient(ClientSession):
+    """Answers each stage; refuses exactly where its real counterpart would (told by the
+    functionality, which sees the same public facts the real client would)."""
+
+    def __init__(self, vector: np.ndarray, digest: bytes):
+        self.vector = vector
+        self.digest = digest
+
+    def respond(self, stage, message):
+        if isinstance(message, dict) and message.get("refuse"):
+            raise ProtocolRefusal(message["refuse"])
+        if stage == "masked_input":
+            vector, self.vector = self.vector, None
+            return Sealed(vector, self.digest)
+        return {}
+
+
+class _IdealServer(ServerSession):
+    def __init__(self, ctx, plan, codec, *, bind_broadcast: bool, consistency: bool):
+        self.ctx, self.plan, self.codec = ctx, plan, codec
+        self.server_digest = ctx.broadcast_digest if bind_broadcast else b""
+        self.consistency = consistency
+        self.t, self.m, self.q = plan.t_share, plan.min_survivors, plan.consistency_quorum
+        self.u1: set[int] = set()
+        self.u2: set[int] = set()
+        self.u3: list[int] = []
+        self.signers: set[int] = set()
+        self.answered_unmask: set[int] = set()
+        self.digests: dict[int, bytes] = {}
+        self.acc = np.zeros(plan.length, dtype=np.uint64)
+        self._neigh: dict[int, np.ndarray] = {}
+
+    # -------------------------------------------------------------- helpers
+    def _abort(self, stage: str, why: str):
+        raise RoundAbortedError(
+            f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
+            "no aggregate was released",
+            round=self.ctx.round,
+            stage=stage,
+        )
+
+    def _need(self, stage: str, count: int, what: str):
+        if count < self.m:
+            self._abort(stage, f"only {count} clients {what}, fewer than the threshold of "
+                               f"{self.m} survivors (sampled {len(self.plan.sampled)})")
+
+    def _count(self, c: int, members: set[int]) -> int:
+        """``|N(c) n members|`` (the complete graph: everyone else that is a member)."""
+        if self.plan.graph.kind == "complete":
+            return len(members) - (c in members)
+        nb = self._neigh.get(c)
+        if nb is None:
+            nb = self._neigh[c] = self.plan.graph.neighbours(c)
+        return sum(1 for v in nb.tolist() if v in members)
+
+    def _refusals(self, clients, members: set[int], why: str) -> dict[int, dict]:
+        out = {}
+        for c in clients:
+            have = 1 + self._count(c, members)
+            out[c] = {"refuse": f"client {c} refuses: {why} ({have} < threshold {self.t})"} if have < self.t else {}
+        return out
+
+    # -------------------------------------------------------------- messages
+    def messages(self, stage, alive):
+        alive = [int(c) for c in alive]
+        if stage == "advertise":
+            return {c: {} for c in alive}
+        if stage == "share":
+            return self._refusals([c for c in alive if c in self.u1], self.u1,
+                                  "too few of my holders advertised keys")
+        if stage == "masked_input":
+            return self._refusals([c for c in alive if c in self.u2], self.u2,
+                                  "too few neighbours completed the share stage")
+        u3 = set(self.u3)
+        if stage == "consistency_check" and self.consistency:
+            return self._refusals([c for c in alive if c in u3], u3, "too few of my neighbourhood survived")
+        if stage == "unmask":
+            if not self.consistency:
+                return self._refusals([c for c in alive if c in u3], u3, "too few of my neighbourhood survived")
+            out = {}
+            for c in (c for c in alive if c in self.signers):
+                signed = 1 + self._count(c, self.signers) if c in self.signers else self._count(c, self.signers)
+                if signed < self.q:
+                    out[c] = {"refuse": f"client {c} refuses: only {signed} of my holders signed the survivor "
+                                        f"list (quorum {self.q})"}
+                else:
+                    out.update(self._refusals([c], u3, "too few of my neighbourhood survived"))
+            return out
+        raise RoundAbortedError(f"unknown stage {stage!r}", round=self.ctx.round, stage=stage)
+
+    # -------------------------------------------------------------- receive
+    def receive(self, stage, replies):
+        if stage == "advertise":
+            self.u1 = {int(c) for c in replies if int(c) in self.plan.members}
+            self._need(stage, len(self.u1), "advertised keys")
+        elif stage == "share":
+            self.u2 = {int(c) for c in replies if int(c) in self.u1}
+            self._need(stage, len(self.u2), "completed the share stage")
+        elif stage == "masked_input":
+            for u in sorted(replies):
+                if int(u) not in self.u2:
+                    continue
+                sealed = replies[u]
+                if not isinstance(sealed, Sealed):
+                    self._abort(stage, f"client {u} sent a malformed masked vector")
+                np.add(self.acc, sealed.open(), out=self.acc)
+                self.digests[int(u)] = sealed.digest
+                self.u3.append(int(u))
+            self._need(stage, len(self.u3), "sent masked input")
+        elif stage == "consistency_check" and self.consistency:
+            self.signers = {int(c) for c in replies if int(c) in set(self.u3)}
+            if len(self.signers) < self.q:
+                self._abort(stage, f"only {len(self.signers)} clients signed the survivor list, fewer than the "
+                                   f"quorum of {self.q} every client needs before it unmasks")
+        elif stage == "unmask":
+            self.answered_unmask = {int(c) for c in replies}
+
+    # -------------------------------------------------------------- result
+    def _masks_cancel(self, survivors: list[int], dropped: list[int]) -> bool:
+        d = self.digests
+        if self.plan.graph.kind == "complete":
+            first = d[survivors[0]]
+            if any(d[u] != first for u in survivors):
+                return False
+            return not dropped or first == self.server_digest
+        surv = set(survivors)
+        for u in survivors:
+            for v in self.plan.graph.neighbours(u).tolist():
+                if v in surv and d[v] != d[u]:
+                    return False
+        for v in dropped:
+            for u in self.plan.graph.neighbours(v).tolist():
+                if u in surv and d[u] != self.server_digest:
+                    return False
+        return True
+
+    def result(self):
+        if not self.u3:
+            self._abort("unmask", "no masked input was received")
+        survivors = sorted(self.u3)
+        dropped = sorted(self.u2 - set(survivors))
+        R = self.answered_unmask
+        for kind, owners, own in (("b", survivors, 1), ("s", dropped, 0)):
+            for o in owners:
+                found = self._count(o, R) + (own if o in R else 0)
+                if found < self.t:
+                    self._abort("unmask", f"only {found} {kind}-shares of client {o} came back, threshold is "
+                                          f"{self.t} ({len(R)} clients answered unmask)")
+        if not self._masks_cancel(survivors, dropped):
+            self._abort(
+                "unmask",
+                "the aggregate failed to decode: the check slot does not read the "
+                f"{len(survivors)} contributors, so the pairwise masks did not "
+                "cancel. Clients saw inconsistent broadcasts (the model-inconsistency attack: the "
+                "server sent different centres/parameters to different clients) or inconsistent "
+                "share lists",
+            )
+        sums = self.codec.decode(self.acc[:-1], tuple(self.ctx.specs))
+        return sums, tuple(survivors)
