@@ -9,7 +9,8 @@ from .accounting import (
     noise_multiplier_for,
     noise_multiplier_for_schedule,
 )
-from .layer import GaussianDP, kls21_tau
+from .layer import GaussianDP
+from .noise import kls21_tau
 from .sampler import lattice_gaussian, sample_discrete_gaussian, sample_discrete_laplace
 
 __all__ = [
