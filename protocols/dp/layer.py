@@ -50,7 +50,8 @@ unit budget unequally (see ``_field_weights``), still one Gaussian mechanism.
 Post-processing (the server's division, centre update) keeps the guarantee.
 
 Noise is exact discrete Gaussian (Canonne, Kamath & Steinke 2020) drawn from the OS CSPRNG
-(:mod:`protocols.dp.sampler`). Values are first rounded to a lattice ``gamma_f Z``; the
+(:mod:`protocols.dp.sampler`), or with ``rng="seeded"`` from a keyed ChaCha20 stream
+(:func:`protocols.dp.noise.keystream`; studies only). Values are first rounded to a lattice ``gamma_f Z``; the
 rounded difference of neighbours is at most ``Delta_f + sqrt(n_f) gamma_f`` (each of the
 n_f coordinates of each of the two vectors moves by <= gamma_f / 2), which is the
 ``Delta'_f`` used above. The discrete Gaussian on the lattice with integer-lattice shifts
@@ -165,7 +166,7 @@ from .accounting import (
     noise_multiplier_for_schedule,
 )
 from .calibration import Calibration
-from .noise import kls21_tau, lattice_noise, noise_on_lattice
+from .noise import RNGS, keystream, kls21_tau, lattice_noise, noise_on_lattice
 from .postprocessing import PostProcessing
 from .sampler import round_up_variance
 from .scheduling import Scheduling
@@ -195,7 +196,12 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
     default True: sums that declare their weights are noised translated by the box centre,
     sensitivity the box's half-diagonal; see "Centred sums"); ``project_means`` (default True:
     the noisy mean of every released weighted sum is projected into the records' domain, the
-    box or the clip ball; see "Means projected into the domain"). See the module docstring for the
+    box or the clip ball; see "Means projected into the domain"); ``rng`` ("system", default: noise
+    from the OS CSPRNG; "seeded": from a ChaCha20 stream keyed by HKDF of the fit's
+    ``random_state`` and a (run, round, action, client or server, field) label, so a fit is a
+    deterministic function of its seeds in every mode and backend -- for reproducible studies
+    only: whoever knows the seed can subtract the noise, so never deploy it; the Flower app
+    refuses it, see :func:`refuse_seeded_noise`). See the module docstring for the
     mechanism, the proof of the joint sensitivity and each mode's trust model.
     """
 
@@ -217,7 +223,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         shrink: str | None = None,
         centre_sums: bool = True,
         project_means: bool = True,
+        rng: str = "system",
     ):
+        self.rng = check_choice(rng, "rng", RNGS)
         self.centre_sums = bool(centre_sums)
         self.project_means = bool(project_means)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
@@ -268,6 +276,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         # shadows the base-class ClassVar; the runtime reads it per instance).
         self.requires_secure_aggregator = self.mode == "distributed"
         self._repr_params = {"epsilon": self.epsilon, "delta": self.delta, "clip": clip, "mode": self.mode}
+        if self.rng != "system":
+            self._repr_params["rng"] = self.rng
+        self._seed = None
         self._codec = None
         self._cap = None
         self._sens_factor = 1.0
@@ -326,6 +337,13 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
 
     def setup(self, info):
         d = info.n_features
+        if self.rng == "seeded":
+            if info.random_state is None:
+                raise InputError(
+                    "GaussianDP(rng='seeded') keys its noise from the fit's random_state, which is None; pass "
+                    "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
+                )
+            self._seed = int(info.random_state)
         if self.bounds is not None:
             for b in self.bounds:
                 if b.ndim == 1 and b.shape[0] != d:
@@ -431,7 +449,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
                 sigma, step, _ = sigmas[s.name]
                 share = round_up_variance(self._share_variance(sigma, step))
                 lattice = np.rint(np.asarray(sums[s.name], dtype=np.float64) / step)
-                noise = lattice_noise(share, s.size).reshape(s.shape)
+                noise = lattice_noise(share, s.size, self._source(ctx, client.client_id, s.name)).reshape(s.shape)
                 sums[s.name] = (lattice + noise) * step
             return Update(sums=self._translate(sums, pairs, +1), items=update.items)
         # local mode
@@ -458,12 +476,22 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             val = np.asarray(sums[s.name], dtype=np.float64)
             if s.kind == "value":
                 val = self._project_rows(val, d)
-            sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2])
+            sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2], self._source(ctx, client.client_id, s.name))
         for name in extra:
-            items[name] = self._noise_fine(self._project_rows(items[name], d), *sigmas[name][:2])
+            items[name] = self._noise_fine(
+                self._project_rows(items[name], d), *sigmas[name][:2], self._source(ctx, client.client_id, name)
+            )
         return Update(sums=self._translate(sums, pairs, +1), items=items)
 
     _noise_fine = staticmethod(noise_on_lattice)
+
+    def _source(self, ctx, owner, field: str):
+        """The noise's byte source: None (the OS CSPRNG) for ``rng="system"``; for ``"seeded"`` a
+        keystream labelled by (run, round, action, owner, field), so the same noise is drawn
+        whichever order, process or backend the clients run in."""
+        if self.rng == "system":
+            return None
+        return keystream(self._seed, f"run={ctx.run}|round={ctx.round}|action={ctx.action}|owner={owner}|field={field}")
 
     def server_aggregate(self, agg: AggregatedUpdate, ctx):
         specs = self._noised_specs(agg.specs or ctx.specs)
@@ -498,7 +526,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         sums = self._translate(agg.sums, pairs, -1)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
-            sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
+            sums[s.name] = self._noise_fine(sums[s.name], sigma, step, self._source(ctx, "server", s.name))
         sums = self._shrunk(self._translate(sums, pairs, +1), specs, sigmas, ctx.action)
         return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action), items=agg.items, contributors=agg.contributors,
                                 specs=agg.specs)
@@ -532,3 +560,31 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             "kls21_tau": self._tau,
             "plain_set_field_rounds": self._plain_rounds,
         }
+
+
+def refuse_seeded_noise(layers) -> None:
+    """Raise :class:`ProtectionConfigError` if any layer is ``GaussianDP(rng="seeded")``.
+
+    For deployments (the Flower app): seeded noise is recomputable by anyone who knows the
+    seed, so it protects nothing against the server that chose it.
+    """
+    seeded = [layer for layer in layers if isinstance(layer, GaussianDP) and layer.rng == "seeded"]
+    if seeded:
+        raise ProtectionConfigError(
+            "GaussianDP(rng='seeded') draws its noise from a stream keyed by the run's seed, which anyone "
+            "holding the seed can recompute and subtract; it is for reproducible simulation studies only. "
+            "Use GaussianDP(..., rng='system') (the default) in a deployment."
+        )
+
+
+def check_seeded_noise(layers, random_state) -> None:
+    """Raise :class:`InputError` if a ``GaussianDP(rng="seeded")`` layer has no seed to key from.
+
+    Estimators draw a fresh seed when ``random_state=None``; seeded noise keyed from it would
+    be neither reproducible nor secret, so such a fit is refused before it starts.
+    """
+    if random_state is None and any(isinstance(la, GaussianDP) and la.rng == "seeded" for la in layers or ()):
+        raise InputError(
+            "GaussianDP(rng='seeded') keys its noise from the fit's random_state, which is None; pass "
+            "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
+        )
