@@ -70,7 +70,7 @@ def test_what_is_noised_is_the_translated_sum_and_the_fit_is_unchanged_without_n
     clients, _ = _clients()
     seen = []
 
-    def no_noise(val, sigma, step):
+    def no_noise(val, sigma, step, source=None):
         seen.append(np.array(val, dtype=np.float64))
         return np.array(val, dtype=np.float64)
 

@@ -9,11 +9,14 @@ from .accounting import (
     noise_multiplier_for,
     noise_multiplier_for_schedule,
 )
-from .layer import GaussianDP, kls21_tau
+from .layer import GaussianDP, check_seeded_noise, refuse_seeded_noise
+from .noise import kls21_tau
 from .sampler import lattice_gaussian, sample_discrete_gaussian, sample_discrete_laplace
 
 __all__ = [
     "GaussianDP",
+    "refuse_seeded_noise",
+    "check_seeded_noise",
     "kls21_tau",
     "PrivacyAccountant",
     "epsilon_for",

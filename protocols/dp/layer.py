@@ -50,7 +50,8 @@ unit budget unequally (see ``_field_weights``), still one Gaussian mechanism.
 Post-processing (the server's division, centre update) keeps the guarantee.
 
 Noise is exact discrete Gaussian (Canonne, Kamath & Steinke 2020) drawn from the OS CSPRNG
-(:mod:`protocols.dp.sampler`). Values are first rounded to a lattice ``gamma_f Z``; the
+(:mod:`protocols.dp.sampler`), or with ``rng="seeded"`` from a keyed ChaCha20 stream
+(:func:`protocols.dp.noise.keystream`; studies only). Values are first rounded to a lattice ``gamma_f Z``; the
 rounded difference of neighbours is at most ``Delta_f + sqrt(n_f) gamma_f`` (each of the
 n_f coordinates of each of the two vectors moves by <= gamma_f / 2), which is the
 ``Delta'_f`` used above. The discrete Gaussian on the lattice with integer-lattice shifts
@@ -145,7 +146,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from fractions import Fraction
 
 import numpy as np
 
@@ -157,7 +157,7 @@ from securefkm.exceptions import (
     RoundAbortedError,
 )
 from securefkm.layers import Layer
-from securefkm.messages import AggregatedUpdate, FieldSpec, Update
+from securefkm.messages import AggregatedUpdate, Update
 
 from .accounting import (
     PrivacyAccountant,
@@ -165,37 +165,18 @@ from .accounting import (
     noise_multiplier_for,
     noise_multiplier_for_schedule,
 )
-from .sampler import round_up_variance, sample_discrete_gaussian
+from .calibration import Calibration
+from .noise import RNGS, keystream, kls21_tau, lattice_noise, noise_on_lattice
+from .postprocessing import PostProcessing
+from .sampler import round_up_variance
+from .scheduling import Scheduling
 
 MODES = ("central", "distributed", "local")
-_FINE = 2.0**-20  # lattice step relative to sigma in central/local modes
 SET_FIELDS_BOUNDED = ("centres",)
 SHRINKS = ("coordinate", "vector")
 
 
-def _lattice_noise(sigma2_lattice: Fraction, size: int) -> np.ndarray:
-    return sample_discrete_gaussian(sigma2_lattice, size).astype(np.float64)
-
-
-def kls21_tau(share_variance: float, m: int) -> float:
-    """KLS21 Thm 1 tau: distance of a sum of m N_Z(0, s^2) shares from N_Z(0, m s^2)."""
-    return 10.0 * sum(math.exp(-2 * math.pi**2 * share_variance * k / (k + 1)) for k in range(1, m))
-
-
-def min_share_variance(m: int, tau: float = 1e-6) -> float:
-    """Smallest per-client lattice variance s^2 with kls21_tau(s^2, m) <= tau (bisection)."""
-    if m <= 1:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while kls21_tau(hi, m) > tau:
-        hi *= 2
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if kls21_tau(mid, m) <= tau else (mid, hi)
-    return hi
-
-
-class GaussianDP(Layer):
+class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
     Parameters: ``epsilon``, ``delta`` -- the target for the whole fit (all runs);
@@ -215,7 +196,12 @@ class GaussianDP(Layer):
     default True: sums that declare their weights are noised translated by the box centre,
     sensitivity the box's half-diagonal; see "Centred sums"); ``project_means`` (default True:
     the noisy mean of every released weighted sum is projected into the records' domain, the
-    box or the clip ball; see "Means projected into the domain"). See the module docstring for the
+    box or the clip ball; see "Means projected into the domain"); ``rng`` ("system", default: noise
+    from the OS CSPRNG; "seeded": from a ChaCha20 stream keyed by HKDF of the fit's
+    ``random_state`` and a (run, round, action, client or server, field) label, so a fit is a
+    deterministic function of its seeds in every mode and backend -- for reproducible studies
+    only: whoever knows the seed can subtract the noise, so never deploy it; the Flower app
+    refuses it, see :func:`refuse_seeded_noise`). See the module docstring for the
     mechanism, the proof of the joint sensitivity and each mode's trust model.
     """
 
@@ -237,7 +223,9 @@ class GaussianDP(Layer):
         shrink: str | None = None,
         centre_sums: bool = True,
         project_means: bool = True,
+        rng: str = "system",
     ):
+        self.rng = check_choice(rng, "rng", RNGS)
         self.centre_sums = bool(centre_sums)
         self.project_means = bool(project_means)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
@@ -288,6 +276,9 @@ class GaussianDP(Layer):
         # shadows the base-class ClassVar; the runtime reads it per instance).
         self.requires_secure_aggregator = self.mode == "distributed"
         self._repr_params = {"epsilon": self.epsilon, "delta": self.delta, "clip": clip, "mode": self.mode}
+        if self.rng != "system":
+            self._repr_params["rng"] = self.rng
+        self._seed = None
         self._codec = None
         self._cap = None
         self._sens_factor = 1.0
@@ -301,113 +292,6 @@ class GaussianDP(Layer):
         self._tau = 0.0
         self._planned = None
         self._schedule = None
-
-    # ------------------------------------------------------------------ geometry
-    def _box(self, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """The declared ``bounds`` as two length-``d`` vectors."""
-        return tuple(np.broadcast_to(b, (d,)) for b in self.bounds)
-
-    def _radius(self, d: int) -> float:
-        if self.clip is not None:
-            return self.clip
-        low, high = self._box(d)
-        return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
-
-    def _centred_radius(self, d: int) -> float:
-        low, high = self._box(d)
-        return float(np.linalg.norm((high - low) / 2))
-
-    def _box_centre(self, d: int) -> np.ndarray:
-        low, high = self._box(d)
-        return (low + high) / 2
-
-    def centred_pairs(self, specs) -> dict[str, str]:
-        """{sum field: its weights field} noised translated by the box centre (see "Centred sums")."""
-        if self.bounds is None or not self.centre_sums:
-            return {}
-        return self.weighted_pairs(specs)
-
-    def weighted_pairs(self, specs) -> dict[str, str]:
-        """{sum field: its count field} for the sums that declare their weights (row j is a
-        weighted sum of records, the count field its total weight) and are d wide."""
-        by_name = {s.name: s for s in specs}
-        out = {}
-        for s in specs:
-            w = by_name.get(s.weighted_by) if s.kind == "sum" and s.weighted_by else None
-            if w is not None and w.kind == "count" and w.shape == s.shape[:1] and s.shape[-1] == self._d:
-                out[s.name] = w.name
-        return out
-
-    def _projected(self, sums: dict, specs, action=None) -> dict:
-        """``project_means``: rows with a positive weight get their mean projected into the
-        records' domain (see "Means projected into the domain"); a new dict. Not in seeding
-        rounds (``init.*``): they shrink the raw noisy bucket means (an empirical-Bayes
-        estimate that needs them unbiased) and clip the result themselves."""
-        skip = not self.project_means or (action or "").startswith("init.")
-        pairs = {} if skip else self.weighted_pairs(specs)
-        out = dict(sums)
-        for s, w in pairs.items():
-            n = np.asarray(out[w], dtype=np.float64)
-            S = np.array(out[s], dtype=np.float64)
-            pos = n > 0
-            if pos.any():
-                S[pos] = self._project_rows(S[pos] / n[pos, None], self._d) * n[pos, None]
-            out[s] = S
-        return out
-
-    def _translate(self, sums: dict, pairs: dict[str, str], sign: int) -> dict:
-        """A new dict: ``S + sign * N c`` for every centred pair, with the current values of N
-        (never the caller's dict: noising writes into the result)."""
-        out = dict(sums)
-        if not pairs:
-            return out
-        c = self._box_centre(self._d)
-        for s, w in pairs.items():
-            out[s] = np.asarray(out[s], dtype=np.float64) + sign * np.outer(np.asarray(out[w], dtype=np.float64), c)
-        return out
-
-    def _diameter(self, d: int) -> float:
-        if self.clip is not None:
-            return 2 * self.clip
-        low, high = self._box(d)
-        return float(np.linalg.norm(high - low))
-
-    def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False) -> float:
-        """Per-record L2 sensitivity Delta_f of one field (before lattice rounding);
-        ``centred``: a ``sum`` field noised as S - N c (the box's half-diagonal)."""
-        f = self._sens_factor * math.sqrt(getattr(spec, "cells", 1))
-        if spec.kind == "count":
-            return f * 1.0
-        if spec.kind == "sum":
-            return f * (self._centred_radius(d) if centred else self._radius(d))
-        if spec.kind == "distance":
-            return f * self._diameter(d)
-        if spec.kind == "score":
-            return f * self._diameter(d) ** 2
-        if self.mode == "local" and len(spec.shape) >= 1 and spec.shape[-1] == d:
-            rows = spec.size // d
-            return self._diameter(d) * math.sqrt(rows)  # already the whole range: no factor
-        raise ProtectionConfigError(self._value_message(spec))
-
-    def _value_message(self, spec) -> str:
-        return (
-            f"GaussianDP(mode={self.mode!r}) cannot protect sum-field {spec.name!r}: its kind is 'value' "
-            "(e.g. local centres after several local steps), which one record can change without bound. "
-            "Change the algorithm so it sends plain sums (for DWF: max_local_steps=1 and weighting='dynamic'), "
-            "or use GaussianDP(mode='local', ...), which bounds such fields by projecting them onto the "
-            "declared clip ball / bounds box."
-        )
-
-    def _project_rows(self, arr: np.ndarray, d: int) -> np.ndarray:
-        rows = np.asarray(arr, dtype=np.float64).reshape(-1, d)
-        if self.clip is not None:
-            norms = np.linalg.norm(rows, axis=1)
-            scale = np.minimum(1.0, self.clip / np.maximum(norms, 1e-300))
-            rows = rows * scale[:, None]
-        else:
-            low, high = self.bounds
-            rows = np.clip(rows, low, high)
-        return rows.reshape(np.shape(arr))
 
     # ------------------------------------------------------------------ hooks
     def validate_stack(self, stack, algorithm):
@@ -453,6 +337,13 @@ class GaussianDP(Layer):
 
     def setup(self, info):
         d = info.n_features
+        if self.rng == "seeded":
+            if info.random_state is None:
+                raise InputError(
+                    "GaussianDP(rng='seeded') keys its noise from the fit's random_state, which is None; pass "
+                    "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
+                )
+            self._seed = int(info.random_state)
         if self.bounds is not None:
             for b in self.bounds:
                 if b.ndim == 1 and b.shape[0] != d:
@@ -482,118 +373,6 @@ class GaussianDP(Layer):
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
                 "no round could carry the calibrated noise. Lower min_clients or sample more clients."
             )
-
-    def _weight(self, action) -> float:
-        if self.round_weights is None or action is None:
-            return 1.0
-        return self.round_weights.get(action, 1.0)
-
-    def _z_for(self, action) -> float:
-        """Noise multiplier of a round of ``action``: z / sqrt(round weight)."""
-        return self.z / math.sqrt(self._weight(action))
-
-    def _planned_schedule(self, info, rounds: int) -> list[tuple[float, int]]:
-        """[(weight, rounds)] the calibration assumes for one client.
-
-        From the algorithm's ``planned_actions(max_rounds)`` ({action: rounds per run}) when it
-        has one and it adds up to the planned rounds; otherwise (unknown schedule) every planned
-        round is assumed to carry the largest weight in use, which can only over-estimate the
-        spend. With a ParticipationCap of R rounds a client is charged for at most R rounds, so
-        the R heaviest planned rounds are kept.
-        """
-        algo = info.algorithm
-        per_run = getattr(algo, "planned_actions", None)
-        weights: list[float] = []
-        if callable(per_run):
-            try:
-                one_run = int(algo.planned_rounds(info.max_rounds))
-                actions = per_run(info.max_rounds)
-            except Exception:  # noqa: BLE001 - an algorithm without a usable schedule
-                one_run, actions = 0, None
-            if actions and one_run > 0 and info.planned_rounds % one_run == 0 and sum(actions.values()) == one_run:
-                n_runs = info.planned_rounds // one_run
-                for action, n in actions.items():
-                    weights += [self._weight(action)] * (int(n) * n_runs)
-        if len(weights) != info.planned_rounds:
-            weights = [max([1.0, *self.round_weights.values()])] * info.planned_rounds
-        weights = sorted(weights, reverse=True)[: max(rounds, 1)]
-        return sorted(Counter(weights).items())
-
-    def _history(self, levels=None) -> list[tuple[float, float, int]]:
-        """Accountant history dominating every client's: per noise level, the most rounds any
-        one client took at it (exact when all clients took the same rounds)."""
-        levels = self._levels if levels is None else levels
-        top: Counter = Counter()
-        for per_client in levels.values():
-            for z, n in per_client.items():
-                top[z] = max(top[z], n)
-        return [(z, 1.0, n) for z, n in sorted(top.items()) if n > 0]
-
-    def _noised_specs(self, specs):
-        return tuple(s for s in specs if s.kind != "value" or self.mode == "local")
-
-    def _steps(self, spec: FieldSpec) -> float:
-        """Lattice step gamma_f of a field in the current mode (0 means: fine lattice)."""
-        if self.mode == "distributed":
-            if spec.integer:
-                return 1.0
-            per = getattr(self._codec, "resolution_for", None)
-            return float(per(spec)) if per is not None else float(self._codec.resolution)
-        return 0.0
-
-    def field_sigmas(
-        self, specs, extra_deltas: dict | None = None, action: str | None = None
-    ) -> dict[str, tuple[float, float, float]]:
-        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of ``action``."""
-        d = self._d
-        z = self._z_for(action)
-        centred = self.centred_pairs(specs)
-        deltas = {s.name: (self.sensitivity(s, d, s.name in centred), s.size, self._steps(s), s.integer) for s in specs}
-        for name, (delta, size) in (extra_deltas or {}).items():
-            deltas[name] = (delta, size, 0.0, False)
-        weights = self._field_weights(specs, deltas)
-        out = {}
-        for name, (delta, size, step, integer) in deltas.items():
-            scale = 1.0 / math.sqrt(weights[name])
-            if step == 0.0:
-                step = z * scale * delta * _FINE
-            inflated = delta if integer else delta + math.sqrt(size) * step
-            out[name] = (z * scale * inflated, step, inflated)
-        return out
-
-    def _field_weights(self, specs, deltas) -> dict[str, float]:
-        """Share w_f of the round's sensitivity budget per field (sum 1): sigma_f = z Delta'_f / sqrt(w_f).
-
-        ||g(D) - g(D')||^2 = sum_f w_f ||S_f(D) - S_f(D')||^2 / Delta'_f^2 <= sum_f w_f = 1, so
-        any split is the same single Gaussian mechanism. Default: equal shares (w_f = 1/F).
-        ``count_share=c`` gives the count fields c together and the other fields 1 - c: counts
-        only divide the sums, so less noise on the sums usually helps the centres.
-
-        ``count_share="auto"``, for a round of count fields and ``sum`` fields with rows of
-        width d (k-means: counts n_j and coordinate sums S_j): c = 1 / (1 + sqrt(d)). Reason:
-        the mean S_j / n_j has error about (e_S - e_n mu_j) / n_j, of expected squared norm
-        (d sigma_sum^2 + ||mu_j||^2 sigma_count^2) / n_j^2 = z^2 (d R^2 / (1 - c) + ||mu_j||^2 / c)
-        / n_j^2. With ||mu_j|| <= R (a mean of records in the ball/box) the worst case is
-        minimised at c / (1 - c) = 1 / sqrt(d). It uses only d (public). Other rounds (e.g. a
-        score round): equal shares.
-        """
-        names = list(deltas)
-        kinds = {s.name: s.kind for s in specs}
-        counts = [n for n in names if kinds.get(n) == "count"]
-        others = [n for n in names if n not in counts]
-        share = self.count_share
-        if share == "auto":
-            sums = [s for s in specs if s.name in others and s.kind == "sum"]
-            if len(sums) == len(others) and sums:
-                width = sums[0].shape[-1] if len(sums[0].shape) > 1 else 1
-                share = 1.0 / (1.0 + math.sqrt(width))
-            else:
-                share = None
-        if share is None or not counts or not others:
-            return {n: 1.0 / len(names) for n in names}
-        w = {n: share / len(counts) for n in counts}
-        w.update({n: (1.0 - share) / len(others) for n in others})
-        return w
 
     def before_round(self, ctx):
         specs = ctx.specs
@@ -670,7 +449,7 @@ class GaussianDP(Layer):
                 sigma, step, _ = sigmas[s.name]
                 share = round_up_variance(self._share_variance(sigma, step))
                 lattice = np.rint(np.asarray(sums[s.name], dtype=np.float64) / step)
-                noise = _lattice_noise(share, s.size).reshape(s.shape)
+                noise = lattice_noise(share, s.size, self._source(ctx, client.client_id, s.name)).reshape(s.shape)
                 sums[s.name] = (lattice + noise) * step
             return Update(sums=self._translate(sums, pairs, +1), items=update.items)
         # local mode
@@ -697,21 +476,22 @@ class GaussianDP(Layer):
             val = np.asarray(sums[s.name], dtype=np.float64)
             if s.kind == "value":
                 val = self._project_rows(val, d)
-            sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2])
+            sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2], self._source(ctx, client.client_id, s.name))
         for name in extra:
-            items[name] = self._noise_fine(self._project_rows(items[name], d), *sigmas[name][:2])
+            items[name] = self._noise_fine(
+                self._project_rows(items[name], d), *sigmas[name][:2], self._source(ctx, client.client_id, name)
+            )
         return Update(sums=self._translate(sums, pairs, +1), items=items)
 
-    def _share_variance(self, sigma: float, step: float) -> float:
-        """Per-client lattice variance: sigma^2 / (step^2 min_clients), raised if needed so that
-        the KLS21 tau of the sum stays <= 1e-6 (more noise only strengthens the guarantee)."""
-        return max((sigma / step) ** 2 / self.min_clients, min_share_variance(self.min_clients))
+    _noise_fine = staticmethod(noise_on_lattice)
 
-    @staticmethod
-    def _noise_fine(val: np.ndarray, sigma: float, step: float) -> np.ndarray:
-        lattice = np.rint(np.asarray(val, dtype=np.float64) / step)
-        noise = _lattice_noise(round_up_variance((sigma / step) ** 2), lattice.size).reshape(lattice.shape)
-        return (lattice + noise) * step
+    def _source(self, ctx, owner, field: str):
+        """The noise's byte source: None (the OS CSPRNG) for ``rng="system"``; for ``"seeded"`` a
+        keystream labelled by (run, round, action, owner, field), so the same noise is drawn
+        whichever order, process or backend the clients run in."""
+        if self.rng == "system":
+            return None
+        return keystream(self._seed, f"run={ctx.run}|round={ctx.round}|action={ctx.action}|owner={owner}|field={field}")
 
     def server_aggregate(self, agg: AggregatedUpdate, ctx):
         specs = self._noised_specs(agg.specs or ctx.specs)
@@ -746,58 +526,10 @@ class GaussianDP(Layer):
         sums = self._translate(agg.sums, pairs, -1)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
-            sums[s.name] = self._noise_fine(sums[s.name], sigma, step)
+            sums[s.name] = self._noise_fine(sums[s.name], sigma, step, self._source(ctx, "server", s.name))
         sums = self._shrunk(self._translate(sums, pairs, +1), specs, sigmas, ctx.action)
         return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action), items=agg.items, contributors=agg.contributors,
                                 specs=agg.specs)
-
-    def _shrunk(self, sums, specs, sigmas, action):
-        """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their
-        overall mean (post-processing of the released sums with the layer's own, public sigmas).
-
-        Applies to rounds whose noised fields are one ``count`` field of shape (m,) and one
-        ``sum`` field of shape (m, d), d >= 3, m >= 2 (DWF's training round: counts n_j and
-        coordinate sums S_j), except seeding rounds (``init.*``, which shrink their bucket means
-        themselves). The rows with a positive noisy count get S_j' = n_j m_j' with m_j' the
-        shrunk mean (``"coordinate"``: :func:`~securefkm.algorithms._seeding.shrink_coordinates`,
-        ``"vector"``: the James-Stein :func:`~securefkm.algorithms._seeding.shrink_means`), so
-        the algorithm's S_j' / n_j is m_j'. Only released values and the public sigmas are read:
-        no privacy cost, nothing charged.
-        """
-        if self.shrink is None or (action or "").startswith("init.") or len(specs) != 2:
-            return sums
-        kinds = {s.kind: s for s in specs}
-        count, total = kinds.get("count"), kinds.get("sum")
-        if count is None or total is None or len(count.shape) != 1 or len(total.shape) != 2:
-            return sums
-        m, d = total.shape
-        if count.shape[0] != m or m < 2 or d < 3:
-            return sums
-        from securefkm.algorithms._seeding import shrink_coordinates, shrink_means
-
-        n = np.asarray(sums[count.name], dtype=np.float64)
-        S = np.asarray(sums[total.name], dtype=np.float64)
-        pos = n > 0
-        if pos.sum() < 2:
-            return sums
-        means = S[pos] / n[pos, None]
-        target = S[pos].sum(axis=0) / n[pos].sum()
-        sigma_sum, sigma_count = sigmas[total.name][0], sigmas[count.name][0]
-        if self.shrink == "coordinate":
-            shrunk = shrink_coordinates(means, n[pos], sigma_sum, target, sigma_count)
-        else:
-            shrunk = shrink_means(means, n[pos], sigma_sum, target)
-        out = S.copy()
-        out[pos] = shrunk * n[pos, None]
-        return {**sums, total.name: out}
-
-    def _charge(self, contributors, z):
-        """Charge each contributor one round at noise multiplier z (its actual noise: an
-        under-noised aborted round is charged at its own, smaller z)."""
-        for c in contributors:
-            self._counts[c] += 1
-            self._levels.setdefault(c, Counter())[z] += 1
-        self._acc.history = self._history()
 
     def after_round(self, ctx, agg):
         released = bool(self._noised_specs(ctx.specs)) or (self.mode == "local" and agg.items)
@@ -843,3 +575,31 @@ class GaussianDP(Layer):
             "kls21_tau": self._tau,
             "plain_set_field_rounds": self._plain_rounds,
         }
+
+
+def refuse_seeded_noise(layers) -> None:
+    """Raise :class:`ProtectionConfigError` if any layer is ``GaussianDP(rng="seeded")``.
+
+    For deployments (the Flower app): seeded noise is recomputable by anyone who knows the
+    seed, so it protects nothing against the server that chose it.
+    """
+    seeded = [layer for layer in layers if isinstance(layer, GaussianDP) and layer.rng == "seeded"]
+    if seeded:
+        raise ProtectionConfigError(
+            "GaussianDP(rng='seeded') draws its noise from a stream keyed by the run's seed, which anyone "
+            "holding the seed can recompute and subtract; it is for reproducible simulation studies only. "
+            "Use GaussianDP(..., rng='system') (the default) in a deployment."
+        )
+
+
+def check_seeded_noise(layers, random_state) -> None:
+    """Raise :class:`InputError` if a ``GaussianDP(rng="seeded")`` layer has no seed to key from.
+
+    Estimators draw a fresh seed when ``random_state=None``; seeded noise keyed from it would
+    be neither reproducible nor secret, so such a fit is refused before it starts.
+    """
+    if random_state is None and any(isinstance(la, GaussianDP) and la.rng == "seeded" for la in layers or ()):
+        raise InputError(
+            "GaussianDP(rng='seeded') keys its noise from the fit's random_state, which is None; pass "
+            "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
+        )

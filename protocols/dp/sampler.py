@@ -27,7 +27,9 @@ draw it in one numpy operation; only the rational digits are Python integers (ob
 arrays). ``python -m protocols.dp.sampler`` prints timings; on the development machine
 (2 cores) 5,000 draws take ~0.1 s for any sigma^2 in [1, 1e12] when idle, ~1 s under load 12.
 
-Randomness comes only from ``os.urandom`` (the OS CSPRNG), never from numpy's generator.
+Randomness comes from ``os.urandom`` (the OS CSPRNG), or from a caller-given byte source (a
+keyed ChaCha20 stream for reproducible studies, :func:`protocols.dp.noise.keystream`), never from
+numpy's generator.
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ _TWO64 = 1 << 64
 
 
 # ---------------------------------------------------------------- uniform randomness
-def _words(n: int) -> np.ndarray:
-    """n uniform 64-bit words from the OS CSPRNG."""
+def _words(n: int, source=None) -> np.ndarray:
+    """n uniform 64-bit words from ``source`` (a callable n_bytes -> bytes; default the OS CSPRNG)."""
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
-    return np.frombuffer(os.urandom(8 * n), dtype=np.uint64).copy()
+    return np.frombuffer((source or os.urandom)(8 * n), dtype="<u8").astype(np.uint64)
 
 
-def uniform_below(m: np.ndarray) -> np.ndarray:
+def uniform_below(m: np.ndarray, source=None) -> np.ndarray:
     """Exactly uniform integers in [0, m_i) for each m_i (1 <= m_i < 2^63), by rejection.
 
     A word w is accepted iff w < 2^64 - (2^64 mod m), so w mod m is exactly uniform.
@@ -63,14 +65,14 @@ def uniform_below(m: np.ndarray) -> np.ndarray:
     out = np.zeros(m.shape, dtype=np.uint64)
     todo = np.arange(m.size)
     while todo.size:
-        w = _words(todo.size)
+        w = _words(todo.size, source)
         ok = np.array([int(a) < int(b) for a, b in zip(w.tolist(), limit[todo])], dtype=bool)
         out[todo[ok]] = w[ok] % m[todo[ok]]
         todo = todo[~ok]
     return out
 
 
-def bernoulli_rational(num, den) -> np.ndarray:
+def bernoulli_rational(num, den, source=None) -> np.ndarray:
     """Exact Bernoulli(num_i / den_i) coins for integers 0 <= num_i <= den_i, den_i >= 1.
 
     Compares a uniform U in [0,1), revealed 64 bits per step, with the binary expansion
@@ -90,7 +92,7 @@ def bernoulli_rational(num, den) -> np.ndarray:
         elif num[i] > 0:
             todo.append(i)
     while todo:
-        w = _words(len(todo)).tolist()
+        w = _words(len(todo), source).tolist()
         nxt = []
         for i, word in zip(todo, w):
             scaled = rem[i] << 64
@@ -103,7 +105,7 @@ def bernoulli_rational(num, den) -> np.ndarray:
     return out
 
 
-def bernoulli_exp_neg(num, den) -> np.ndarray:
+def bernoulli_exp_neg(num, den, source=None) -> np.ndarray:
     """Exact Bernoulli(exp(-num_i/den_i)) coins (CKS20 Algorithm 1), vectorised."""
     num = np.array([int(v) for v in np.asarray(num, dtype=object).ravel()], dtype=object)
     den = np.array([int(v) for v in np.asarray(den, dtype=object).ravel()], dtype=object)
@@ -117,25 +119,25 @@ def bernoulli_exp_neg(num, den) -> np.ndarray:
     remaining = whole.copy()
     idx = np.flatnonzero(remaining > 0)
     while idx.size:
-        coins = _bernoulli_exp_neg_frac(np.ones(idx.size, dtype=object), np.ones(idx.size, dtype=object))
+        coins = _bernoulli_exp_neg_frac(np.ones(idx.size, dtype=object), np.ones(idx.size, dtype=object), source)
         alive[idx[~coins]] = False
         remaining[idx] -= 1
         idx = idx[coins]
         idx = idx[remaining[idx] > 0]
     idx = np.flatnonzero(alive)
     if idx.size:
-        alive[idx] = _bernoulli_exp_neg_frac(frac_num[idx], den[idx])
+        alive[idx] = _bernoulli_exp_neg_frac(frac_num[idx], den[idx], source)
     return alive
 
 
-def _bernoulli_exp_neg_frac(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _bernoulli_exp_neg_frac(num: np.ndarray, den: np.ndarray, source=None) -> np.ndarray:
     """Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1]: CKS20 Algorithm 1, first case."""
     n = num.size
     out = np.zeros(n, dtype=bool)
     k = 1
     idx = np.arange(n)
     while idx.size:
-        a = bernoulli_rational(num[idx], den[idx] * k)
+        a = bernoulli_rational(num[idx], den[idx] * k, source)
         stopped = idx[~a]
         out[stopped] = (k % 2) == 1
         idx = idx[a]
@@ -144,7 +146,7 @@ def _bernoulli_exp_neg_frac(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- distributions
-def sample_discrete_laplace(t: int, size: int) -> np.ndarray:
+def sample_discrete_laplace(t: int, size: int, source=None) -> np.ndarray:
     """``size`` draws of the discrete Laplace P(x) ∝ exp(-|x|/t) on Z (CKS20 Algorithm 2, s=1)."""
     t = int(t)
     if t < 1:
@@ -153,17 +155,17 @@ def sample_discrete_laplace(t: int, size: int) -> np.ndarray:
     todo = np.arange(size)
     while todo.size:
         m = todo.size
-        u = uniform_below(np.full(m, t, dtype=np.uint64)).astype(object)
-        d = bernoulli_exp_neg(u, np.full(m, t, dtype=object))
+        u = uniform_below(np.full(m, t, dtype=np.uint64), source).astype(object)
+        d = bernoulli_exp_neg(u, np.full(m, t, dtype=object), source)
         # geometric V: count successes of Bernoulli(exp(-1)) before the first failure
         v = np.zeros(m, dtype=object)
         idx = np.arange(m)
         while idx.size:
-            a = bernoulli_exp_neg(np.ones(idx.size, dtype=object), np.ones(idx.size, dtype=object))
+            a = bernoulli_exp_neg(np.ones(idx.size, dtype=object), np.ones(idx.size, dtype=object), source)
             v[idx[a]] += 1
             idx = idx[a]
         x = u + t * v
-        b = uniform_below(np.full(m, 2, dtype=np.uint64)).astype(bool)
+        b = uniform_below(np.full(m, 2, dtype=np.uint64), source).astype(bool)
         ok = d & ~(b & (x == 0))
         y = np.where(b, -x, x)
         out[todo[ok]] = y[ok]
@@ -181,12 +183,14 @@ def _as_fraction(sigma2) -> Fraction:
     return f
 
 
-def sample_discrete_gaussian(sigma2, size: int, *, as_int: bool = False) -> np.ndarray:
+def sample_discrete_gaussian(sigma2, size: int, *, as_int: bool = False, source=None) -> np.ndarray:
     """``size`` exact draws of N_Z(0, sigma2): P(x) ∝ exp(-x^2 / (2 sigma2)) on the integers.
 
     CKS20 Algorithm 3. ``sigma2`` is an int, :class:`fractions.Fraction` or finite float
     (a float is used at its exact binary value). Returns int64 (or Python ints in an
-    object array with ``as_int=True`` when values may exceed 2^63).
+    object array with ``as_int=True`` when values may exceed 2^63). ``source``: a callable
+    n_bytes -> uniform bytes (default ``os.urandom``; :func:`protocols.dp.noise.keystream` gives a
+    seeded CSPRNG stream for reproducible studies).
     """
     s2 = _as_fraction(sigma2)
     size = int(size)
@@ -197,12 +201,12 @@ def sample_discrete_gaussian(sigma2, size: int, *, as_int: bool = False) -> np.n
     out = np.zeros(size, dtype=object)
     todo = np.arange(size)
     while todo.size:
-        y = sample_discrete_laplace(t, todo.size)
+        y = sample_discrete_laplace(t, todo.size, source)
         absy = np.abs(y)
         # gamma = (|Y| - sigma2/t)^2 / (2 sigma2) = (|Y| b t - a)^2 / (2 a b t^2)
         num = (absy * (b * t) - a) ** 2
         den = np.full(todo.size, 2 * a * b * t * t, dtype=object)
-        ok = bernoulli_exp_neg(num, den)
+        ok = bernoulli_exp_neg(num, den, source)
         out[todo[ok]] = y[ok]
         todo = todo[~ok]
     if as_int:

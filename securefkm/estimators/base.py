@@ -125,6 +125,9 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
                 f"n_clusters={n_clusters} is larger than the number of records ({data.n_samples}); "
                 "lower n_clusters."
             )
+        from protocols.dp import check_seeded_noise
+
+        check_seeded_noise(self.protection, self.random_state)  # seeded DP noise needs a seed
         rng = check_random_state(self.random_state)
         seed = int(rng.integers(2**63 - 1))
         verbose = check_int(self.verbose, "verbose", minimum=0)

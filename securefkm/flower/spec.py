@@ -153,6 +153,9 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
     n_clients = check_int(n_clients, "num-nodes", minimum=1)
     n_features = check_int(n_features, "n-features", minimum=1)
     est = spec.estimator()
+    from protocols.dp import refuse_seeded_noise
+
+    refuse_seeded_noise(est.protection)  # deployments never run recomputable DP noise
     if provisioning is not None:
         provisioning.apply(est.protection)
     elif spec.requirements():

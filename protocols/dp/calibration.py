@@ -1,0 +1,158 @@
+"""Calibration of :class:`~protocols.dp.GaussianDP`: the declared domain's geometry, each
+field's per-record sensitivity, the split of a round's budget over its fields, and the noise
+standard deviation of every field (the proofs are in :mod:`protocols.dp.layer`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from securefkm.exceptions import ProtectionConfigError
+from securefkm.messages import FieldSpec
+
+from .noise import FINE, min_share_variance
+
+
+class Calibration:
+    """Mixin of :class:`~protocols.dp.GaussianDP`: sensitivities and per-field sigmas."""
+
+    # ------------------------------------------------------------------ geometry
+    def _box(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """The declared ``bounds`` as two length-``d`` vectors."""
+        return tuple(np.broadcast_to(b, (d,)) for b in self.bounds)
+
+    def _radius(self, d: int) -> float:
+        if self.clip is not None:
+            return self.clip
+        low, high = self._box(d)
+        return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
+
+    def _centred_radius(self, d: int) -> float:
+        low, high = self._box(d)
+        return float(np.linalg.norm((high - low) / 2))
+
+    def _box_centre(self, d: int) -> np.ndarray:
+        low, high = self._box(d)
+        return (low + high) / 2
+
+    def centred_pairs(self, specs) -> dict[str, str]:
+        """{sum field: its weights field} noised translated by the box centre (see "Centred sums")."""
+        if self.bounds is None or not self.centre_sums:
+            return {}
+        return self.weighted_pairs(specs)
+
+    def weighted_pairs(self, specs) -> dict[str, str]:
+        """{sum field: its count field} for the sums that declare their weights (row j is a
+        weighted sum of records, the count field its total weight) and are d wide."""
+        by_name = {s.name: s for s in specs}
+        out = {}
+        for s in specs:
+            w = by_name.get(s.weighted_by) if s.kind == "sum" and s.weighted_by else None
+            if w is not None and w.kind == "count" and w.shape == s.shape[:1] and s.shape[-1] == self._d:
+                out[s.name] = w.name
+        return out
+
+    def _diameter(self, d: int) -> float:
+        if self.clip is not None:
+            return 2 * self.clip
+        low, high = self._box(d)
+        return float(np.linalg.norm(high - low))
+
+    def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False) -> float:
+        """Per-record L2 sensitivity Delta_f of one field (before lattice rounding);
+        ``centred``: a ``sum`` field noised as S - N c (the box's half-diagonal)."""
+        f = self._sens_factor * math.sqrt(getattr(spec, "cells", 1))
+        if spec.kind == "count":
+            return f * 1.0
+        if spec.kind == "sum":
+            return f * (self._centred_radius(d) if centred else self._radius(d))
+        if spec.kind == "distance":
+            return f * self._diameter(d)
+        if spec.kind == "score":
+            return f * self._diameter(d) ** 2
+        if self.mode == "local" and len(spec.shape) >= 1 and spec.shape[-1] == d:
+            rows = spec.size // d
+            return self._diameter(d) * math.sqrt(rows)  # already the whole range: no factor
+        raise ProtectionConfigError(self._value_message(spec))
+
+    def _value_message(self, spec) -> str:
+        return (
+            f"GaussianDP(mode={self.mode!r}) cannot protect sum-field {spec.name!r}: its kind is 'value' "
+            "(e.g. local centres after several local steps), which one record can change without bound. "
+            "Change the algorithm so it sends plain sums (for DWF: max_local_steps=1 and weighting='dynamic'), "
+            "or use GaussianDP(mode='local', ...), which bounds such fields by projecting them onto the "
+            "declared clip ball / bounds box."
+        )
+
+    # ------------------------------------------------------------------ sigmas
+    def _noised_specs(self, specs):
+        return tuple(s for s in specs if s.kind != "value" or self.mode == "local")
+
+    def _steps(self, spec: FieldSpec) -> float:
+        """Lattice step gamma_f of a field in the current mode (0 means: fine lattice)."""
+        if self.mode == "distributed":
+            if spec.integer:
+                return 1.0
+            per = getattr(self._codec, "resolution_for", None)
+            return float(per(spec)) if per is not None else float(self._codec.resolution)
+        return 0.0
+
+    def field_sigmas(
+        self, specs, extra_deltas: dict | None = None, action: str | None = None
+    ) -> dict[str, tuple[float, float, float]]:
+        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of ``action``."""
+        d = self._d
+        z = self._z_for(action)
+        centred = self.centred_pairs(specs)
+        deltas = {s.name: (self.sensitivity(s, d, s.name in centred), s.size, self._steps(s), s.integer) for s in specs}
+        for name, (delta, size) in (extra_deltas or {}).items():
+            deltas[name] = (delta, size, 0.0, False)
+        weights = self._field_weights(specs, deltas)
+        out = {}
+        for name, (delta, size, step, integer) in deltas.items():
+            scale = 1.0 / math.sqrt(weights[name])
+            if step == 0.0:
+                step = z * scale * delta * FINE
+            inflated = delta if integer else delta + math.sqrt(size) * step
+            out[name] = (z * scale * inflated, step, inflated)
+        return out
+
+    def _field_weights(self, specs, deltas) -> dict[str, float]:
+        """Share w_f of the round's sensitivity budget per field (sum 1): sigma_f = z Delta'_f / sqrt(w_f).
+
+        ||g(D) - g(D')||^2 = sum_f w_f ||S_f(D) - S_f(D')||^2 / Delta'_f^2 <= sum_f w_f = 1, so
+        any split is the same single Gaussian mechanism. Default: equal shares (w_f = 1/F).
+        ``count_share=c`` gives the count fields c together and the other fields 1 - c: counts
+        only divide the sums, so less noise on the sums usually helps the centres.
+
+        ``count_share="auto"``, for a round of count fields and ``sum`` fields with rows of
+        width d (k-means: counts n_j and coordinate sums S_j): c = 1 / (1 + sqrt(d)). Reason:
+        the mean S_j / n_j has error about (e_S - e_n mu_j) / n_j, of expected squared norm
+        (d sigma_sum^2 + ||mu_j||^2 sigma_count^2) / n_j^2 = z^2 (d R^2 / (1 - c) + ||mu_j||^2 / c)
+        / n_j^2. With ||mu_j|| <= R (a mean of records in the ball/box) the worst case is
+        minimised at c / (1 - c) = 1 / sqrt(d). It uses only d (public). Other rounds (e.g. a
+        score round): equal shares.
+        """
+        names = list(deltas)
+        kinds = {s.name: s.kind for s in specs}
+        counts = [n for n in names if kinds.get(n) == "count"]
+        others = [n for n in names if n not in counts]
+        share = self.count_share
+        if share == "auto":
+            sums = [s for s in specs if s.name in others and s.kind == "sum"]
+            if len(sums) == len(others) and sums:
+                width = sums[0].shape[-1] if len(sums[0].shape) > 1 else 1
+                share = 1.0 / (1.0 + math.sqrt(width))
+            else:
+                share = None
+        if share is None or not counts or not others:
+            return {n: 1.0 / len(names) for n in names}
+        w = {n: share / len(counts) for n in counts}
+        w.update({n: (1.0 - share) / len(others) for n in others})
+        return w
+
+    def _share_variance(self, sigma: float, step: float) -> float:
+        """Per-client lattice variance: sigma^2 / (step^2 min_clients), raised if needed so that
+        the KLS21 tau of the sum stays <= 1e-6 (more noise only strengthens the guarantee)."""
+        return max((sigma / step) ** 2 / self.min_clients, min_share_variance(self.min_clients))

@@ -1,0 +1,66 @@
+"""Round scheduling and charging of :class:`~protocols.dp.GaussianDP`: per-action round
+weights, the planned schedule the noise is calibrated for, and the per-client history the
+accountant is charged with (see "Weighted round schedules" in :mod:`protocols.dp.layer`)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+
+class Scheduling:
+    """Mixin of :class:`~protocols.dp.GaussianDP`: noise levels per round and the charged history."""
+
+    def _weight(self, action) -> float:
+        if self.round_weights is None or action is None:
+            return 1.0
+        return self.round_weights.get(action, 1.0)
+
+    def _z_for(self, action) -> float:
+        """Noise multiplier of a round of ``action``: z / sqrt(round weight)."""
+        return self.z / math.sqrt(self._weight(action))
+
+    def _planned_schedule(self, info, rounds: int) -> list[tuple[float, int]]:
+        """[(weight, rounds)] the calibration assumes for one client.
+
+        From the algorithm's ``planned_actions(max_rounds)`` ({action: rounds per run}) when it
+        has one and it adds up to the planned rounds; otherwise (unknown schedule) every planned
+        round is assumed to carry the largest weight in use, which can only over-estimate the
+        spend. With a ParticipationCap of R rounds a client is charged for at most R rounds, so
+        the R heaviest planned rounds are kept.
+        """
+        algo = info.algorithm
+        per_run = getattr(algo, "planned_actions", None)
+        weights: list[float] = []
+        if callable(per_run):
+            try:
+                one_run = int(algo.planned_rounds(info.max_rounds))
+                actions = per_run(info.max_rounds)
+            except Exception:  # noqa: BLE001 - an algorithm without a usable schedule
+                one_run, actions = 0, None
+            if actions and one_run > 0 and info.planned_rounds % one_run == 0 and sum(actions.values()) == one_run:
+                n_runs = info.planned_rounds // one_run
+                for action, n in actions.items():
+                    weights += [self._weight(action)] * (int(n) * n_runs)
+        if len(weights) != info.planned_rounds:
+            weights = [max([1.0, *self.round_weights.values()])] * info.planned_rounds
+        weights = sorted(weights, reverse=True)[: max(rounds, 1)]
+        return sorted(Counter(weights).items())
+
+    def _history(self, levels=None) -> list[tuple[float, float, int]]:
+        """Accountant history dominating every client's: per noise level, the most rounds any
+        one client took at it (exact when all clients took the same rounds)."""
+        levels = self._levels if levels is None else levels
+        top: Counter = Counter()
+        for per_client in levels.values():
+            for z, n in per_client.items():
+                top[z] = max(top[z], n)
+        return [(z, 1.0, n) for z, n in sorted(top.items()) if n > 0]
+
+    def _charge(self, contributors, z):
+        """Charge each contributor one round at noise multiplier z (its actual noise: an
+        under-noised aborted round is charged at its own, smaller z)."""
+        for c in contributors:
+            self._counts[c] += 1
+            self._levels.setdefault(c, Counter())[z] += 1
+        self._acc.history = self._history()
