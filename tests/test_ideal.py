@@ -20,7 +20,13 @@ import phe
 import pytest
 from sklearn.datasets import make_blobs
 
-from attacks import AggregateDifferencing, CraftedCentroids, Differencing, ModelInconsistency, SmallClusterDisclosure
+from attacks import (
+    AggregateDifferencing,
+    CraftedCentroids,
+    Differencing,
+    ModelInconsistency,
+    SmallClusterDisclosure,
+)
 from protocols import GaussianDP, KeyAuthority, Paillier, PairwiseMasking
 from securefkm.exceptions import InputError, RoundAbortedError
 from securefkm.registry import make_estimator

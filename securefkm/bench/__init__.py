@@ -8,6 +8,9 @@ def main(args) -> None:
         from .speed import run
 
         run(repeats=args.repeats)
+        from .speed_ideal import run as run_ideal
+
+        run_ideal()  # crypto="ideal" vs real vs plain, 100 and 1,000 clients
     elif args.bench == "quality":
         if args.part in ("dwf", "all"):
             from .quality import run
