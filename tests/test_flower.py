@@ -501,6 +501,15 @@ def test_deploy_and_serverapp_refuse_masking_on_plain_set_fields(clients, tmp_pa
         _fake_run(tmp_path, clients, spec)
 
 
+def test_flower_refuses_the_ideal_functionality():
+    """crypto='ideal' trusts one process with every input: never over a network."""
+    from securefkm.flower.spec import PlaceholderTransport, build_federation
+
+    spec = RunSpec("dwf", {**PARAMS, "crypto": "ideal"}, ["masking"], random_state=0)
+    with pytest.raises(InputError, match="crypto='ideal' is refused over Flower"):
+        build_federation(spec, 3, 2, PlaceholderTransport(3))
+
+
 def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
     """Idle polling scales with nodes per core (bounded), is passed to both SuperNode launcher
     and SuperExec, can be set, and a bad value names the argument; the SuperLink keeps its
