@@ -188,18 +188,12 @@ class FixedPointCodec:
         ``None`` when any check fails, so the loop can name the failing field."""
         integer = _integer_mask(specs)
         flat = np.concatenate([np.asarray(sums[s.name], dtype=np.float64).ravel() for s in specs])
-        mag = np.abs(flat)
-        if not np.isfinite(mag).all():
+        if not np.isfinite(flat).all() or (np.abs(flat) > np.where(integer, ibound, fbound)).any():
             return None
-        ints, floats = flat[integer], flat[~integer]
-        if ints.size and (mag[integer].max() > ibound or not np.array_equal(ints, np.round(ints))):
+        if integer.any() and (np.round(flat[integer]) != flat[integer]).any():
             return None
-        if floats.size and mag[~integer].max() > fbound:
-            return None
-        out = np.empty(flat.size, dtype=np.int64)
-        out[integer] = ints.astype(np.int64)
-        out[~integer] = np.rint(floats * self.scale).astype(np.int64)
-        return out
+        # rint of a whole number is itself: integer fields encode as their value, others scaled
+        return np.rint(np.where(integer, flat, flat * self.scale)).astype(np.int64)
 
     def encode(self, sums: dict[str, np.ndarray], specs: Sequence[FieldSpec], n_clients: int) -> np.ndarray:
         """Like :meth:`encode_signed`, viewed as ``uint64`` words for arithmetic mod ``2**64``."""

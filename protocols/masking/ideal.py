@@ -53,6 +53,10 @@ from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
 from .layer import PairwiseMasking
 
 
+#: the functionality's message "go on" (shared, never mutated)
+_GO: dict = {}
+
+
 class Sealed:
     """A client's encoded input handed to the ideal functionality (never to the server).
 
@@ -137,7 +141,7 @@ class _IdealClient(ClientSession):
         if stage == "masked_input":
             vector, self.vector = self.vector, None
             return Sealed(vector, self.digest)
-        return {}
+        return True  # answered: the functionality needs nothing else from an honest client
 
 
 class _IdealServer(ServerSession):
@@ -179,17 +183,19 @@ class _IdealServer(ServerSession):
         return sum(1 for v in nb.tolist() if v in members)
 
     def _refusals(self, clients, members: set[int], why: str) -> dict[int, dict]:
+        if self.plan.graph.kind == "complete" and len(members) >= self.t:
+            return dict.fromkeys(clients, _GO)  # everyone holds enough: nobody refuses
         out = {}
         for c in clients:
             have = 1 + self._count(c, members)
-            out[c] = {"refuse": f"client {c} refuses: {why} ({have} < threshold {self.t})"} if have < self.t else {}
+            out[c] = {"refuse": f"client {c} refuses: {why} ({have} < threshold {self.t})"} if have < self.t else _GO
         return out
 
     # -------------------------------------------------------------- messages
     def messages(self, stage, alive):
         alive = [int(c) for c in alive]
         if stage == "advertise":
-            return {c: {} for c in alive}
+            return dict.fromkeys(alive, _GO)
         if stage == "share":
             return self._refusals([c for c in alive if c in self.u1], self.u1,
                                   "too few of my holders advertised keys")
