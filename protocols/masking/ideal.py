@@ -52,7 +52,6 @@ from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
 
 from .layer import PairwiseMasking
 
-
 #: the functionality's message "go on" (shared, never mutated)
 _GO: dict = {}
 
