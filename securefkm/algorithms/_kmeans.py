@@ -122,11 +122,11 @@ def _single_threaded_blas():
     return _BLAS.limit(limits=1, user_api="blas")
 
 
-def per_client_cell_sums(datas, C: np.ndarray, chunk: int = CHUNK_ROWS, n_threads: int | None = None):
+def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threads: int | None = None):
     """For several clients at once: each client's per-cell coordinate sums (n_clients, k, d)
     and counts (n_clients, k) w.r.t. the same centres ``C``.
 
-    One pooled pass in blocks of ``chunk`` rows (:func:`_client_pieces`), computed by
+    One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`), computed by
     ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
     single-threaded BLAS, as scikit-learn's Lloyd kernel does: per block one distance
     product and one argmin, and the per-(client, cell) sums as one sparse product whose CSC
@@ -141,7 +141,7 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int = CHUNK_ROWS, n_thread
     counts = np.zeros(n_clients * k)
     C = np.ascontiguousarray(C, dtype=np.float64)
     C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
-    blocks = list(_client_pieces([len(X) for X in datas], chunk))
+    blocks = list(_client_pieces([len(X) for X in datas], chunk or CHUNK_ROWS))
     threads = min(len(blocks), n_threads or os.cpu_count() or 1)
     with _single_threaded_blas():
         if threads <= 1:
