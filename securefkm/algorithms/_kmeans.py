@@ -141,20 +141,24 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     counts = np.zeros(n_clients * k)
     C = np.ascontiguousarray(C, dtype=np.float64)
     C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
+    for lo, s, c in map_blocks(datas, lambda b: _block_sums(datas, b, C, C2T, cc), chunk, n_threads):
+        sums[lo : lo + len(c)] += s
+        counts[lo : lo + len(c)] += c
+    return sums.reshape(n_clients, k, d), counts.reshape(n_clients, k)
+
+
+def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None):
+    """``fn(block)`` for the blocks of :func:`_client_pieces`, in block order, computed by
+    ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
+    single-threaded BLAS. The caller combines the results in the order they come."""
     blocks = list(_client_pieces([len(X) for X in datas], chunk or CHUNK_ROWS))
     threads = min(len(blocks), n_threads or os.cpu_count() or 1)
     with _single_threaded_blas():
         if threads <= 1:
-            results = (_block_sums(datas, b, C, C2T, cc) for b in blocks)
-            for lo, s, c in results:
-                sums[lo : lo + len(c)] += s
-                counts[lo : lo + len(c)] += c
+            yield from (fn(b) for b in blocks)
         else:
             with ThreadPoolExecutor(threads) as pool:
-                for lo, s, c in pool.map(lambda b: _block_sums(datas, b, C, C2T, cc), blocks):
-                    sums[lo : lo + len(c)] += s
-                    counts[lo : lo + len(c)] += c
-    return sums.reshape(n_clients, k, d), counts.reshape(n_clients, k)
+                yield from pool.map(fn, blocks)
 
 
 def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):
