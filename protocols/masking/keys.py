@@ -42,10 +42,13 @@ class CryptoFailure(Exception):
 
 
 # ---------------------------------------------------------------- X25519
-def x25519_keypair() -> tuple[bytes, bytes]:
-    """A fresh X25519 key pair ``(private, public)`` as raw bytes (OS CSPRNG)."""
+def x25519_keypair(with_key: bool = False):
+    """A fresh X25519 key pair ``(private, public)`` as raw bytes (OS CSPRNG); with
+    ``with_key`` also the loaded private key object (re-loading raw bytes recomputes the
+    public key: as costly as generating one)."""
     sk = X25519PrivateKey.generate()
-    return sk.private_bytes_raw(), sk.public_key().public_bytes_raw()
+    pair = (sk.private_bytes_raw(), sk.public_key().public_bytes_raw())
+    return (*pair, sk) if with_key else pair
 
 
 def x25519_public(private: bytes) -> bytes:
