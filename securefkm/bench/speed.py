@@ -130,6 +130,7 @@ def measure(X, k, n_clients=100, repeats=10, seed=0, algorithms=("DWF",), with_f
 
 # ------------------------------------------------------------------ masked rounds
 def _unit_costs(repeats: int = 7) -> dict:
+    """Median wall and CPU seconds of one X25519 key generation, agreement and HKDF."""
     from protocols.masking import keys
 
     sk = keys.load_x25519(keys.x25519_keypair()[0])
@@ -140,16 +141,21 @@ def _unit_costs(repeats: int = 7) -> dict:
         "hkdf": lambda: keys.hkdf(b"s" * 32, b"info"),
     }
     n = 300
-    out = {}
+    out = {"wall": {}, "cpu": {}}
     for name, f in ops.items():
-        samples = []
+        wall, cpu = [], []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for _ in range(n):
                 f()
-            samples.append((time.perf_counter() - t) / n)
-        out[name] = statistics.median(samples)
+            wall.append((time.perf_counter() - t) / n)
+            cpu.append((time.process_time() - c) / n)
+        out["wall"][name], out["cpu"][name] = statistics.median(wall), statistics.median(cpu)
     return out
+
+
+def _cost(counts, units) -> float:
+    return sum(counts[k] * units[k] for k in counts)
 
 
 def _count_crypto(fn) -> dict:
@@ -190,29 +196,58 @@ def _masked_setup(n_clients, seed=0):
 
 
 def masked_round(n_clients=1000, repeats=3) -> dict:
-    """Masked / plain DWF round and masked round / its cryptography, side by side."""
+    """Masked / plain DWF round and masked round / its cryptography, side by side.
+
+    Wall and CPU time (``process_time``) both: on a shared machine the CPU-time ratio is the
+    robust one (the round is single-threaded, so on an idle machine the two agree)."""
     plain, masked = _masked_setup(n_clients)
-    units = _unit_costs()
-    counts = _count_crypto(masked)
-    t = side_by_side({"plain": plain, "masked": masked}, repeats)
-    units2 = _unit_costs()  # unit costs before and after: the machine's load drifts
-    units = {k: statistics.median([units[k], units2[k]]) for k in units}
-    crypto = sum(counts[k] * units[k] for k in counts)
-    return {"n": n_clients, **t, "counts": counts, "units": units, "crypto_s": crypto}
+    counts = _count_crypto(masked)  # also the warm-up
+    plain()
+    wall = {"plain": [], "masked": []}
+    cpu = {"plain": [], "masked": []}
+    units = [_unit_costs()]
+    for _ in range(repeats):
+        for name, f in (("plain", plain), ("masked", masked)):
+            t, c = time.perf_counter(), time.process_time()
+            f()
+            wall[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
+        units.append(_unit_costs(3))  # interleaved: the machine's load drifts
+    unit = {kind: {k: statistics.median(u[kind][k] for u in units) for k in counts} for kind in ("wall", "cpu")}
+    med = statistics.median
+    return {"n": n_clients, "plain": med(wall["plain"]), "masked": med(wall["masked"]),
+            "plain_cpu": med(cpu["plain"]), "masked_cpu": med(cpu["masked"]), "counts": counts,
+            "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"])}
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set (bytes): ``VmHWM`` of its own address space.
+    (``getrusage``'s ``ru_maxrss`` survives ``exec`` on Linux, so a spawned child would
+    report its parent's peak.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _big_masked_round(n_clients: int) -> dict:
-    import resource
-
     plain, masked = _masked_setup(n_clients)
     units = _unit_costs(3)
     # one round only (minutes): timed while counting; a counter costs < 1% of an agreement
-    t0 = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     counts = _count_crypto(masked)
-    wall = time.perf_counter() - t0
-    crypto = sum(counts[k] * units[k] for k in counts)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {"n": n_clients, "masked": wall, "plain": _timed(plain), "counts": counts, "crypto_s": crypto, "peak_rss": rss}
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    units2 = _unit_costs(3)
+    unit = {kind: {k: (units[kind][k] + units2[kind][k]) / 2 for k in counts} for kind in ("wall", "cpu")}
+    t, c = time.perf_counter(), time.process_time()
+    plain()
+    p_wall, p_cpu = time.perf_counter() - t, time.process_time() - c
+    rss = _peak_rss()
+    return {"n": n_clients, "masked": wall, "masked_cpu": cpu, "plain": p_wall, "plain_cpu": p_cpu, "counts": counts,
+            "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"]), "peak_rss": rss}
 
 
 def big_masked_round(n_clients=10_000) -> dict:
@@ -261,16 +296,18 @@ def run(repeats: int = 10, out=print, big_masked: bool = True):
 
     out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519/HKDF/ChaCha20, graph='auto'), 100 records "
         "x 2 features per client, no dropouts")
-    out("| clients | graph degree | plain (ms) | masked (s) | masked / plain | target | keygen+agree+HKDF | "
+    out("| clients | graph degree | time | plain (ms) | masked (s) | masked / plain | target | keygen+agree+HKDF | "
         "their cost (s) | masked / crypto | target | peak RSS (MB) |")
-    out("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    out("|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     sizes = [1000] + ([10_000] if big_masked else [])
     for n in sizes:
         r = masked_round(n, repeats=3) if n <= 1000 else big_masked_round(n)
         c = r["counts"]
         rows.append({"table": "masked", **r})
         rss = f"{r['peak_rss'] / 2**20:.0f}" if "peak_rss" in r else ""
-        out(f"| {n} | {_degree(n)} | {r['plain'] * 1e3:.1f} | {r['masked']:.2f} | {r['masked'] / r['plain']:.0f} | "
-            f"{'<= 300' if n == 1000 else ''} | {c['keygen']}+{c['agree']}+{c['hkdf']} | {r['crypto_s']:.2f} | "
-            f"{r['masked'] / r['crypto_s']:.2f} | <= 1.5 | {rss} |")
+        for kind, sfx in (("wall", ""), ("CPU", "_cpu")):
+            plain, masked, crypto = r["plain" + sfx], r["masked" + sfx], r["crypto_" + ("cpu" if sfx else "s")]
+            out(f"| {n} | {_degree(n)} | {kind} | {plain * 1e3:.1f} | {masked:.2f} | {masked / plain:.0f} | "
+                f"{'<= 300' if n == 1000 else ''} | {c['keygen']}+{c['agree']}+{c['hkdf']} | {crypto:.2f} | "
+                f"{masked / crypto:.2f} | <= 1.5 | {rss} |")
     return rows
