@@ -171,9 +171,13 @@ def share_many(secrets: Sequence[bytes], threshold: int, xs: Sequence[int]) -> l
     out: list[list[bytes]] = []
     offset = 0
     for s, m in zip(secrets, sizes):
-        block = ys[:, offset : offset + m]
+        # all shares of one secret serialised at once: header "<IH" (x, length) + m limbs,
+        # the byte layout of _HEADER.pack(x, len) + limbs.tobytes()
+        rec = np.empty(xs_arr.size, dtype=np.dtype([("x", "<u4"), ("len", "<u2"), ("ys", "<u4", (m,))]))
+        rec["x"], rec["len"], rec["ys"] = xs_arr, len(s), ys[:, offset : offset + m]
         offset += m
-        out.append([_HEADER.pack(int(x), len(s)) + block[i].tobytes() for i, x in enumerate(xs_arr.tolist())])
+        raw, size = rec.tobytes(), rec.dtype.itemsize
+        out.append([raw[i : i + size] for i in range(0, len(raw), size)])
     return out
 
 

@@ -76,6 +76,10 @@ class MaskingClient(ClientSession):
         self.revealed: dict[int, str] = {}  # peer -> share type revealed ("b" or "s")
         self.signed_u3: tuple[int, ...] | None = None
 
+    def __getstate__(self):
+        # loaded key objects are not picklable; a restored session reloads the raw keys
+        return {k: v for k, v in self.__dict__.items() if k != "_loaded"}
+
     # ------------------------------------------------------------------ helpers
     def _refuse(self, why: str):
         raise ProtocolRefusal(f"client {self.me} refuses: {why}")
@@ -133,8 +137,9 @@ class MaskingClient(ClientSession):
     # ------------------------------------------------------------------ stage 0
     def _advertise(self, message):
         self._enter("advertise")
-        self.c_sk, c_pk = keys.x25519_keypair()
-        self.s_sk, s_pk = keys.x25519_keypair()
+        self.c_sk, c_pk, c_key = keys.x25519_keypair(with_key=True)
+        self.s_sk, s_pk, s_key = keys.x25519_keypair(with_key=True)
+        self._loaded = (c_key, s_key)  # not pickled (__getstate__): reloaded from the raw keys
         sig = None
         if self.identity_private is not None:
             sig = keys.sign(self.identity_private, keys.advert_message(self.rid, self.me, c_pk, s_pk))
@@ -189,7 +194,8 @@ class MaskingClient(ClientSession):
         self.recv_keys: dict[int, bytes] = {}
         send_keys: dict[int, bytes] = {}
         bind = self.digest
-        s_key, c_key = keys.load_x25519(self.s_sk), keys.load_x25519(self.c_sk)
+        loaded = self.__dict__.pop("_loaded", None)
+        c_key, s_key = loaded if loaded is not None else (keys.load_x25519(self.c_sk), keys.load_x25519(self.s_sk))
         for v in peers:
             adv = adverts[v]
             try:

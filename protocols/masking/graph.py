@@ -5,7 +5,11 @@
 * ``"sparse"``: the SecAgg+ construction of Bell et al. 2020 (CCS, "Secure single-server
   aggregation with (poly)logarithmic overhead", Sec. 3-4): clients mask with, and share
   their secrets among, only their neighbours in a ``k``-regular graph with
-  ``k = O(log n)``. As in Bell et al., the graph is a Harary graph ``H(k, n)`` (each node
+  ``k = O(log n)``; ``k`` and ``t`` come from Bell et al.'s bounds (:mod:`.params`) for the
+  layer's stated corrupt and dropout fractions unless given.
+* ``"auto"`` (default): the complete graph while it is cheap (at most
+  :data:`AUTO_COMPLETE_MAX` sampled clients, or when no sparse degree below ``n - 1`` meets
+  the bounds), the sparse graph above that. As in Bell et al., the graph is a Harary graph ``H(k, n)`` (each node
   linked to the ``k/2`` nearest nodes on each side of a cycle) over a *random* cyclic order
   of the sampled clients. The order comes from a public seed that every party derives
   from the round id and the sampled set (SHA-256), so the server cannot hand a client a
@@ -14,11 +18,13 @@
 
 Thresholds (Bonawitz et al. Sec. 6 / Theorem 6.5 for the active model): a client's secrets
 are shared among its ``m`` holders (itself and its neighbours: ``m = n`` for the complete
-graph, ``k + 1`` for the sparse one) with threshold ``t``. Default
-``t = floor(2m/3) + 1``: with at most ``n_C`` corrupted clients colluding with a malicious
+graph, ``k + 1`` for the sparse one) with threshold ``t``. Default for the complete graph
+and for an explicit ``neighbours``: ``t = floor(2m/3) + 1``: with at most ``n_C`` corrupted clients colluding with a malicious
 server, the server cannot obtain both the self-mask and the mask key of one honest client
 while ``t > (m + n_C) / 2``, i.e. for ``n_C < m/3``; and up to ``m - t`` (about a third)
-holders may drop. The round also needs at least ``min_survivors`` clients to send masked
+holders may drop. Default for the sparse graph with Bell's degree: Bell's ``t`` (no client
+has ``t`` corrupt neighbours, every client keeps ``t`` surviving ones, except with the stated
+probabilities; :mod:`.params`). The round also needs at least ``min_survivors`` clients to send masked
 input (the same fraction of the sampled set), so the server cannot isolate one client's
 input by declaring the others dropped.
 """
@@ -36,21 +42,21 @@ import numpy as np
 from securefkm.exceptions import InputError
 
 from .keys import DOMAIN
+from .params import bell_parameters
 
-GRAPHS = ("complete", "sparse")
+GRAPHS = ("auto", "complete", "sparse")
+#: ``graph="auto"`` keeps the complete graph up to this many sampled clients: at most
+#: ``2 n (n - 1)`` = 19,800 key agreements a round (well under a second of X25519 here),
+#: and no statistical failure probability nor assumed corrupt/dropout fractions
+AUTO_COMPLETE_MAX = 100
 
 
-def default_neighbours(n: int) -> int:
-    """Default degree of the sparse graph: ``6 * log2(n)`` rounded up to an even number.
-
-    Bell et al. 2020 (Sec. 4) show ``k = O(log n)`` suffices; the constant depends on the
-    tolerated corruption and dropout rates and the statistical security parameter (their
-    Table 2). ``6 log2 n`` (60 for n = 1000, 80 for n = 10000) keeps the probability that
-    a client has ``t`` corrupted neighbours (corruption rate 1/3) negligible for these n.
-    Override with ``neighbours=``.
-    """
-    k = math.ceil(6 * math.log2(max(n, 2)))
-    return k + (k % 2)
+def default_neighbours(n: int, **bounds) -> int:
+    """Degree of the sparse graph for ``n`` clients from Bell et al. 2020's bounds
+    (:func:`.params.bell_parameters`; ``bounds`` are its keyword arguments, the layer's
+    defaults otherwise); ``n - 1`` (the complete graph) when no smaller degree meets them."""
+    found = bell_parameters(int(n), **bounds)
+    return n - 1 if found is None else found[0]
 
 
 def resolve_threshold(threshold, m: int, name: str = "threshold") -> int:
@@ -104,7 +110,7 @@ class Graph:
     def build(cls, sampled, kind: str, neighbours: int | None, seed: bytes) -> Graph:
         sampled = tuple(int(c) for c in sampled)
         n = len(sampled)
-        if kind not in GRAPHS:
+        if kind not in ("complete", "sparse"):
             raise InputError(f"graph must be one of {GRAPHS}, got {kind!r}.")
         if kind == "complete":
             return cls(sampled, "complete", n - 1)
@@ -181,15 +187,42 @@ class RoundPlan:
         return max(self.t_share, self.holders_per_client // 2 + 1)
 
 
-def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int) -> RoundPlan:
+def resolve_graph(n: int, kind: str, neighbours, bounds: dict | None = None) -> tuple[str, int | None, int | None]:
+    """``(kind, degree, Bell threshold)`` of a round with ``n`` sampled clients.
+
+    ``"auto"`` resolves to ``"complete"`` for ``n <= AUTO_COMPLETE_MAX`` or when Bell et al.'s
+    bounds admit no degree below ``n - 1``, else to ``"sparse"``. An explicit ``"sparse"``
+    without ``neighbours`` takes Bell's degree and threshold; if there is none, an
+    ``InputError`` says what to relax. The Bell threshold is ``None`` when the layer's
+    default rule applies (complete graph, or an explicit ``neighbours``).
+    """
+    bounds = bounds or {}
+    if kind == "complete" or (kind == "auto" and n <= AUTO_COMPLETE_MAX):
+        return "complete", n - 1, None
+    if neighbours is not None:
+        return "sparse", int(neighbours), None
+    found = bell_parameters(int(n), **bounds)
+    if found is None:
+        if kind == "auto":
+            return "complete", n - 1, None
+        raise InputError(
+            f"graph='sparse': no degree below n - 1 = {n - 1} meets Bell et al.'s bounds for {n} clients with "
+            f"{bounds or 'the default fractions'}; relax corrupt_fraction, dropout_fraction, security_bits or "
+            "correctness_bits, pass neighbours= explicitly, or use graph='auto' (complete graph here)."
+        )
+    return "sparse", found[0], found[1]
+
+
+def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int, bounds: dict | None = None) -> RoundPlan:
     sampled = tuple(sorted(int(c) for c in sampled))
     n = len(sampled)
-    graph = Graph.build(sampled, kind, neighbours, graph_seed(rid, sampled))
+    kind, k, bell_t = resolve_graph(n, kind, neighbours, bounds)
+    graph = Graph.build(sampled, kind, k, graph_seed(rid, sampled))
     m = graph.degree + 1
     if graph.kind == "complete":
         t = resolve_threshold(threshold, m)
         min_surv = t
     else:
-        t = resolve_threshold(threshold, m)
+        t = bell_t if threshold is None and bell_t is not None else resolve_threshold(threshold, m)
         min_surv = max(t, math.ceil(n * t / m - 1e-9))
     return RoundPlan(rid, sampled, graph, t, min_surv, length)

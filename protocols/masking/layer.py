@@ -57,7 +57,8 @@ from securefkm.layers import Aggregator, ClientContext, RoundContext, RunInfo
 from ..codec import FixedPointCodec
 from . import keys
 from .client import MaskingClient
-from .graph import GRAPHS, RoundPlan, check_threshold_arg, make_plan
+from .graph import GRAPHS, RoundPlan, check_threshold_arg, make_plan, resolve_graph
+from .params import CORRECTNESS_BITS, CORRUPT_FRACTION, DROPOUT_FRACTION, SECURITY_BITS, check_rates
 from .prg import CIPHERS
 from .server import MaskingServer
 
@@ -71,13 +72,34 @@ class PairwiseMasking(Aggregator):
     ----------
     threshold:
         Shamir threshold ``t``: an int, or a fraction of the holders of each client's
-        secrets (all sampled clients for ``graph="complete"``, the client and its ``k``
-        neighbours for ``"sparse"``). Default ``floor(2m/3) + 1``. The round needs at least
-        that many survivors (the same fraction of the sampled clients in sparse mode).
+        secrets (all sampled clients for the complete graph, the client and its ``k``
+        neighbours for the sparse one). Default: ``floor(2m/3) + 1`` for the complete graph
+        (and an explicit ``neighbours``), Bell et al.'s ``t`` for the sparse graph. The round
+        needs at least that many survivors (the same fraction of the sampled clients in
+        sparse mode).
     graph:
-        ``"complete"`` (Bonawitz) or ``"sparse"`` (Bell et al.'s k-regular graph).
+        ``"auto"`` (default): the complete graph for at most 100 sampled clients (cheap, and
+        no assumed corrupt or dropout fraction), the sparse graph above that (or the
+        complete graph when no smaller degree meets Bell et al.'s bounds). ``"complete"``
+        (Bonawitz) or ``"sparse"`` (Bell et al.'s k-regular graph) force one.
     neighbours:
-        Degree ``k`` of the sparse graph (default ``6 log2 n``, rounded up to even).
+        Degree ``k`` of the sparse graph (``graph="sparse"`` only). Default: the smallest
+        even ``k`` meeting Bell et al. 2020's bounds (CCS, Sec. 3-5;
+        :func:`protocols.masking.params.bell_parameters`) for the four parameters below,
+        e.g. ``k = 36, t = 19`` for 1,000 clients and ``k = 42, t = 22`` for 10,000 with the
+        defaults (``k = 78, t = 52`` and ``96, 64`` with ``sign_keys=True``).
+    corrupt_fraction:
+        ``gamma``: the fraction of sampled clients that may collude with the server
+        (default 0.05, Bell et al.'s running example). With more, honest inputs may leak.
+    dropout_fraction:
+        ``delta``: the fraction of sampled clients that may drop out (default 0.10). With
+        more, the round may abort (it never releases a wrong sum).
+    security_bits:
+        ``sigma``: the sparse graph is secure except with probability ``2**-sigma``
+        (default 40).
+    correctness_bits:
+        ``eta``: a round with at most ``dropout_fraction`` dropouts completes except with
+        probability ``2**-eta`` (default 20).
     bind_broadcast:
         Bind the pairwise masks to the digest of the broadcast each client received, so
         that a server sending different broadcasts cannot decode (model-inconsistency attack).
@@ -108,13 +130,17 @@ class PairwiseMasking(Aggregator):
     def __init__(
         self,
         threshold=None,
-        graph: str = "complete",
+        graph: str = "auto",
         neighbours: int | None = None,
         bind_broadcast: bool = True,
         sign_keys: bool = False,
         codec: FixedPointCodec | None = None,
         cipher: str = "chacha20",
         *,
+        corrupt_fraction: float = CORRUPT_FRACTION,
+        dropout_fraction: float = DROPOUT_FRACTION,
+        security_bits: float = SECURITY_BITS,
+        correctness_bits: float = CORRECTNESS_BITS,
         allow_plain_set_fields: bool = False,
     ):
         check_threshold_arg(threshold)
@@ -127,6 +153,7 @@ class PairwiseMasking(Aggregator):
                 raise InputError("neighbours only applies to graph='sparse'; drop it or set graph='sparse'.")
         if cipher not in CIPHERS:
             raise InputError(f"cipher must be one of {CIPHERS}, got {cipher!r}.")
+        check_rates(corrupt_fraction, dropout_fraction, security_bits, correctness_bits, bool(sign_keys))
         if codec is None:
             codec = FixedPointCodec()
         if not isinstance(codec, FixedPointCodec):
@@ -139,6 +166,14 @@ class PairwiseMasking(Aggregator):
         self.codec = codec
         self.cipher = cipher
         self.allow_plain_set_fields = bool(allow_plain_set_fields)
+        #: Bell et al.'s parameters (semi-malicious bounds with sign_keys)
+        self.bounds = {
+            "corrupt_fraction": float(corrupt_fraction),
+            "dropout_fraction": float(dropout_fraction),
+            "security_bits": float(security_bits),
+            "correctness_bits": float(correctness_bits),
+            "malicious": self.sign_keys,
+        }
         self.registry = keys.IdentityRegistry() if self.sign_keys else None
         self.stages = self.STAGES_CHECKED if self.sign_keys else self.STAGES
         self._repr_params = {
@@ -149,6 +184,13 @@ class PairwiseMasking(Aggregator):
             "sign_keys": sign_keys,
             "cipher": cipher,
         }
+        defaults = (CORRUPT_FRACTION, DROPOUT_FRACTION, SECURITY_BITS, CORRECTNESS_BITS)
+        for name, value, default in zip(
+            ("corrupt_fraction", "dropout_fraction", "security_bits", "correctness_bits"),
+            (corrupt_fraction, dropout_fraction, security_bits, correctness_bits), defaults,
+        ):
+            if value != default:
+                self._repr_params[name] = value
         if self.allow_plain_set_fields:
             self._repr_params["allow_plain_set_fields"] = True
 
@@ -172,7 +214,9 @@ class PairwiseMasking(Aggregator):
         return sees, trust
 
     def setup(self, info: RunInfo) -> None:
-        if isinstance(self.threshold, (int, np.integer)) and self.graph == "complete":
+        if isinstance(self.threshold, (int, np.integer)) and resolve_graph(
+            info.clients_per_round, self.graph, self.neighbours, self.bounds
+        )[0] == "complete":
             if self.threshold > info.clients_per_round:
                 raise InputError(
                     f"PairwiseMasking threshold={self.threshold} exceeds clients_per_round="
@@ -197,7 +241,7 @@ class PairwiseMasking(Aggregator):
         if cached is not None and cached[0] == key:
             return cached[1]  # in-process simulation: clients of one round share the plan
         try:
-            plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length)
+            plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length, self.bounds)
         except InputError as exc:
             raise RoundAbortedError(str(exc), round=ctx.round, stage="advertise") from None
         self._plan_cache = (key, plan)

@@ -7,6 +7,9 @@ processed in one pass by offsetting their labels (``segment`` ids ``client * k +
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from scipy import sparse
 
@@ -59,17 +62,103 @@ def segment_sums(segments: np.ndarray, X: np.ndarray, n_segments: int, weights: 
     return sums, counts
 
 
-def per_client_cell_sums(datas, C: np.ndarray):
-    """For several clients at once: each client's per-cell coordinate sums (n_clients, k, d)
-    and counts (n_clients, k) w.r.t. the same centres ``C``, in one assignment pass over the
-    concatenated records (segment id = client * k + label)."""
+#: rows per block of the pooled kernel: the (rows, k) distance block stays cache-sized
+#: and no copy of the pooled records is made (peak memory ~ the data + one block)
+CHUNK_ROWS = 16384
+
+
+def _client_pieces(sizes, chunk: int):
+    """Blocks of at most ``chunk`` rows over the clients' records, as lists of
+    ``(client, start, stop)``. A client's rows are cut at multiples of ``chunk`` from *its
+    own* first row, whatever clients come before it, so each client's partial sums are the
+    same floating-point additions whether it is processed alone or with others."""
+    block, rows = [], 0
+    for c, n in enumerate(sizes):
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            if rows + stop - start > chunk and block:
+                yield block
+                block, rows = [], 0
+            block.append((c, start, stop))
+            rows += stop - start
+    if block:
+        yield block
+
+
+def labels_only(X: np.ndarray, C: np.ndarray, C2T: np.ndarray | None = None, cc: np.ndarray | None = None) -> np.ndarray:
+    """Nearest centre of each record, as :func:`assign` (same ties), without the distances."""
+    d = X @ (-2.0 * C.T if C2T is None else C2T)
+    d += np.einsum("ij,ij->i", C, C)[None, :] if cc is None else cc[None, :]
+    return np.argmin(d, axis=1)
+
+
+def _block_sums(datas, block, C, C2T, cc):
+    """Per-(client, cell) sums and counts of one block (clients local to the block)."""
     k = len(C)
-    sizes = np.fromiter((len(X) for X in datas), dtype=np.int64, count=len(datas))
-    X_all = np.concatenate(datas) if len(datas) > 1 else datas[0]
-    labels, _ = assign(X_all, C)
-    segments = np.repeat(np.arange(len(datas)) * k, sizes) + labels
-    sums, counts = segment_sums(segments, X_all, len(datas) * k)
-    return sums.reshape(len(datas), k, -1), counts.reshape(len(datas), k)
+    parts = [datas[c][a:b] for c, a, b in block]
+    Xb = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    labels = labels_only(Xb, C, C2T, cc)
+    first, last = block[0][0], block[-1][0]
+    rows = (last - first + 1) * k
+    seg = np.repeat(np.array([(c - first) * k for c, _, _ in block], dtype=np.int64), [b - a for _, a, b in block])
+    seg += labels
+    m = sparse.csc_matrix(
+        (np.ones(len(Xb)), seg.astype(np.int32), np.arange(len(Xb) + 1, dtype=np.int32)), shape=(rows, len(Xb))
+    )
+    return first * k, m @ Xb, np.bincount(seg, minlength=rows)
+
+
+_BLAS = None
+
+
+def _single_threaded_blas():
+    """A context in which BLAS runs on one thread (the blocks run in parallel instead:
+    small threaded GEMMs spin and stall on a shared machine). The controller is built once."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
+def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threads: int | None = None):
+    """For several clients at once: each client's per-cell coordinate sums (n_clients, k, d)
+    and counts (n_clients, k) w.r.t. the same centres ``C``.
+
+    One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`), computed by
+    ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
+    single-threaded BLAS, as scikit-learn's Lloyd kernel does: per block one distance
+    product and one argmin, and the per-(client, cell) sums as one sparse product whose CSC
+    matrix is built without sorting (each record is one column holding a 1 in row
+    ``local client * k + label``). scipy adds each row's records in record order and the
+    blocks are added in order, so a client's result equals the one it gets alone
+    (``client_updates([X])``) bit for bit. No copy of the pooled records is made.
+    """
+    k, d = C.shape
+    n_clients = len(datas)
+    sums = np.zeros((n_clients * k, d))
+    counts = np.zeros(n_clients * k)
+    C = np.ascontiguousarray(C, dtype=np.float64)
+    C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
+    for lo, s, c in map_blocks(datas, lambda b: _block_sums(datas, b, C, C2T, cc), chunk, n_threads):
+        sums[lo : lo + len(c)] += s
+        counts[lo : lo + len(c)] += c
+    return sums.reshape(n_clients, k, d), counts.reshape(n_clients, k)
+
+
+def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None):
+    """``fn(block)`` for the blocks of :func:`_client_pieces`, in block order, computed by
+    ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
+    single-threaded BLAS. The caller combines the results in the order they come."""
+    blocks = list(_client_pieces([len(X) for X in datas], chunk or CHUNK_ROWS))
+    threads = min(len(blocks), n_threads or os.cpu_count() or 1)
+    with _single_threaded_blas():
+        if threads <= 1:
+            yield from (fn(b) for b in blocks)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                yield from pool.map(fn, blocks)
 
 
 def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):

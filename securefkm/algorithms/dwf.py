@@ -210,15 +210,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             return [self.client_update(X, broadcast, r) for X, r in zip(datas, rngs)]
         C = broadcast.centres
         sums, counts = per_client_cell_sums(datas, C)
+        if self.weighting != "equal":  # each client's message: its own rows (views, no copy)
+            return [Update(sums={"weights": w, "weighted_centres": s}) for w, s in zip(counts, sums)]
         out = []
-        for i in range(len(datas)):
-            if self.weighting == "equal":
-                local = C.copy()
-                nz = counts[i] > 0
-                local[nz] = sums[i][nz] / counts[i][nz, None]
-                out.append(Update(sums={"centres": local}))
-            else:
-                out.append(Update(sums={"weights": counts[i], "weighted_centres": sums[i]}))
+        for w, s in zip(counts, sums):
+            local = C.copy()
+            nz = w > 0
+            local[nz] = s[nz] / w[nz, None]
+            out.append(Update(sums={"centres": local}))
         return out
 
     def describe_server_view(self):

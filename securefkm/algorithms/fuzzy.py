@@ -69,8 +69,8 @@ from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
 from . import secure_centres as sc
-from ._fcm import centres_from_sums, check_fuzzifier, fuzzy_memberships, local_fcm, weighted_sums
-from ._kmeans import weighted_kmeans
+from ._fcm import centres_from_sums, check_fuzzifier, fuzzy_memberships, local_fcm
+from ._kmeans import map_blocks, weighted_kmeans
 from .base import Algorithm, AlgorithmState
 
 AVERAGING = ("kmeans", "fedavg")
@@ -354,32 +354,49 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             if params.get("centre_weights") == "membership":
                 items["sizes"] = U.sum(axis=0)
             return Update(items=items)
-        if action == "train.fedavg":
-            U = fuzzy_memberships(X, C, params["m"])
-            sums, weights = weighted_sums(X, U, params["m"])
-            return Update(sums={"weighted_sums": sums, "weights": weights})
+        if action == "train.fedavg":  # the same blocked kernel as many clients at once
+            return self.client_updates([X], broadcast, [rng], [memory])[0]
         if action == "validity":
             return Update(sums=fedfuzzdb_terms(X, C, params["m"], params["q"]))
         raise InputError(f"federated fuzzy c-means client got unknown action {action!r}")
 
     def client_updates(self, datas, broadcast, rngs, memories=None):
-        """Federated-averaging rounds for many clients in one membership pass."""
-        if broadcast.action != "train.fedavg" or len(datas) == 1:
+        """Federated-averaging rounds for many clients in one blocked membership pass
+        (:func:`._kmeans.map_blocks`: threads over client-aligned blocks, no copy of the
+        pooled records); each client's sums equal the ones it computes alone bit for bit."""
+        if broadcast.action != "train.fedavg":
             memories = memories or [None] * len(datas)
             return [
                 self.client_update(X, broadcast, r, mem) for X, r, mem in zip(datas, rngs, memories)
             ]
         m = broadcast.params["m"]
-        X_all = np.concatenate(datas)
-        W = fuzzy_memberships(X_all, broadcast.centres, m)
-        if m != 1.0:
-            W **= m
-        bounds = np.cumsum([0] + [len(X) for X in datas])
-        out = []
-        for i in range(len(datas)):
-            Wi, Xi = W[bounds[i] : bounds[i + 1]], datas[i]
-            out.append(Update(sums={"weighted_sums": Wi.T @ Xi, "weights": Wi.sum(axis=0)}))
-        return out
+        C = np.asarray(broadcast.centres, dtype=np.float64)
+        k, d = C.shape
+
+        def block_sums(block):
+            parts = [datas[c][a:b] for c, a, b in block]
+            Xb = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            W = fuzzy_memberships(Xb, C, m)
+            if m != 1.0:
+                W **= m
+            out, off = [], 0
+            for c, a, b in block:
+                Wi, Xi = W[off : off + b - a], Xb[off : off + b - a]
+                off += b - a
+                out.append((c, Wi.T @ Xi, Wi.sum(axis=0)))
+            return out
+
+        sums: list = [None] * len(datas)
+        weights: list = [None] * len(datas)
+        for part in map_blocks(datas, block_sums):
+            for c, s, w in part:  # a client cut into pieces: its pieces added in order
+                sums[c] = s if sums[c] is None else sums[c] + s
+                weights[c] = w if weights[c] is None else weights[c] + w
+        return [
+            Update(sums={"weighted_sums": np.zeros((k, d)) if s is None else s,
+                         "weights": np.zeros(k) if w is None else w})
+            for s, w in zip(sums, weights)
+        ]
 
     def describe_server_view(self):
         if self.secure_mode:

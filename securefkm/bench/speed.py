@@ -1,87 +1,313 @@
-"""``securefkm bench speed``: the cost of one in-process DWF round against scikit-learn.
+"""``securefkm bench speed``: the cost of in-process rounds against scikit-learn, and of the
+real-crypto masked round against the plain round and against its own cryptography.
 
-Measured side by side in one run, on the same pooled data (the DWF paper's 5-blob set,
-10,100 records, k=5, and a wider set), the time of one DWF training round with 100
-clients (full participation, one local step, no protection: sampling, every client's
-update, plain aggregation, the transcript) divided by one scikit-learn Lloyd iteration on
-the pooled records. Two scikit-learn baselines are printed: its Cython Lloyd kernel alone
-(``lloyd_iter_chunked_dense``, the fairest "one iteration"), and ``KMeans(max_iter=1).fit``
-(what a user calls). Target: at most 2 against the kernel.
+Every figure is a ratio of two timings taken side by side in this one run (A and B
+alternated, medians), with the same thread count: absolute times on a shared machine are
+noise, ratios are not. Three tables:
+
+1. *Rounds vs scikit-learn's Lloyd kernel* (``lloyd_iter_chunked_dense``, the fairest "one
+   iteration"; ``KMeans(max_iter=1).fit`` beside it for the DWF round): one training round
+   (sampling, every client's update -- vectorised across clients by
+   :func:`securefkm.algorithms._kmeans.per_client_cell_sums` --, plain aggregation, the full
+   transcript) of DWF, mini-batch and federated fuzzy c-means (fedavg) on the pooled data
+   split over 100 or 10,000 clients. Targets (issue 14): DWF <= 1.5 at 100k x 16 (k=20) and
+   1M x 32 (k=50) with 100 clients, <= 2.5 at 1M x 32 with 10,000 clients; the round's peak
+   memory (tracemalloc, on top of the clients' data) at most the pooled data's size, i.e.
+   data + round <= 2x the data.
+2. *Masked round (real crypto) vs plain round*: one DWF round with the default
+   ``PairwiseMasking()`` (``graph="auto"``: the SecAgg+ graph of Bell et al. for 1,000
+   clients) / the same round unprotected. Target <= 300.
+3. *Masked round vs its cryptography*: the round's wall time / (its X25519 key
+   generations, key agreements and HKDF derivations, counted in a separate identical round,
+   times their unit costs measured in this run). Target <= 1.5 ("nothing but the
+   cryptography costs"). A 10,000-client masked round runs in a fresh process that reports
+   its peak RSS (target: within 4 GB).
 """
 
 from __future__ import annotations
 
+import os
+import statistics
 import time
+import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from sklearn.cluster import KMeans
 
 from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from ..algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
+from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
 from ..federation import Federation
 
-
-def _sklearn_kernel_time(X, C, repeats):
-    from sklearn.cluster._k_means_lloyd import lloyd_iter_chunked_dense  # private, timing only
-    from sklearn.utils._openmp_helpers import _openmp_effective_n_threads
-
-    w = np.ones(len(X))
-    new, wic = np.zeros_like(C), np.zeros(len(C))
-    labels, shift = np.full(len(X), -1, dtype=np.int32), np.zeros(len(C))
-    n_threads = _openmp_effective_n_threads()
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        lloyd_iter_chunked_dense(X, w, C, new, wic, labels, shift, n_threads, update_centers=True)
-        best = min(best, time.perf_counter() - t)
-    return best
+ALGORITHMS = {
+    "DWF": lambda k, C: WeightedFederatedKMeansAlgorithm(k, init=C, tol=0.0),
+    "mini-batch": lambda k, C: MiniBatchFederatedKMeansAlgorithm(k, init=C, tol=0.0),
+    "fuzzy fedavg": lambda k, C: FederatedFuzzyCMeansAlgorithm(k, init=C, averaging="fedavg", validity_round=False),
+}
 
 
-def _round_time(clients, C, repeats):
-    algo = WeightedFederatedKMeansAlgorithm(len(C), init=C, tol=0.0)
-    fed = Federation(algo, clients, max_rounds=repeats + 1, random_state=0, record="full")
-    state = algo.init(len(clients), C.shape[1], np.random.default_rng(0))
-    best = np.inf
-    for r in range(repeats):
-        t = time.perf_counter()
-        state = fed.run_round(state, round=r)
-        best = min(best, time.perf_counter() - t)
-        state.centres = C  # keep the work per round identical
-    return best
+class _SklearnKernel:
+    def __init__(self, X, C):
+        from sklearn.cluster._k_means_lloyd import lloyd_iter_chunked_dense  # private, timing only
+        from sklearn.utils._openmp_helpers import _openmp_effective_n_threads
+
+        self.fn, self.X, self.C = lloyd_iter_chunked_dense, X, C
+        self.w = np.ones(len(X))
+        self.new, self.wic = np.zeros_like(C), np.zeros(len(C))
+        self.labels, self.shift = np.full(len(X), -1, dtype=np.int32), np.zeros(len(C))
+        self.n_threads = _openmp_effective_n_threads()
+
+    def __call__(self):
+        self.fn(self.X, self.w, self.C, self.new, self.wic, self.labels, self.shift, self.n_threads, update_centers=True)
 
 
-def measure(X, k, n_clients=100, repeats=50, seed=0):
-    rng = np.random.default_rng(seed)
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    clients = np.array_split(X[rng.permutation(len(X))], n_clients)
-    C = X[rng.choice(len(X), k, replace=False)].copy()
-    t_round = _round_time(clients, C, repeats)
-    t_kernel = _sklearn_kernel_time(X, C, repeats)
-    t_fit = min(
-        _timed(lambda: KMeans(k, init=C, n_init=1, max_iter=1, algorithm="lloyd").fit(X)) for _ in range(max(3, repeats // 5))
-    )
-    return t_round, t_kernel, t_fit
+class _Round:
+    """One training round of ``algorithm`` on ``clients`` from fixed centres, repeatable."""
+
+    def __init__(self, name, clients, C, protection=None):
+        self.algo = ALGORITHMS[name](len(C), C)
+        self.C = C
+        self.fed = Federation(self.algo, clients, max_rounds=10**6, random_state=0, record="full", protection=protection or [])
+        self.state = self.algo.init(len(clients), C.shape[1], np.random.default_rng(0))
+        self.r = 0
+
+    def __call__(self):
+        self.state.centres = self.C  # the same work every round
+        self.fed.run_round(self.state, round=self.r)
+        self.r += 1
 
 
-def _timed(fn):
+def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
-def run(repeats: int = 50, out=print):
+def side_by_side(fns: dict, repeats: int) -> dict:
+    """Median time of each callable, calls alternated (one warm-up each)."""
+    for f in fns.values():
+        f()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            times[k].append(_timed(f))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def traced_peak(fn) -> int:
+    """Peak bytes allocated (tracemalloc) while ``fn`` runs, above what existed before."""
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    fn()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return peak
+
+
+def _split(X, k, n_clients, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    order = rng.permutation(len(X))
+    clients = [X[idx] for idx in np.array_split(order, n_clients)]
+    C = X[rng.choice(len(X), k, replace=False)].copy()
+    return np.concatenate(clients), clients, C
+
+
+def measure(X, k, n_clients=100, repeats=10, seed=0, algorithms=("DWF",), with_fit=False):
+    """Median round time per algorithm and of the scikit-learn kernel (and fit), alternated."""
+    pooled, clients, C = _split(X, k, n_clients, seed)
+    fns = {"kernel": _SklearnKernel(pooled, C)}
+    for a in algorithms:
+        fns[a] = _Round(a, clients, C)
+    if with_fit:
+        fns["fit"] = lambda: KMeans(k, init=C, n_init=1, max_iter=1, algorithm="lloyd").fit(pooled)
+    out = side_by_side(fns, repeats)
+    out["peak"] = {a: traced_peak(_Round(a, clients, C)) for a in algorithms}
+    out["data_bytes"] = pooled.nbytes
+    return out
+
+
+# ------------------------------------------------------------------ masked rounds
+def _unit_costs(repeats: int = 7) -> dict:
+    """Median wall and CPU seconds of one X25519 key generation, agreement and HKDF."""
+    from protocols.masking import keys
+
+    sk = keys.load_x25519(keys.x25519_keypair()[0])
+    pk = keys.x25519_keypair()[1]
+    ops = {
+        "keygen": keys.x25519_keypair,
+        "agree": lambda: keys.x25519_agree(sk, pk),
+        "hkdf": lambda: keys.hkdf(b"s" * 32, b"info"),
+    }
+    n = 300
+    out = {"wall": {}, "cpu": {}}
+    for name, f in ops.items():
+        wall, cpu = [], []
+        for _ in range(repeats):
+            t, c = time.perf_counter(), time.process_time()
+            for _ in range(n):
+                f()
+            wall.append((time.perf_counter() - t) / n)
+            cpu.append((time.process_time() - c) / n)
+        out["wall"][name], out["cpu"][name] = statistics.median(wall), statistics.median(cpu)
+    return out
+
+
+def _cost(counts, units) -> float:
+    return sum(counts[k] * units[k] for k in counts)
+
+
+def _count_crypto(fn) -> dict:
+    """How many key generations, agreements and HKDFs ``fn`` performs."""
+    from protocols.masking import keys
+
+    counts = {"keygen": 0, "agree": 0, "hkdf": 0}
+    originals = {"keygen": keys.x25519_keypair, "agree": keys.x25519_agree, "hkdf": keys.hkdf}
+    attrs = {"keygen": "x25519_keypair", "agree": "x25519_agree", "hkdf": "hkdf"}
+
+    def counting(name):
+        orig = originals[name]
+
+        def wrapper(*a, **kw):
+            counts[name] += 1
+            return orig(*a, **kw)
+
+        return wrapper
+
+    try:
+        for name, attr in attrs.items():
+            setattr(keys, attr, counting(name))
+        fn()
+    finally:
+        for name, attr in attrs.items():
+            setattr(keys, attr, originals[name])
+    return counts
+
+
+def _masked_setup(n_clients, seed=0):
+    from protocols.masking import PairwiseMasking
+
+    X = np.random.default_rng(seed).normal(size=(100 * n_clients, 2))
+    _, clients, C = _split(X, 5, n_clients, seed)
+    plain = _Round("DWF", clients, C)
+    masked = _Round("DWF", clients, C, protection=[PairwiseMasking()])
+    return plain, masked
+
+
+def masked_round(n_clients=1000, repeats=3) -> dict:
+    """Masked / plain DWF round and masked round / its cryptography, side by side.
+
+    Wall and CPU time (``process_time``) both: on a shared machine the CPU-time ratio is the
+    robust one (the round is single-threaded, so on an idle machine the two agree)."""
+    plain, masked = _masked_setup(n_clients)
+    counts = _count_crypto(masked)  # also the warm-up
+    plain()
+    wall = {"plain": [], "masked": []}
+    cpu = {"plain": [], "masked": []}
+    units = [_unit_costs()]
+    for _ in range(repeats):
+        for name, f in (("plain", plain), ("masked", masked)):
+            t, c = time.perf_counter(), time.process_time()
+            f()
+            wall[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
+        units.append(_unit_costs(3))  # interleaved: the machine's load drifts
+    unit = {kind: {k: statistics.median(u[kind][k] for u in units) for k in counts} for kind in ("wall", "cpu")}
+    med = statistics.median
+    return {"n": n_clients, "plain": med(wall["plain"]), "masked": med(wall["masked"]),
+            "plain_cpu": med(cpu["plain"]), "masked_cpu": med(cpu["masked"]), "counts": counts,
+            "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"])}
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set (bytes): ``VmHWM`` of its own address space.
+    (``getrusage``'s ``ru_maxrss`` survives ``exec`` on Linux, so a spawned child would
+    report its parent's peak.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _big_masked_round(n_clients: int) -> dict:
+    plain, masked = _masked_setup(n_clients)
+    units = _unit_costs(3)
+    # one round only (minutes): timed while counting; a counter costs < 1% of an agreement
+    t, c = time.perf_counter(), time.process_time()
+    counts = _count_crypto(masked)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    units2 = _unit_costs(3)
+    unit = {kind: {k: (units[kind][k] + units2[kind][k]) / 2 for k in counts} for kind in ("wall", "cpu")}
+    t, c = time.perf_counter(), time.process_time()
+    plain()
+    p_wall, p_cpu = time.perf_counter() - t, time.process_time() - c
+    rss = _peak_rss()
+    return {"n": n_clients, "masked": wall, "masked_cpu": cpu, "plain": p_wall, "plain_cpu": p_cpu, "counts": counts,
+            "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"]), "peak_rss": rss}
+
+
+def big_masked_round(n_clients=10_000) -> dict:
+    """One masked round in a fresh process (its peak RSS is the round's alone)."""
+    import multiprocessing
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_big_masked_round, n_clients).result()
+
+
+def _degree(n):
+    from protocols.masking.graph import resolve_graph
+
+    return resolve_graph(n, "auto", None)[1]
+
+
+def run(repeats: int = 10, out=print, big_masked: bool = True):
     from ..datasets import load_dataset
 
+    out(f"securefkm bench speed: medians of {repeats} alternated repeats, {os.cpu_count()} CPUs, same threads "
+        "for both sides (scikit-learn's OpenMP threads; ours: one thread per block of records)\n")
+    rng = np.random.default_rng(1)
     blobs = load_dataset("dwf-blobs", split="iid", n_clients=100, random_state=0).pooled()
-    wide = np.random.default_rng(1).normal(size=(100_000, 16))
-    out("One in-process DWF round (100 clients, full participation, plain sums, transcript on)")
-    out("divided by one scikit-learn Lloyd iteration on the pooled data; best of "
-        f"{repeats} repeats each, measured side by side.\n")
-    out("| data | n x d, k | DWF round (ms) | sklearn kernel (ms) | ratio | KMeans(max_iter=1).fit (ms) | ratio |")
-    out("|---|---|---:|---:|---:|---:|---:|")
     rows = []
-    for name, X, k in (("DWF 5-blob set", blobs, 5), ("Gaussian 100k x 16", wide, 20)):
-        t_round, t_kernel, t_fit = measure(X, k, repeats=repeats)
-        rows.append((name, t_round / t_kernel, t_round / t_fit))
-        out(f"| {name} | {X.shape[0]} x {X.shape[1]}, {k} | {t_round * 1e3:.3f} | {t_kernel * 1e3:.3f} | "
-            f"{t_round / t_kernel:.2f} | {t_fit * 1e3:.3f} | {t_round / t_fit:.2f} |")
+    out("[1] one round / one scikit-learn Lloyd iteration (lloyd_iter_chunked_dense) on the pooled data")
+    out("| data | n x d, k | clients | round | round (ms) | sklearn kernel (ms) | ratio | target | round peak / data |")
+    out("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    configs = [
+        ("DWF 5-blob set", lambda: blobs, 5, 100, ("DWF", "mini-batch", "fuzzy fedavg"), None),
+        ("Gaussian", lambda: rng.normal(size=(100_000, 16)), 20, 100, ("DWF", "mini-batch", "fuzzy fedavg"), 1.5),
+        ("Gaussian", lambda: rng.normal(size=(1_000_000, 32)), 50, 100, ("DWF", "mini-batch"), 1.5),
+        ("Gaussian", None, 50, 10_000, ("DWF", "mini-batch"), 2.5),
+    ]
+    X = None
+    for name, make, k, n_clients, algos, target in configs:
+        X = make() if make is not None else X  # the last row reuses the 1M x 32 data
+        m = measure(X, k, n_clients, repeats=max(3, repeats if len(X) <= 100_000 else repeats // 2), algorithms=algos)
+        for a in algos:
+            ratio = m[a] / m["kernel"]
+            tgt = f"<= {target}" if (target is not None and a == "DWF") else ""
+            rows.append({"table": "rounds", "data": name, "n": len(X), "d": X.shape[1], "k": k, "clients": n_clients,
+                         "algorithm": a, "ratio": ratio, "peak_ratio": m["peak"][a] / m["data_bytes"]})
+            out(f"| {name} | {X.shape[0]} x {X.shape[1]}, {k} | {n_clients} | {a} | {m[a] * 1e3:.1f} | "
+                f"{m['kernel'] * 1e3:.1f} | {ratio:.2f} | {tgt} | {m['peak'][a] / m['data_bytes']:.2f} |")
+    del X
+
+    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519/HKDF/ChaCha20, graph='auto'), 100 records "
+        "x 2 features per client, no dropouts")
+    out("| clients | graph degree | time | plain (ms) | masked (s) | masked / plain | target | keygen+agree+HKDF | "
+        "their cost (s) | masked / crypto | target | peak RSS (MB) |")
+    out("|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    sizes = [1000] + ([10_000] if big_masked else [])
+    for n in sizes:
+        r = masked_round(n, repeats=3) if n <= 1000 else big_masked_round(n)
+        c = r["counts"]
+        rows.append({"table": "masked", **r})
+        rss = f"{r['peak_rss'] / 2**20:.0f}" if "peak_rss" in r else ""
+        for kind, sfx in (("wall", ""), ("CPU", "_cpu")):
+            plain, masked, crypto = r["plain" + sfx], r["masked" + sfx], r["crypto_" + ("cpu" if sfx else "s")]
+            out(f"| {n} | {_degree(n)} | {kind} | {plain * 1e3:.1f} | {masked:.2f} | {masked / plain:.0f} | "
+                f"{'<= 300' if n == 1000 else ''} | {c['keygen']}+{c['agree']}+{c['hkdf']} | {crypto:.2f} | "
+                f"{masked / crypto:.2f} | <= 1.5 | {rss} |")
     return rows

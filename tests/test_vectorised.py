@@ -1,0 +1,101 @@
+"""Vectorised rounds: every simulated client's update computed in one pooled pass equals,
+bit for bit, the update it computes alone; the round's transcript is unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from securefkm.algorithms import _kmeans
+from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from securefkm.algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
+from securefkm.algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
+from securefkm.federation import Federation
+
+
+def _clients(seed=0, d=5):
+    rng = np.random.default_rng(seed)
+    # uneven sizes: empty-ish, tiny, and clients larger than a (shrunk) block
+    sizes = [1, 3, 700, 40, 0, 1500, 2, 333, 90, 1200]
+    return [rng.normal(size=(n, d)) * rng.uniform(0.1, 10) + rng.normal(size=d) for n in sizes]
+
+
+def _broadcast(algo, datas, k, seed=1):
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate(datas)
+    algo.init_ = pooled[rng.choice(len(pooled), k, replace=False)].copy()
+    state = algo.init(len(datas), pooled.shape[1], np.random.default_rng(0))
+    return algo.configure(state, 0)
+
+
+ALGOS = [
+    ("dwf", lambda k: WeightedFederatedKMeansAlgorithm(k)),
+    ("ewf", lambda k: WeightedFederatedKMeansAlgorithm(k, weighting="equal")),
+    ("minibatch", lambda k: MiniBatchFederatedKMeansAlgorithm(k)),
+    ("minibatch-rate", lambda k: MiniBatchFederatedKMeansAlgorithm(k, client_rate=0.5)),
+    ("fuzzy-fedavg", lambda k: FederatedFuzzyCMeansAlgorithm(k, averaging="fedavg")),
+]
+
+
+@pytest.mark.parametrize("name, make", ALGOS)
+@pytest.mark.parametrize("k", [3, 12])
+def test_batched_equals_per_client_loop_exactly(name, make, k, monkeypatch):
+    monkeypatch.setattr(_kmeans, "CHUNK_ROWS", 512)  # several blocks, clients split across blocks
+    datas = [X for X in _clients() if len(X)]
+    algo = make(k)
+    bc = _broadcast(algo, datas, k)
+    batched = algo.client_updates(datas, bc, [None] * len(datas), [{} for _ in datas])
+    alone = [algo.client_update(X, bc, None, {}) for X in datas]
+    assert len(batched) == len(alone) == len(datas)
+    for b, a in zip(batched, alone):
+        assert b.sums.keys() == a.sums.keys() and b.sums
+        for key in a.sums:
+            assert np.array_equal(b.sums[key], a.sums[key]), (name, key)
+
+
+def test_cell_sums_match_definition_and_thread_count():
+    datas = _clients(3, d=12)
+    C = np.random.default_rng(4).normal(size=(7, 12))
+    one, cnt1 = _kmeans.per_client_cell_sums(datas, C, chunk=256, n_threads=1)
+    two, cnt2 = _kmeans.per_client_cell_sums(datas, C, chunk=256, n_threads=2)
+    assert np.array_equal(one, two) and np.array_equal(cnt1, cnt2)
+    for i, X in enumerate(datas):
+        labels, _ = _kmeans.assign(X, C) if len(X) else (np.zeros(0, dtype=int), None)
+        assert np.array_equal(cnt1[i], np.bincount(labels, minlength=7))
+        for j in range(7):
+            np.testing.assert_allclose(one[i, j], X[labels == j].sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
+def test_blocks_cut_each_client_from_its_own_first_row():
+    blocks = list(_kmeans._client_pieces([5, 12, 3, 0, 9], 4))
+    pieces = [p for b in blocks for p in b]
+    assert pieces == [(0, 0, 4), (0, 4, 5), (1, 0, 4), (1, 4, 8), (1, 8, 12), (2, 0, 3),
+                      (4, 0, 4), (4, 4, 8), (4, 8, 9)]
+    assert all(sum(b - a for _, a, b in blk) <= 4 for blk in blocks)
+
+
+@pytest.mark.parametrize("name, make", ALGOS[:3])
+def test_federation_transcript_identical_batched_or_not(name, make, monkeypatch):
+    datas = [X for X in _clients(7) if len(X)]
+
+    def fit(batched):
+        algo = make(4)
+        _broadcast(algo, datas, 4)
+        if not batched:  # one client per call: the per-client loop
+            one = type(algo).client_updates
+            algo.client_updates = lambda ds, bc, rs, ms: [one(algo, [X], bc, [r], [m])[0] for X, r, m in zip(ds, rs, ms)]
+        fed = Federation(algo, datas, max_rounds=4, random_state=0, record="full")
+        return fed.run(), fed.transcript
+
+    (sa, ta), (sb, tb) = fit(True), fit(False)
+    assert np.array_equal(sa.centres, sb.centres)
+    assert len(ta) == len(tb) == 4
+    for x, y in zip(ta, tb):
+        assert x.contributors == y.contributors and x.aggregate.keys() == y.aggregate.keys()
+        for key in x.aggregate:
+            assert np.array_equal(x.aggregate[key], y.aggregate[key])
+        for sx, sy in zip(x.stages, y.stages):
+            assert sx.received.keys() == sy.received.keys()
+            for c in sx.received:
+                for key, v in sx.received[c].items():
+                    assert np.array_equal(v, sy.received[c][key])
