@@ -48,6 +48,7 @@ from typing import Any
 from joblib.externals.loky import ProcessPoolExecutor
 
 from ..exceptions import InputError
+from ..layers import ClientContext
 from .client import ClientRuntime, serve
 from .runtime import SimulatedTransport
 
@@ -95,7 +96,8 @@ def import_ray():
 
 # ---------------------------------------------------------------- the worker side
 class Shard:
-    """A worker's clients: built once from (ids, arrays, algorithm, layers, aggregator, info).
+    """A worker's clients: built once from their ids, records and provisioned states and the
+    fit's (algorithm, layers, aggregator, info).
 
     The layers and aggregator are the driver's objects after ``setup`` (copied once into
     the worker, as a Flower client rebuilds them from the run spec); each client's own
@@ -103,9 +105,10 @@ class Shard:
     """
 
     def __init__(self, payload: bytes):
-        ids, arrays, algorithm, layers, aggregator, info = pickle.loads(payload)
+        ids, arrays, states, algorithm, layers, aggregator, info = pickle.loads(payload)
         self.clients = {
-            i: ClientRuntime(i, X, algorithm, layers, aggregator, info) for i, X in zip(ids, arrays)
+            i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st)
+            for i, X, st in zip(ids, arrays, states)
         }
 
     def exchange(self, stage: str, messages: dict[int, Any]):
@@ -300,9 +303,10 @@ class WorkerTransport(SimulatedTransport):
         bounds = [round(w * self.n_clients / n) for w in range(n + 1)]
         self.shards = [range(bounds[w], bounds[w + 1]) for w in range(n)]
         self.owner = {c: w for w, shard in enumerate(self.shards) for c in shard}
+        states = [self._provision(c, len(X), layers) for c, X in enumerate(clients)]
         payloads = [
-            pickle.dumps((list(s), [clients[c] for c in s], algorithm, layers, aggregator, info),
-                         protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dumps((list(s), [clients[c] for c in s], [states[c] for c in s], algorithm, layers, aggregator,
+                          info), protocol=pickle.HIGHEST_PROTOCOL)
             for s in self.shards
         ]
         self.lost: dict[int, str] = {}  # worker -> why
@@ -321,6 +325,14 @@ class WorkerTransport(SimulatedTransport):
             if isinstance(pid, _Lost):
                 self.close()
                 raise RuntimeError(f"worker {w} of backend={backend!r} did not start: {pid.why}")
+
+    @staticmethod
+    def _provision(client: int, n_records: int, layers) -> dict:
+        """The client's initial state after the layers' out-of-band provisioning."""
+        context = ClientContext(client_id=client, n_records=n_records)
+        for layer in layers:
+            layer.provision_client(context)
+        return context.state
 
     @property
     def n_workers(self) -> int:
