@@ -119,6 +119,11 @@ class Layer:
     def setup(self, info: RunInfo) -> None:
         """Called once at the start of a fit."""
 
+    def provision_client(self, client: ClientContext) -> None:
+        """Out-of-band setup of one client, after :meth:`setup`, for clients that run outside
+        this process (worker backends): e.g. enrolling its identity key with a key authority
+        that lives with the server. In process the layer may do it lazily instead."""
+
     def before_round(self, ctx: RoundContext) -> None:
         """Called on the server before clients are contacted; may raise to refuse the round."""
 

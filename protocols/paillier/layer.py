@@ -287,6 +287,21 @@ class Paillier(Aggregator):
         self._require_setup()
         return _PaillierServer(self, ctx)
 
+    def _enroll(self, client: ClientContext) -> dict:
+        # A fresh identity created on the client; its public half goes to the authority
+        # directly (the in-process stand-in for an authenticated enrollment channel).
+        key = Ed25519PrivateKey.generate()
+        self.authority.enroll(client.client_id, key.public_key().public_bytes_raw())
+        state = {"authority": self.bundle.fingerprint, "signing_key": key.private_bytes_raw()}
+        client.state["paillier"] = state
+        return state
+
+    def provision_client(self, client: ClientContext) -> None:
+        """Enroll the client before it moves to a worker (the authority stays with the server)."""
+        self._require_setup()
+        if self._signing_key is None and "paillier" not in client.state:
+            self._enroll(client)
+
     def client_session(
         self, client: ClientContext, ctx: RoundContext, sums: dict[str, np.ndarray]
     ) -> ClientSession:
@@ -298,12 +313,7 @@ class Paillier(Aggregator):
             state = {"authority": fp, "signing_key": self._signing_key}
             client.state["paillier"] = state
         elif state is None or state.get("authority") != fp:
-            # A fresh identity created on the client; its public half goes to the authority
-            # directly (the in-process stand-in for an authenticated enrollment channel).
-            key = Ed25519PrivateKey.generate()
-            self.authority.enroll(client.client_id, key.public_key().public_bytes_raw())
-            state = {"authority": fp, "signing_key": key.private_bytes_raw()}
-            client.state["paillier"] = state
+            state = self._enroll(client)
         values = self.codec.encode_signed(sums, ctx.specs, self.max_clients_)
         try:
             self.layout.check_values(values)

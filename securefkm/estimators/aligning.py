@@ -63,7 +63,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers
     """
 
     def __init__(
@@ -87,6 +87,8 @@ class AligningFederatedKMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
+        backend="local",
+        n_workers=None,
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size
@@ -106,6 +108,8 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.random_state = random_state
         self.verbose = verbose
         self.crypto = crypto
+        self.backend = backend
+        self.n_workers = n_workers
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

@@ -15,6 +15,10 @@ Fitted attributes: ``cluster_centers_``, ``labels_``, ``inertia_``, ``n_iter_`` 
 rounds of the chosen run), ``transcript_`` (what the server saw), ``protection_report_``
 (per layer, in words, what the server saw and whom the guarantee trusts; ``.summary()``) and
 ``privacy_spent_`` = (epsilon, delta) under differential privacy, ``None`` without it.
+
+``backend="processes"|"ray"`` with ``n_workers`` runs the simulated clients on a pool of
+worker processes or Ray actors instead of in process, with identical results
+(:mod:`securefkm.federation.workers`, docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -105,7 +109,10 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         """
         data = as_federated(X)
         federation, algorithm = self.make_federation(data, server_policy=server_policy, transport=transport)
-        states = [federation.run(r) for r in range(self._n_runs())]
+        try:
+            states = [federation.run(r) for r in range(self._n_runs())]
+        finally:  # workers (backend="processes"/"ray") are shut down on every exit path, Ctrl-C included
+            federation.close()
         best = states[self._select_run(states)] if len(states) > 1 else states[0]
         self._set_fitted(data, algorithm, federation, best)
         return self
@@ -144,6 +151,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             verbose=verbose,
             server_policy=server_policy,
             crypto=getattr(self, "crypto", "real"),
+            backend=getattr(self, "backend", "local"),
+            n_workers=getattr(self, "n_workers", None),
             **self._transport_kwargs(transport, data),
         )
         federation.transcript.meta["init_bounds"] = getattr(self, "init_bounds", None)

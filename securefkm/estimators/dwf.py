@@ -46,7 +46,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
         Simulated dropouts (probability per client and round, or a schedule).
-    random_state, verbose, crypto
+    random_state, verbose, crypto, backend, n_workers
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -71,6 +71,8 @@ class WeightedFederatedKMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
+        backend="local",
+        n_workers=None,
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -89,6 +91,8 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.random_state = random_state
         self.verbose = verbose
         self.crypto = crypto
+        self.backend = backend
+        self.n_workers = n_workers
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

@@ -68,7 +68,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         ``oversample * n_clusters`` uniform centres and reduces them to ``n_clusters``.
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto
+    random_state, verbose, crypto, backend, n_workers
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
 
@@ -102,6 +102,8 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
+        backend="local",
+        n_workers=None,
     ):
         self.n_clusters = n_clusters
         self.averaging = averaging
@@ -123,6 +125,8 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         self.random_state = random_state
         self.verbose = verbose
         self.crypto = crypto
+        self.backend = backend
+        self.n_workers = n_workers
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

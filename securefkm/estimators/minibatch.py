@@ -43,7 +43,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     init_bounds : (low, high) or None
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto
+    random_state, verbose, crypto, backend, n_workers
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -69,6 +69,8 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
+        backend="local",
+        n_workers=None,
     ):
         self.n_clusters = n_clusters
         self.clients_per_round = clients_per_round
@@ -88,6 +90,8 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.random_state = random_state
         self.verbose = verbose
         self.crypto = crypto
+        self.backend = backend
+        self.n_workers = n_workers
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(

@@ -31,7 +31,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         k-means runs as rounds of secure sums over privately kept local centres.
     max_rounds : int
         Cap on training rounds (one-shot methods use one).
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers
     """
 
     def __init__(
@@ -57,6 +57,8 @@ class OneShotFederatedKMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
+        backend="local",
+        n_workers=None,
     ):
         self.n_clusters = n_clusters
         self.variant = variant
@@ -78,6 +80,8 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.random_state = random_state
         self.verbose = verbose
         self.crypto = crypto
+        self.backend = backend
+        self.n_workers = n_workers
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

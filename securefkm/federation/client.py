@@ -17,13 +17,14 @@ Nothing here reads another client's data or any server state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..exceptions import InputError
-from ..layers import Aggregator, ClientContext, Layer, RoundContext, RunInfo
+from ..layers import Aggregator, ClientContext, Layer, ProtocolRefusal, RoundContext, RunInfo
 from ..messages import Broadcast, check_sums
 
 UPDATE_STAGE = "update"
@@ -153,8 +154,6 @@ class ClientRuntime:
         """Answer the aggregator's first stage carried in ``request.then`` (if any)."""
         if request.then is None or self.session is None:
             return reply
-        from ..layers import ProtocolRefusal
-
         stage, message = request.then
         try:
             reply.then = self.session.respond(stage, message)
@@ -190,3 +189,34 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
     rngs = [c.rng(request) for c in clients]
     updates = algorithm.client_updates(datas, request.broadcast, rngs, [c.memory for c in clients])
     return [c.finish_update(u, ctx) for c, u in zip(clients, updates)]
+
+
+def serve(
+    clients: Mapping[int, ClientRuntime], stage: str, messages: dict[int, Any]
+) -> tuple[dict[int, Any], dict[int, str]]:
+    """Answer one stage's ``messages`` with in-process ``clients``: (replies, refusals).
+
+    The one client-side loop of every simulation transport (in process, worker processes,
+    Ray actors). ``update`` requests that share the very same broadcast object are served
+    by :func:`batch_update` so the algorithm can vectorise; a :class:`ProtocolRefusal` in
+    a later stage is the client's refusal. Replies come in the order of ``messages``.
+    """
+    replies: dict[int, Any] = {}
+    refused: dict[int, str] = {}
+    if stage == UPDATE_STAGE:
+        groups: dict[int, list[int]] = {}
+        for c, message in messages.items():
+            if message.then is not None:  # fused first stage: per-client answers
+                replies[c] = clients[c].handle(stage, message)
+                continue
+            groups.setdefault(id(message.broadcast), []).append(c)
+        for members in groups.values():
+            outs = batch_update([clients[c] for c in members], messages[members[0]])
+            replies.update(zip(members, outs))
+        return {c: replies[c] for c in messages}, refused
+    for c, message in messages.items():
+        try:
+            replies[c] = clients[c].handle(stage, message)
+        except ProtocolRefusal as exc:
+            refused[c] = str(exc)
+    return replies, refused

@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 
 from .._validation import check_fraction_or_count, check_int
 from ..exceptions import InputError, NoParticipantsError, RoundAbortedError
-from ..layers import Layer, ProtocolRefusal, RoundContext, RunInfo, validate_stack
+from ..layers import Layer, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
 from ..transcript import RECORD_LEVELS, RoundRecord, StageRecord, Transcript
-from .client import UPDATE_STAGE, ClientRuntime, UpdateRequest, batch_update
+from .client import UPDATE_STAGE, ClientRuntime, UpdateRequest, serve
 from .sampling import Dropouts, resolve_sample, sample_clients
 
 log = logging.getLogger("securefkm")
@@ -76,19 +76,28 @@ class Transport:
         """Send ``messages`` and return (replies, refusals); a client missing from both dropped."""
         raise NotImplementedError
 
+    def abort_note(self) -> str:
+        """Why clients were lost beyond the protocol's own dropouts (added to an abort's message)."""
+        return ""
 
-class LocalTransport(Transport):
-    """In-process simulation: clients are :class:`ClientRuntime` objects in this process."""
+    def close(self) -> None:
+        """Release the transport's workers (idempotent)."""
 
-    def __init__(self, clients: Sequence[ClientRuntime], dropouts: Dropouts, rng: np.random.Generator):
-        self.clients = {c.client_id: c for c in clients}
+
+class SimulatedTransport(Transport):
+    """A transport whose clients are simulated: dropouts are decided here, in the driver.
+
+    Every simulation backend (in process, worker processes, Ray actors) draws the round's
+    dropouts from the same generator in the same order, so the backends agree exactly.
+    ``_live`` filters a stage's messages down to the clients that still answer and
+    ``_refused`` removes clients that refused from the rest of the round.
+    """
+
+    def __init__(self, dropouts: Dropouts, rng: np.random.Generator):
         self.dropouts = dropouts
         self.rng = rng
         self._drop_at: dict[int, str] = {}
         self._gone: set[int] = set()
-
-    def client_ids(self):
-        return list(self.clients)
 
     def begin_round(self, ctx, stages):
         self._drop_at = self.dropouts.plan(self.rng, ctx.round, ctx.sampled, stages)
@@ -102,31 +111,28 @@ class LocalTransport(Transport):
             return True
         return False
 
+    def _live(self, stage: str, messages: dict[int, Any]) -> dict[int, Any]:
+        if not (self._drop_at or self._gone):  # no simulated dropouts this round
+            return messages
+        return {c: m for c, m in messages.items() if not self._drops(c, stage)}
+
+    def _refused(self, refused: dict[int, str]) -> None:
+        self._gone.update(refused)
+
+
+class LocalTransport(SimulatedTransport):
+    """In-process simulation: clients are :class:`ClientRuntime` objects in this process."""
+
+    def __init__(self, clients: Sequence[ClientRuntime], dropouts: Dropouts, rng: np.random.Generator):
+        super().__init__(dropouts, rng)
+        self.clients = {c.client_id: c for c in clients}
+
+    def client_ids(self):
+        return list(self.clients)
+
     def exchange(self, stage, messages):
-        if self._drop_at or self._gone:
-            live = [c for c in messages if not self._drops(c, stage)]
-        else:  # no simulated dropouts this round
-            live = list(messages)
-        replies: dict[int, Any] = {}
-        refused: dict[int, str] = {}
-        if stage == UPDATE_STAGE:
-            # Group clients that got the very same broadcast so the algorithm can vectorise.
-            groups: dict[int, list[int]] = {}
-            for c in live:
-                if messages[c].then is not None:  # fused first stage: per-client answers
-                    replies[c] = self.clients[c].handle(stage, messages[c])
-                    continue
-                groups.setdefault(id(messages[c].broadcast), []).append(c)
-            for members in groups.values():
-                outs = batch_update([self.clients[c] for c in members], messages[members[0]])
-                replies.update(zip(members, outs))
-            return replies, refused
-        for c in live:
-            try:
-                replies[c] = self.clients[c].handle(stage, messages[c])
-            except ProtocolRefusal as exc:
-                refused[c] = str(exc)
-                self._gone.add(c)
+        replies, refused = serve(self.clients, stage, self._live(stage, messages))
+        self._refused(refused)
         return replies, refused
 
 
@@ -147,6 +153,11 @@ class Federation:
     runs the fit will make (``n_init``); DP layers size their budget for all of them.
     ``crypto="ideal"`` swaps the stack's secure aggregator for its ideal functionality
     (:meth:`~securefkm.layers.Aggregator.ideal`): same release, same aborts, no cryptography.
+    ``backend`` says where the simulated clients run: ``"local"`` (this process),
+    ``"processes"`` (a pool of ``n_workers`` worker processes) or ``"ray"`` (a pool of Ray
+    actors); each worker holds a shard of clients for the whole fit and the results are
+    identical (:mod:`securefkm.federation.workers`). Call :meth:`close` (or use the
+    Federation as a context manager) to release the workers.
     """
 
     def __init__(
@@ -166,7 +177,14 @@ class Federation:
         transport: Transport | None = None,
         n_features: int | None = None,
         crypto: str = "real",
+        backend: str = "local",
+        n_workers: int | None = None,
     ):
+        from .workers import check_backend
+
+        self.backend, n_workers = check_backend(backend, n_workers)
+        if self.backend != "local" and transport is not None:
+            raise InputError(f"backend={backend!r} runs simulated clients; it cannot be combined with a transport.")
         self.algorithm = algorithm
         self.layers, self.aggregator = validate_stack(protection, algorithm)
         if crypto not in CRYPTO:
@@ -216,7 +234,14 @@ class Federation:
         )
         for layer in self.layers:
             layer.setup(self.info)
-        if transport is None:
+        if transport is None and self.backend != "local":
+            from .workers import WorkerTransport
+
+            transport = WorkerTransport(
+                self.backend, n_workers, clients, algorithm, self.layers, self.aggregator, self.info,
+                Dropouts(dropout_rate), np.random.default_rng(drop_seq),
+            )
+        elif transport is None:
             runtimes = [
                 ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info)
                 for i, X in enumerate(clients)
@@ -377,6 +402,9 @@ class Federation:
                 agg = layer.server_aggregate(agg, ctx)
             new_state = algorithm.aggregate(state, agg)
         except RoundAbortedError as exc:
+            note = self.transport.abort_note()
+            if note:  # e.g. a worker holding clients died: say whom the round lost
+                exc.args = (f"{exc}; {note}",) + exc.args[1:]
             record.aborted = str(exc)
             self.transcript.append(record)
             self.policy.on_abort(record, exc)
@@ -417,6 +445,16 @@ class Federation:
             server.receive(stage, replies)
             alive = tuple(c for c in alive if c in replies)
         return server.result()
+
+    def close(self) -> None:
+        """Shut the transport's workers down (a no-op in process); safe to call twice."""
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def privacy_spent(self) -> tuple[float, float] | None:
         for layer in self.layers:

@@ -1,0 +1,393 @@
+"""Simulated clients on a fixed pool of workers: processes on this machine, or Ray actors.
+
+:class:`WorkerTransport` is a :class:`~securefkm.federation.Transport` beside
+:class:`~securefkm.federation.LocalTransport` and the Flower transport. The clients are
+sharded over ``n_workers`` long-lived workers (contiguous blocks of client ids); each worker
+holds its clients' records, keys and :class:`~securefkm.federation.ClientRuntime` state for
+the whole fit and answers stage messages with the same loop as the in-process transport
+(:func:`~securefkm.federation.client.serve`, so ``update`` requests sharing a broadcast are
+still vectorised inside each worker). Only protocol messages cross between the driver and
+the workers; the server runs in the driver.
+
+Results do not depend on the backend: dropouts are drawn in the driver exactly as
+:class:`LocalTransport` draws them, replies are returned in message order, and a client-side
+exception (e.g. an abort raised while a client builds its masking plan) is re-raised in the
+driver. Measured on 2 cores (notes/ray.md): one worker per simulated client does not scale
+(200 one-client Ray actors took 150 s for 5 trivial rounds), a fixed pool does.
+
+Failures: a worker that dies (or does not answer within ``timeout`` seconds, then it is
+killed) loses its clients for the rest of the fit; they are dropouts, which the protocol
+recovers from or aborts on, and an abort names the lost clients. Workers are shut down by
+:meth:`WorkerTransport.close` (``Federation.close``; estimators call it on every exit path,
+Ctrl-C included) and, as a last resort, when the transport is garbage collected or the
+interpreter exits.
+
+Backends:
+
+* ``"processes"``: one loky ``ProcessPoolExecutor`` (the one joblib ships; a
+  :mod:`concurrent.futures` executor) with a single process per shard, so a shard's state
+  stays in one process.
+* ``"ray"``: one actor per shard, spread over the cluster's nodes. Joins the running Ray
+  instance if ``ray.init`` was already called, the cluster at ``RAY_ADDRESS`` if that is set,
+  and otherwise starts a local instance (shut down again by ``close``). Optional extra:
+  ``pip install -e ".[ray]"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import weakref
+from concurrent.futures import wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from joblib.externals.loky import ProcessPoolExecutor
+
+from ..exceptions import InputError
+from ..layers import ClientContext
+from .client import ClientRuntime, serve
+from .runtime import SimulatedTransport
+
+log = logging.getLogger("securefkm")
+
+BACKENDS = ("local", "processes", "ray")
+#: seconds one exchange may take before its silent workers are declared dead and killed
+DEFAULT_TIMEOUT = 1800.0
+_RAY_HINT = 'pip install -e ".[ray]"  (or: pip install "ray==2.60.0")'
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_backend(backend, n_workers) -> tuple[str, int | None]:
+    """Validate ``backend`` / ``n_workers`` (None: decided when the pool starts)."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise InputError(
+            f"backend must be one of {BACKENDS} (in process, a pool of worker processes, a pool of Ray "
+            f"actors), got {backend!r}."
+        )
+    if n_workers is not None:
+        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+            raise InputError(
+                f"n_workers must be an int >= 1 (the number of workers the clients are sharded over) or None "
+                f"for the CPUs available, got {n_workers!r}."
+            )
+    if backend == "ray":
+        import_ray()
+    return backend, n_workers
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise InputError(f"backend='ray' needs Ray, which is not installed; install it with {_RAY_HINT}.") from None
+    return ray
+
+
+# ---------------------------------------------------------------- the worker side
+class Shard:
+    """A worker's clients: built once from their ids, records and provisioned states and the
+    fit's (algorithm, layers, aggregator, info).
+
+    The layers and aggregator are the driver's objects after ``setup`` (copied once into
+    the worker, as a Flower client rebuilds them from the run spec); each client's own
+    state lives in its :class:`ClientRuntime` here and never leaves the worker.
+    """
+
+    def __init__(self, payload: bytes):
+        ids, arrays, states, algorithm, layers, aggregator, info = pickle.loads(payload)
+        self.clients = {
+            i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st)
+            for i, X, st in zip(ids, arrays, states)
+        }
+
+    def exchange(self, stage: str, messages: dict[int, Any]):
+        """``("ok", (replies, refused))`` or ``("error", exception)`` for the driver to re-raise."""
+        try:
+            return "ok", serve(self.clients, stage, messages)
+        except Exception as exc:  # re-raised in the driver, as LocalTransport would raise it
+            try:
+                pickle.loads(pickle.dumps(exc))
+            except Exception:
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            return "error", exc
+
+    def stats(self) -> dict:
+        """This worker's pid, client count and peak resident memory (MiB)."""
+        try:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
+        except ImportError:  # Windows
+            peak = float("nan")
+        return {"pid": os.getpid(), "clients": len(self.clients), "peak_mib": peak, "node": os.uname().nodename}
+
+
+_SHARD: Shard | None = None  # the shard of this worker process
+
+
+def _ignore_sigint():
+    # Ctrl-C goes to the whole process group: the driver shuts the workers down itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _load(payload: bytes) -> int:
+    global _SHARD
+    _SHARD = Shard(payload)
+    return os.getpid()
+
+
+def _call(method: str, *args):
+    return getattr(_SHARD, method)(*args)
+
+
+# ---------------------------------------------------------------- pools
+class _Lost:
+    """Marker result: the worker died or timed out."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+class ProcessPool:
+    """One single-process executor per shard: a shard's state stays in its process."""
+
+    def __init__(self, payloads: list[bytes], timeout: float):
+        # loky: fresh interpreters that do not re-import the user's __main__ (no
+        # ``if __name__ == "__main__"`` guard needed, unlike spawn/forkserver) and that
+        # report a dead worker as a broken pool instead of hanging
+        self.executors = [ProcessPoolExecutor(max_workers=1, initializer=_ignore_sigint) for _ in payloads]
+        self.pids = self._gather([ex.submit(_load, p) for ex, p in zip(self.executors, payloads)], timeout, "start")
+
+    def _gather(self, futures, timeout, what):
+        done, _ = wait(futures, timeout=timeout)
+        out = []
+        for w, fut in enumerate(futures):
+            if fut not in done:
+                self.kill(w)
+                out.append(_Lost(f"no answer to {what} within {timeout:g} s"))
+                continue
+            try:
+                out.append(fut.result())
+            except BrokenProcessPool:
+                out.append(_Lost("its process died"))
+        return out
+
+    def call(self, calls: dict[int, tuple[str, tuple]], timeout: float) -> dict[int, Any]:
+        workers = list(calls)
+        futures = [self.executors[w].submit(_call, method, *args) for w, (method, args) in calls.items()]
+        return dict(zip(workers, self._gather(futures, timeout, "a stage")))
+
+    def kill(self, w: int) -> None:
+        self.executors[w].shutdown(wait=False, kill_workers=True)
+
+    def close(self) -> None:
+        # the shards' state is not needed any more: kill rather than wait on a busy worker
+        for ex in self.executors:
+            ex.shutdown(wait=True, kill_workers=True)
+        self.executors = []
+
+
+class RayPool:
+    """One Ray actor per shard, spread over the cluster's nodes."""
+
+    def __init__(self, payloads: list[bytes], timeout: float, cpus: float, owned: bool):
+        ray = import_ray()
+        self.ray, self.owned = ray, owned
+        actor = ray.remote(Shard)
+        # never ask for more CPUs than the cluster has: a pool larger than it would wait forever
+        opts = {"num_cpus": min(1.0, cpus / len(payloads)), "scheduling_strategy": "SPREAD", "max_restarts": 0}
+        self.actors = [actor.options(**opts).remote(ray.put(p)) for p in payloads]
+        self.pids = [s.get("pid") if isinstance(s, dict) else s for s in self._gather(
+            {w: a.stats.remote() for w, a in enumerate(self.actors)}, timeout, "start").values()]
+
+    def _gather(self, refs: dict[int, Any], timeout, what):
+        ray = self.ray
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        ready = set(ready)
+        out = {}
+        for w, ref in refs.items():
+            if ref not in ready:
+                self.kill(w)
+                out[w] = _Lost(f"no answer to {what} within {timeout:g} s")
+                continue
+            try:
+                out[w] = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+                out[w] = _Lost(f"its Ray actor died ({type(exc).__name__})")
+        return out
+
+    def call(self, calls: dict[int, tuple[str, tuple]], timeout: float) -> dict[int, Any]:
+        refs = {w: getattr(self.actors[w], method).remote(*args) for w, (method, args) in calls.items()}
+        return self._gather(refs, timeout, "a stage")
+
+    def kill(self, w: int) -> None:
+        try:
+            self.ray.kill(self.actors[w], no_restart=True)
+        except Exception:  # already gone
+            pass
+
+    def close(self) -> None:
+        for w in range(len(self.actors)):
+            self.kill(w)
+        self.actors = []
+        if self.owned and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+def connect_ray(n_workers: int | None) -> tuple[bool, float]:
+    """Join the running Ray instance / ``RAY_ADDRESS`` cluster, or start a local one.
+
+    Returns (whether we started it, the cluster's CPUs).
+    """
+    ray = import_ray()
+    owned = False
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=n_workers or available_cpus(), include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray instance"
+            raise InputError(
+                f"backend='ray' could not connect to {where}: {exc}. Start the cluster (`ray start --head` on "
+                "the head node, `ray start --address=HEAD:6379` on the others), fix RAY_ADDRESS, or unset it to "
+                "start a local Ray instance."
+            ) from exc
+        owned = True
+    return owned, float(ray.cluster_resources().get("CPU", 1.0))
+
+
+# ---------------------------------------------------------------- the transport
+class WorkerTransport(SimulatedTransport):
+    """Simulated clients sharded over a pool of workers (see the module docstring).
+
+    Parameters
+    ----------
+    backend : "processes" or "ray"
+    n_workers : int or None
+        Workers in the pool (None: the CPUs available, or the Ray cluster's CPUs), at most
+        one per client.
+    clients : list of arrays
+        The clients' records; client ``i`` is ``clients[i]``.
+    algorithm, layers, aggregator, info
+        The fit's algorithm and protection stack after ``setup``, and its RunInfo.
+    dropouts, rng
+        Simulated dropouts, drawn in the driver as :class:`LocalTransport` draws them.
+    timeout : float
+        Seconds one exchange may take before a silent worker is declared dead.
+    """
+
+    def __init__(self, backend, n_workers, clients, algorithm, layers, aggregator, info, dropouts, rng,
+                 *, timeout: float = DEFAULT_TIMEOUT):
+        super().__init__(dropouts, rng)
+        self.backend = backend
+        self.timeout = float(timeout)
+        self.n_clients = len(clients)
+        owned, cpus = (False, float(available_cpus()))
+        if backend == "ray":
+            owned, cpus = connect_ray(n_workers)
+        n = min(n_workers or max(1, int(cpus)), self.n_clients)
+        bounds = [round(w * self.n_clients / n) for w in range(n + 1)]
+        self.shards = [range(bounds[w], bounds[w + 1]) for w in range(n)]
+        self.owner = {c: w for w, shard in enumerate(self.shards) for c in shard}
+        states = [self._provision(c, len(X), layers) for c, X in enumerate(clients)]
+        payloads = [
+            pickle.dumps((list(s), [clients[c] for c in s], [states[c] for c in s], algorithm, layers, aggregator,
+                          info), protocol=pickle.HIGHEST_PROTOCOL)
+            for s in self.shards
+        ]
+        self.lost: dict[int, str] = {}  # worker -> why
+        self.pool = None
+        try:
+            if backend == "ray":
+                self.pool = RayPool(payloads, self.timeout, cpus, owned)
+            else:
+                self.pool = ProcessPool(payloads, self.timeout)
+        except BaseException:
+            if owned:
+                import_ray().shutdown()
+            raise
+        self._finalizer = weakref.finalize(self, self.pool.close)
+        for w, pid in enumerate(self.pool.pids):
+            if isinstance(pid, _Lost):
+                self.close()
+                raise RuntimeError(f"worker {w} of backend={backend!r} did not start: {pid.why}")
+
+    @staticmethod
+    def _provision(client: int, n_records: int, layers) -> dict:
+        """The client's initial state after the layers' out-of-band provisioning."""
+        context = ClientContext(client_id=client, n_records=n_records)
+        for layer in layers:
+            layer.provision_client(context)
+        return context.state
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.shards)
+
+    def client_ids(self):
+        return list(range(self.n_clients))
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers (tests kill one to simulate a crash)."""
+        return list(self.pool.pids)
+
+    def worker_stats(self) -> list[dict]:
+        """Per live worker: pid, number of clients, peak resident memory (MiB), node name."""
+        calls = {w: ("stats", ()) for w in range(self.n_workers) if w not in self.lost}
+        return [s for s in self.pool.call(calls, self.timeout).values() if not isinstance(s, _Lost)]
+
+    def lost_clients(self) -> list[int]:
+        return sorted(c for w in self.lost for c in self.shards[w])
+
+    def abort_note(self) -> str:
+        if not self.lost:
+            return ""
+        workers = ", ".join(f"worker {w} ({why})" for w, why in sorted(self.lost.items()))
+        return f"lost clients {self.lost_clients()} with {workers}"
+
+    def exchange(self, stage, messages):
+        live = self._live(stage, messages)
+        calls: dict[int, dict[int, Any]] = {}
+        for c, m in live.items():
+            w = self.owner[c]
+            if w not in self.lost:
+                calls.setdefault(w, {})[c] = m
+        results = self.pool.call({w: ("exchange", (stage, msgs)) for w, msgs in calls.items()}, self.timeout)
+        merged: dict[int, Any] = {}
+        refused: dict[int, str] = {}
+        error = None
+        for w in sorted(results):
+            out = results[w]
+            if isinstance(out, _Lost):
+                self.lost[w] = out.why
+                log.warning("backend=%s: worker %d lost at stage %r (%s); its clients %s drop out for the rest of "
+                            "the fit", self.backend, w, stage, out.why, list(self.shards[w]))
+                continue
+            status, value = out
+            if status == "error":
+                error = error or value  # the first shard's, in client order
+                continue
+            merged.update(value[0])
+            refused.update(value[1])
+        if error is not None:
+            raise error
+        self._refused(refused)
+        return {c: merged[c] for c in messages if c in merged}, refused
+
+    def close(self):
+        if self.pool is not None:
+            self._finalizer()  # runs pool.close once

@@ -1,0 +1,217 @@
+"""backend="processes": the clients on a pool of worker processes give the very same fit.
+
+Ray: tests/test_backends_ray.py. The cases and the comparison: tests/_backend_cases.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+from _backend_cases import CASES, make_clients, outcome, seeded_dp_available
+
+from protocols import PairwiseMasking
+from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.federation import Federation
+from securefkm.federation import workers as workers_mod
+from securefkm.registry import make_estimator
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_processes_equal_local(case):
+    if "dp-seeded" in case and not seeded_dp_available():
+        pytest.skip("GaussianDP(rng='seeded') is not available")
+    local = outcome(case, "local")
+    procs = outcome(case, "processes", n_workers=2)
+    assert (local["error"] is not None) == CASES[case][4], local["error"]
+    for key in ("error", "centres", "released", "privacy", "reports"):
+        assert procs[key] == local[key], (case, key)
+
+
+def test_more_workers_and_uneven_shards_change_nothing():
+    local = outcome("dwf-masking-dropouts", "local")
+    assert outcome("dwf-masking-dropouts", "processes", n_workers=5) == local
+
+
+def test_estimator_fit_and_attributes():
+    clients = make_clients()
+    fits = {b: make_estimator("dwf", n_clusters=3, random_state=3, dropout_rate=0.1, backend=b, n_workers=2).fit(clients)
+            for b in ("local", "processes")}
+    assert fits["processes"].get_params()["backend"] == "processes"
+    assert fits["processes"].cluster_centers_.tobytes() == fits["local"].cluster_centers_.tobytes()
+    assert fits["processes"].n_iter_ == fits["local"].n_iter_
+    assert fits["processes"].inertia_ == fits["local"].inertia_
+
+
+def _federation(clients, protection=(), **kw):
+    algo = WeightedFederatedKMeansAlgorithm(3, init="uniform", init_bounds=(-2.0, 7.0))
+    return Federation(algo, clients, protection=list(protection), random_state=0, max_rounds=6,
+                      backend="processes", **kw)
+
+
+def _dead(pid, within=10.0):
+    """The process is gone (or a zombie) within ``within`` seconds."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and sends POSIX signals")
+
+
+@needs_proc
+def test_killed_worker_between_rounds_drops_its_clients(caplog):
+    """Plain sums recover from dropouts: the fit goes on without the dead worker's clients."""
+    clients = make_clients()
+    with _federation(clients, n_workers=3) as fed:
+        algo = fed.algorithm
+        state = algo.init(fed.n_clients, 2, np.random.default_rng(0))
+        state = fed.run_round(state, round=0)
+        victim = fed.transport.worker_pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        assert _dead(victim)
+        with caplog.at_level(logging.WARNING, logger="securefkm"):
+            state = fed.run_round(state, round=1)
+            state = fed.run_round(state, round=2)
+        lost = list(range(4, 8))
+        assert fed.transport.lost_clients() == lost
+        for record in list(fed.transcript)[1:]:
+            assert set(record.stages[0].dropped) == set(lost) & set(record.sampled)
+            assert not set(record.contributors) & set(lost)
+            assert len(record.contributors) == 8
+        assert "worker 1 lost" in caplog.text and "[4, 5, 6, 7]" in caplog.text
+
+
+@needs_proc
+def test_killed_worker_mid_round_aborts_naming_the_lost_clients():
+    """Half the clients die after sending masked inputs: unmasking cannot reach the
+    threshold, the round aborts, says whom it lost, and nothing is released."""
+    clients = make_clients()
+    with _federation(clients, protection=[PairwiseMasking()], n_workers=2) as fed:
+        transport = fed.transport
+        exchange = transport.exchange
+
+        def killing_exchange(stage, messages):
+            if stage == "unmask":
+                os.kill(transport.worker_pids()[0], signal.SIGKILL)
+            return exchange(stage, messages)
+
+        transport.exchange = killing_exchange
+        state = fed.algorithm.init(fed.n_clients, 2, np.random.default_rng(0))
+        start = time.monotonic()
+        with pytest.raises(RoundAbortedError, match=r"lost clients \[0, 1, 2, 3, 4, 5\] with worker 0"):
+            fed.run_round(state, round=0)
+        assert time.monotonic() - start < 60
+        record = list(fed.transcript)[-1]
+        assert record.aborted and "lost clients" in record.aborted
+        assert not record.aggregate and not record.contributors and record.centres_after is None
+        assert record.stages[-1].stage == "unmask" and set(record.stages[-1].dropped) == set(range(6))
+
+
+@needs_proc
+def test_silent_worker_times_out_instead_of_hanging():
+    clients = make_clients()
+    with _federation(clients, n_workers=2) as fed:
+        fed.transport.timeout = 3.0
+        stopped = fed.transport.worker_pids()[1]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            state = fed.algorithm.init(fed.n_clients, 2, np.random.default_rng(0))
+            start = time.monotonic()
+            fed.run_round(state, round=0)
+            assert time.monotonic() - start < 30
+            assert fed.transport.lost_clients() == list(range(6, 12))
+            assert "no answer" in fed.transport.abort_note()
+        finally:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@needs_proc
+def test_workers_shut_down_on_keyboard_interrupt(monkeypatch):
+    seen = []
+    exchange = workers_mod.WorkerTransport.exchange
+
+    def interrupted(self, stage, messages):
+        seen.append(self)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return exchange(self, stage, messages)
+
+    monkeypatch.setattr(workers_mod.WorkerTransport, "exchange", interrupted)
+    est = make_estimator("dwf", n_clusters=3, random_state=0, backend="processes", n_workers=2)
+    with pytest.raises(KeyboardInterrupt):
+        est.fit(make_clients())
+    pids = seen[0].worker_pids()
+    assert len(pids) == 2 and all(_dead(p) for p in pids)
+
+
+@needs_proc
+def test_workers_shut_down_after_a_fit_and_on_errors():
+    fed = _federation(make_clients(), protection=[PairwiseMasking()], n_workers=2,
+                      dropout_rate={0: {"unmask": list(range(8))}})
+    pids = fed.transport.worker_pids()
+    with fed, pytest.raises(RoundAbortedError):
+        fed.run(0)
+    assert all(_dead(p) for p in pids)
+    fed.close()  # idempotent
+
+
+def test_worker_stats_report_memory_per_worker():
+    with _federation(make_clients(), n_workers=2) as fed:
+        stats = fed.transport.worker_stats()
+    assert [s["clients"] for s in stats] == [6, 6]
+    assert all(s["peak_mib"] > 10 for s in stats)
+    assert len({s["pid"] for s in stats}) == 2 and os.getpid() not in {s["pid"] for s in stats}
+
+
+def test_n_workers_capped_by_clients():
+    with _federation(make_clients(3, 30), n_workers=8) as fed:
+        assert fed.transport.n_workers == 3
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"backend": "threads"}, r"backend must be one of \('local', 'processes', 'ray'\)"),
+        ({"backend": "processes", "n_workers": 0}, "n_workers must be an int >= 1"),
+        ({"backend": "processes", "n_workers": 1.5}, "n_workers must be an int >= 1"),
+        ({"backend": "processes", "n_workers": True}, "n_workers must be an int >= 1"),
+    ],
+)
+def test_bad_backend_arguments(kw, match):
+    est = make_estimator("dwf", n_clusters=3, random_state=0, **kw)
+    with pytest.raises(InputError, match=match):
+        est.fit(make_clients())
+
+
+def test_ray_missing_is_refused_with_an_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    est = make_estimator("dwf", n_clusters=3, random_state=0, backend="ray")
+    with pytest.raises(InputError, match=r"needs Ray.*pip install -e \"\.\[ray\]\""):
+        est.fit(make_clients())
+
+
+def test_backend_and_transport_are_exclusive():
+    from securefkm.federation import LocalTransport
+    from securefkm.federation.sampling import Dropouts
+
+    algo = WeightedFederatedKMeansAlgorithm(3, init="uniform", init_bounds=(-2.0, 7.0))
+    with pytest.raises(InputError, match="cannot be combined with a transport"):
+        Federation(algo, None, transport=LocalTransport([], Dropouts(), np.random.default_rng(0)),
+                   n_features=2, backend="processes")
