@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
 __all__ = ["AligningFederatedKMeans", "pooled_ari", "client_weighted_ari"]
@@ -63,7 +64,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, max_aborted_rounds
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
+        max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size
@@ -106,6 +108,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.random_state = random_state
         self.verbose = verbose
         self.crypto = crypto
+        self.max_aborted_rounds = max_aborted_rounds
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"
