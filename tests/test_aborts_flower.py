@@ -67,6 +67,7 @@ def test_fake_grid_round_below_threshold_is_retried(tmp_path, clients, task_iden
     transcript = result["transcript"]
     (a,) = transcript.aborts
     assert (a.round, a.attempt, a.stage, a.cause) == (1, 0, "masked_input", "too_few_survivors")
+    assert result["n_aborted_rounds"] == 1
     assert [(r.round, r.attempt, r.aborted is None) for r in transcript] == [
         (0, 0, True), (1, 0, False), (1, 1, True), (2, 0, True)]  # seeding, train (aborted, retried), train
     ref = in_process(spec, [clients[i] for i in order])
