@@ -154,6 +154,13 @@ class LocalTransport(Transport):
         return replies, refused
 
 
+def _generator_states(state) -> list:
+    """(generator, position) of every numpy Generator the algorithm keeps in its state (a
+    deep copy of the state would do too, at ~10x the cost of a plain round's bookkeeping)."""
+    extra = getattr(state, "extra", None) or {}
+    return [(g, g.bit_generator.state) for g in extra.values() if isinstance(g, np.random.Generator)]
+
+
 def _copy_payload(x):
     if isinstance(x, np.ndarray):
         return x.copy()
@@ -343,20 +350,23 @@ class Federation:
     def _complete_round(self, state, run: int, t: int, aborts: list, bar=None):
         """Run round index ``t`` until an attempt completes; returns (new state, next index).
 
-        An aborted attempt leaves ``state`` as it was (the attempt runs on a copy: an
-        algorithm's ``configure`` may draw from a generator kept in the state), is logged,
+        An aborted attempt leaves ``state`` as it was (algorithms return new states; the one
+        thing ``configure`` mutates is a generator kept in the state, e.g. the seeding
+        draw, whose position is restored), is logged,
         and the same index is retried with ``attempt + 1``. Only if the aborted attempt let
         the server learn something (``released``: the layers charged it) is the index given
         up for the next one, so that no protocol round id that produced a release is reused.
         """
         attempt = 0
         while True:
-            trial = copy.deepcopy(state)
+            generators = _generator_states(state)
             try:
-                return self.run_round(trial, run=run, round=t, attempt=attempt), t + 1
+                return self.run_round(state, run=run, round=t, attempt=attempt), t + 1
             except _FINAL_ABORTS:
                 raise
             except RoundAbortedError as exc:
+                for gen, position in generators:
+                    gen.bit_generator.state = position
                 entry = AbortedRound(run, t, attempt, exc.cause or "too_few_survivors", exc.stage, str(exc),
                                      exc.released)
                 aborts.append(entry)
@@ -382,8 +392,8 @@ class Federation:
                     attempt += 1
 
     def run_round(self, state, *, run: int = 0, round: int = 0, attempt: int = 0):
-        """One round attempt; raises RoundAbortedError on failure (the caller keeps a copy of
-        ``state``: ``configure`` may draw from a generator in it). ``attempt`` > 0 retries
+        """One round attempt; raises RoundAbortedError on failure (the caller restores the
+        generators ``configure`` may have drawn from). ``attempt`` > 0 retries
         round index ``round`` after aborted attempts: a fresh sample from the retry stream and
         fresh protocol round ids (``RoundContext.attempt``)."""
         algorithm = self.algorithm
