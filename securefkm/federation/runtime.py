@@ -351,9 +351,9 @@ class Federation:
         """Run round index ``t`` until an attempt completes; returns (new state, next index).
 
         An aborted attempt leaves ``state`` as it was (algorithms return new states; the one
-        thing ``configure`` mutates is a generator kept in the state, e.g. the seeding
-        draw, whose position is restored), is logged,
-        and the same index is retried with ``attempt + 1``. Only if the aborted attempt let
+        thing ``configure`` mutates is a generator kept in the state, e.g. for the seeding
+        draw, whose position is restored), is logged, and the same index is retried with
+        ``attempt + 1``. Only if the aborted attempt let
         the server learn something (``released``: the layers charged it) is the index given
         up for the next one, so that no protocol round id that produced a release is reused.
         """
@@ -478,7 +478,7 @@ class Federation:
                 agg = layer.server_aggregate(agg, ctx)
             new_state = algorithm.aggregate(state, agg)
         except RoundAbortedError as exc:
-            exc = self._classify_abort(exc, record)
+            exc = self._classify_abort(exc)
             exc.released = self._account_abort(ctx, specs, decoded, replies, exc)
             record.aborted = str(exc)
             record.abort_cause = exc.cause
@@ -497,7 +497,7 @@ class Federation:
         return new_state
 
     @staticmethod
-    def _classify_abort(exc: RoundAbortedError, record: RoundRecord) -> RoundAbortedError:
+    def _classify_abort(exc: RoundAbortedError) -> RoundAbortedError:
         """Set ``exc.cause`` from the error itself: protocol checks that catch the server
         (the masking binding check) raise ServerMisbehaviourError; an abort before any client
         was contacted is a layer's refusal; every other abort is a shortage of survivors
