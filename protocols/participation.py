@@ -1,10 +1,15 @@
 """ParticipationCap: each client takes part in at most ``max_rounds`` rounds of a fit.
 
 What it does: a client keeps, in its own persistent state (``ClientContext.state``, which
-the server never reads), the number of rounds it has answered; once that reaches
-``max_rounds`` its ``client_update`` returns ``None`` and the runtime records the client as
-having declined. Every round the client answers counts, whatever it sends (conservative:
-a round in which the client later drops out still counts).
+the server never reads), the number of rounds in which its input left it; once that
+reaches ``max_rounds`` its ``client_update`` returns ``None`` and the runtime records the
+client as having declined. A round counts when the client answers the aggregator's input
+stage (``Aggregator.input_stage``: the masked vector, the ciphertexts, the plain sums; in a
+round without sum-fields, its update reply). A round that aborts before that point (too few
+clients advertised keys, a layer refused to start it) took nothing of the client's data and
+does not count, so aborted-and-retried rounds do not use up the cap
+(docs/aborted-rounds.md). A round that aborts *after* the client sent its input still counts:
+the client cannot verify that the server learned nothing from it (conservative).
 
 Trust model: enforced by the *client*, so it holds against a server that keeps sampling
 the same client (a curious or malicious server cannot extract more than ``max_rounds``
@@ -44,8 +49,9 @@ class ParticipationCap(Layer):
                 "clients enforce the cap themselves; the server cannot raise it")
 
     def client_update(self, update, client, ctx):
-        done = int(client.state.get(STATE_KEY, 0))
-        if done >= self.max_rounds:
+        if int(client.state.get(STATE_KEY, 0)) >= self.max_rounds:
             return None
-        client.state[STATE_KEY] = done + 1
         return update
+
+    def client_input_sent(self, client, ctx):
+        client.state[STATE_KEY] = int(client.state.get(STATE_KEY, 0)) + 1

@@ -34,12 +34,21 @@ class RoundAbortedError(SecureFKMError, RuntimeError):
 
     The model state is left exactly as it was before the round and nothing partial is
     released. ``round`` is the round index and ``stage`` the protocol stage that failed.
+    The federation retries such a round (``max_aborted_rounds``); see docs/aborted-rounds.md.
+
+    ``cause`` (set by the runtime when it records the abort): ``"too_few_survivors"``,
+    ``"refused_before_round"`` (a layer refused to start the round, e.g. GaussianDP's
+    minimum participants) or ``"server_misbehaviour"``; ``released``: whether the server
+    had learned something (a decoded sum, plain set-fields) before the round aborted, in
+    which case the layers accounted for it (``Layer.after_aborted_round``).
     """
 
     def __init__(self, message: str, *, round: int | None = None, stage: str | None = None):
         super().__init__(message)
         self.round = round
         self.stage = stage
+        self.cause: str | None = None
+        self.released = False
 
 
 class PrivacyBudgetExceededError(RoundAbortedError):
@@ -48,3 +57,25 @@ class PrivacyBudgetExceededError(RoundAbortedError):
 
 class NoParticipantsError(RoundAbortedError):
     """Every sampled client declined the round (e.g. all reached their participation cap)."""
+
+
+class ServerMisbehaviourError(RoundAbortedError):
+    """A protocol check caught the server sending inconsistent messages: the broadcast
+    binding (masks that do not cancel because clients got different broadcasts), the
+    consistency check, or honest clients refusing a malformed or malicious request.
+
+    Unlike an abort caused by dropouts, this one ends the fit by default: continuing against a
+    server caught cheating is the wrong default (``Federation(retry_server_misbehaviour=...)``).
+    """
+
+
+class TooManyAbortedRoundsError(RoundAbortedError):
+    """More rounds of one run aborted than ``max_aborted_rounds`` allows.
+
+    ``aborts`` lists the run's aborted rounds as
+    :class:`~securefkm.transcript.AbortedRound` records (round, attempt, cause, stage, message).
+    """
+
+    def __init__(self, message: str, *, aborts=(), round: int | None = None, stage: str | None = None):
+        super().__init__(message, round=round, stage=stage)
+        self.aborts = tuple(aborts)

@@ -16,6 +16,8 @@ hook                   runs on      purpose
 (aggregator)           both         turn sum-fields of the survivors into one sum
 ``server_aggregate``   server       decode / post-process the aggregate (central noise)
 ``after_round``        server       account for what the round released
+``after_aborted_round`` server      account for what an aborted round let the server learn
+``client_input_sent``  each client  the client's input left it this round (participation)
 =====================  ===========  =========================================================
 
 Exactly one :class:`Aggregator` runs each round: the stack's own (``PairwiseMasking``,
@@ -77,6 +79,10 @@ class RoundContext:
     broadcast_digest: bytes = b""
     #: the broadcast this round acts on (on a client: the one it received)
     broadcast: Any = None
+    #: 0, or n for the n-th retry of this round index after aborted attempts (protocols
+    #: bind it into their round identifiers so that no message of an aborted attempt is
+    #: valid in its retry)
+    attempt: int = 0
 
     @property
     def sampling_rate(self) -> float:
@@ -139,6 +145,17 @@ class Layer:
     def after_round(self, ctx: RoundContext, agg: AggregatedUpdate) -> None:
         """Called after a round completed (not after an aborted one)."""
 
+    def after_aborted_round(self, ctx: RoundContext, leaked: AggregatedUpdate, error: Exception) -> None:
+        """Called when a round aborted *after* the server learned something: ``leaked`` holds
+        what reached it (``sums``: the aggregate the aggregator decoded, empty if none;
+        ``items``: set-fields received in plain at the update stage). Layers that account
+        for releases charge it here. Not called when the round released nothing."""
+
+    def client_input_sent(self, client: ClientContext, ctx: RoundContext) -> None:
+        """Called on a client when its input for this round left it: its answer to the
+        aggregator's ``input_stage`` (or, in a round without sum-fields, its update reply).
+        A round that aborted before this point took nothing of the client's data."""
+
     def report(self) -> dict:
         """Facts for the user after a fit (e.g. privacy spent)."""
         return {}
@@ -190,6 +207,9 @@ class Aggregator(Layer):
     #: False only for PlainSum: the server sees each client's sum-fields.
     secure: ClassVar[bool] = True
     stages: tuple[str, ...] = ("input",)
+    #: the stage whose client reply carries the client's (masked / encrypted) input; the
+    #: runtime calls ``Layer.client_input_sent`` when a client answers it
+    input_stage: str = "input"
     #: explicit opt-in (constructor argument of the secure aggregators) to run on an
     #: algorithm whose set-fields reach the server in plain; reports then say so
     allow_plain_set_fields: bool = False

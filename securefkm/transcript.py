@@ -50,7 +50,12 @@ class RoundRecord:
     aggregate: dict[str, np.ndarray] | None = None
     contributors: tuple[int, ...] = ()
     centres_after: np.ndarray | None = None
+    #: why the round aborted (the error message); None for a completed round
     aborted: str | None = None
+    #: the abort's cause code (see :class:`~securefkm.exceptions.RoundAbortedError`)
+    abort_cause: str | None = None
+    #: 0 for a round's first attempt, n for its n-th retry after aborts (same round index)
+    attempt: int = 0
 
     def stage(self, name: str) -> StageRecord | None:
         for s in self.stages:
@@ -81,13 +86,31 @@ class RoundRecord:
         return self.broadcasts.get(client)
 
 
+@dataclass(frozen=True)
+class AbortedRound:
+    """One aborted round attempt (kept even under ``record="none"``)."""
+
+    run: int
+    round: int
+    attempt: int
+    cause: str
+    stage: str | None
+    message: str
+    #: the server learned something before the abort (the layers accounted for it)
+    released: bool = False
+
+    def describe(self) -> str:
+        return f"run {self.run} round {self.round} attempt {self.attempt}: {self.cause} at stage {self.stage!r}"
+
+
 @dataclass
 class Transcript:
-    """All rounds of a fit (all ``n_init`` runs), in order."""
+    """All rounds of a fit (all ``n_init`` runs), in order, and the log of aborted rounds."""
 
     meta: dict = field(default_factory=dict)
     rounds: list[RoundRecord] = field(default_factory=list)
     level: str = "full"
+    aborts: list[AbortedRound] = field(default_factory=list)
 
     def append(self, record: RoundRecord) -> None:
         if self.level == "none":
@@ -122,9 +145,14 @@ class Transcript:
 
     def summary(self) -> str:
         n_msgs = sum(len(s.received) for r in self.rounds for s in r.stages)
-        aborted = sum(r.aborted is not None for r in self.rounds)
-        return (
+        out = (
             f"Transcript: {len(self.rounds)} rounds over {len(self.runs())} run(s), "
-            f"{n_msgs} client messages, {aborted} aborted round(s), protection="
+            f"{n_msgs} client messages, {len(self.aborts)} aborted round(s), protection="
             f"{list(self.meta.get('protection', ()))}"
         )
+        if self.aborts:
+            causes: dict[str, int] = {}
+            for a in self.aborts:
+                causes[a.cause] = causes.get(a.cause, 0) + 1
+            out += "\naborted rounds (retried): " + ", ".join(f"{n} {c}" for c, n in sorted(causes.items()))
+        return out

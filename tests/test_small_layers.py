@@ -63,7 +63,11 @@ def test_rounding_needs_a_parameter_and_validates():
 def test_participation_cap_refuses_after_r_rounds_using_client_state():
     cap = ParticipationCap(max_rounds=2)
     client = ClientContext(0, 10)
-    outs = [cap.client_update(_update(), client, _ctx(SPECS)) for _ in range(4)]
+    outs = []
+    for _ in range(4):  # a round counts once the client's input left it (client_input_sent)
+        outs.append(cap.client_update(_update(), client, _ctx(SPECS)))
+        if outs[-1] is not None:
+            cap.client_input_sent(client, _ctx(SPECS))
     assert [o is not None for o in outs] == [True, True, False, False]
     other = ClientContext(1, 10)  # per-client: another client still answers
     assert cap.client_update(_update(), other, _ctx(SPECS)) is not None

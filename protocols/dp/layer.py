@@ -506,10 +506,10 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
                 + [kls21_tau(self._share_variance(sig, step), agg.n_contributors) for sig, step, _ in sigmas.values()]
             )
             if agg.n_contributors < m:
-                # Under-noised sum already decoded: charge it at the actual noise, then abort.
+                # Under-noised sum already decoded: abort; the runtime sees that the aggregate
+                # was released and charges it through after_aborted_round at the actual noise.
                 factor = math.sqrt(agg.n_contributors / m)
                 z_round = self._z_for(ctx.action)
-                self._charge(agg.contributors, z_round * factor)
                 raise RoundAbortedError(
                     f"GaussianDP(mode='distributed'): only {agg.n_contributors} clients survived, fewer than "
                     f"min_clients={m}; the aggregate carries too little noise and is discarded (charged at "
@@ -537,6 +537,22 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             self._plain_rounds += 1
         if released:
             self._charge(agg.contributors, self._z_for(ctx.action))
+
+    def after_aborted_round(self, ctx, leaked, error):
+        """Charge what an aborted round let the server learn (the runtime derives ``leaked``):
+        a decoded sum carrying the clients' noise (distributed: at the noise the survivors
+        actually added, z * sqrt(n / min_clients); local), locally noised set-fields, or plain
+        set-fields (privacy_spent becomes infinite, as in ``after_round``). Central mode: the
+        decoded sum reached only the trusted curator and nothing was released: no charge."""
+        if leaked.items and self.mode != "local":
+            self._plain_rounds += 1
+        noised_sum = bool(leaked.sums) and self.mode != "central" and bool(self._noised_specs(ctx.specs))
+        if not (noised_sum or (self.mode == "local" and leaked.items)):
+            return
+        z = self._z_for(ctx.action)
+        if self.mode == "distributed" and leaked.sums and leaked.n_contributors < self.min_clients:
+            z *= math.sqrt(leaked.n_contributors / self.min_clients)
+        self._charge(leaked.contributors, z)
 
     def server_view(self, algorithm, aggregator):
         eps = f"(epsilon={self.epsilon:g}, delta={self.delta:g})"

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from securefkm.exceptions import RoundAbortedError
+from securefkm.exceptions import RoundAbortedError, ServerMisbehaviourError
 from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
 
 from .layer import PairwiseMasking
@@ -159,8 +159,8 @@ class _IdealServer(ServerSession):
         self._neigh: dict[int, np.ndarray] = {}
 
     # -------------------------------------------------------------- helpers
-    def _abort(self, stage: str, why: str):
-        raise RoundAbortedError(
+    def _abort(self, stage: str, why: str, error=RoundAbortedError):
+        raise error(
             f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
             "no aggregate was released",
             round=self.ctx.round,
@@ -284,6 +284,7 @@ class _IdealServer(ServerSession):
                 "cancel. Clients saw inconsistent broadcasts (the model-inconsistency attack: the "
                 "server sent different centres/parameters to different clients) or inconsistent "
                 "share lists",
+                ServerMisbehaviourError,  # the binding caught it: the runtime ends the fit
             )
         sums = self.codec.decode(self.acc[:-1], tuple(self.ctx.specs))
         return sums, tuple(survivors)

@@ -126,6 +126,7 @@ class PairwiseMasking(Aggregator):
     STAGES = ("advertise", "share", "masked_input", "unmask")
     STAGES_CHECKED = ("advertise", "share", "masked_input", "consistency_check", "unmask")
     stages = STAGES
+    input_stage = "masked_input"
 
     def __init__(
         self,
@@ -228,7 +229,9 @@ class PairwiseMasking(Aggregator):
     def plan(self, ctx: RoundContext) -> RoundPlan:
         """The round's public plan (graph, thresholds), identical on server and clients."""
         length = sum(s.size for s in ctx.specs) + 1
-        rid = keys.round_id(ctx.run, ctx.round, ctx.action)
+        # a retried round (ctx.attempt > 0) gets its own id: nothing signed in an aborted
+        # attempt (adverts, share ciphertexts) verifies in the retry
+        rid = keys.round_id(ctx.run, ctx.round, ctx.action if not ctx.attempt else f"{ctx.action}|attempt={ctx.attempt}")
         if len(ctx.sampled) < 2:
             raise RoundAbortedError(
                 f"pairwise masking needs at least 2 sampled clients (got {len(ctx.sampled)}): "

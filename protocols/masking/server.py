@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from securefkm.exceptions import RoundAbortedError
+from securefkm.exceptions import RoundAbortedError, ServerMisbehaviourError
 from securefkm.layers import RoundContext, ServerSession
 
 from .. import shamir
@@ -149,8 +149,8 @@ class MaskingServer(ServerSession):
         self.statement_digest = ctx.broadcast_digest
         self.signatures: dict[int, bytes] = {}  # consistency check: U4 -> signature over U3
 
-    def _abort(self, stage: str, why: str):
-        raise RoundAbortedError(
+    def _abort(self, stage: str, why: str, error=RoundAbortedError):
+        raise error(
             f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
             "no aggregate was released",
             round=self.ctx.round,
@@ -333,6 +333,7 @@ class MaskingServer(ServerSession):
                 "cancel. Clients saw inconsistent broadcasts (the model-inconsistency attack: the "
                 "server sent different centres/parameters to different clients) or inconsistent "
                 "share lists",
+                ServerMisbehaviourError,  # the binding caught it: the runtime ends the fit
             )
         sums = self.codec.decode(acc[:-1], tuple(self.ctx.specs))
         return sums, tuple(survivors)

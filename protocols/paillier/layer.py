@@ -133,6 +133,7 @@ class Paillier(Aggregator):
     """
 
     stages = (STAGE,)
+    input_stage = STAGE
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
 __all__ = ["AligningFederatedKMeans", "pooled_ari", "client_weighted_ari"]
@@ -63,7 +64,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         crypto="real",
         backend="local",
         n_workers=None,
+        max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size
@@ -110,6 +112,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.crypto = crypto
         self.backend = backend
         self.n_workers = n_workers
+        self.max_aborted_rounds = max_aborted_rounds
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

@@ -14,11 +14,17 @@ studies, never deployments: docs/protocols/ideal-functionality.md).
 Fitted attributes: ``cluster_centers_``, ``labels_``, ``inertia_``, ``n_iter_`` (training
 rounds of the chosen run), ``transcript_`` (what the server saw), ``protection_report_``
 (per layer, in words, what the server saw and whom the guarantee trusts; ``.summary()``) and
-``privacy_spent_`` = (epsilon, delta) under differential privacy, ``None`` without it.
+``privacy_spent_`` = (epsilon, delta) under differential privacy, ``None`` without it,
+``n_aborted_rounds_`` (round attempts that aborted and were retried, over all runs; the
+transcript's ``aborts`` lists each with its cause; docs/aborted-rounds.md).
 
 ``backend="processes"|"ray"`` with ``n_workers`` runs the simulated clients on a pool of
 worker processes or Ray actors instead of in process, with identical results
 (:mod:`securefkm.federation.workers`, docs/scaling.md).
+
+``max_aborted_rounds`` (every estimator; default
+:data:`~securefkm.federation.runtime.MAX_ABORTED_ROUNDS` = 10): aborted round attempts
+tolerated per run before the fit raises ``TooManyAbortedRoundsError``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from ..algorithms._kmeans import assign, sq_distances
 from ..datasets import as_federated
 from ..exceptions import InputError, ProtectionConfigError
 from ..federation import Federation, clone_layers
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from ..protection_report import ProtectionReport
 
 
@@ -153,6 +160,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             crypto=getattr(self, "crypto", "real"),
             backend=getattr(self, "backend", "local"),
             n_workers=getattr(self, "n_workers", None),
+            max_aborted_rounds=getattr(self, "max_aborted_rounds", MAX_ABORTED_ROUNDS),
             **self._transport_kwargs(transport, data),
         )
         federation.transcript.meta["init_bounds"] = getattr(self, "init_bounds", None)
@@ -178,6 +186,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         self.protection_report_ = ProtectionReport.from_federation(federation)
         #: (epsilon, delta) under differential privacy; None when no layer gives a guarantee
         self.privacy_spent_ = federation.privacy_spent()
+        self.n_aborted_rounds_ = federation.n_aborted_rounds
 
     # -------------------------------------------------------------- predict
     def _check_X(self, X):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .._validation import check_int
 from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
 
@@ -46,7 +47,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
         Simulated dropouts (probability per client and round, or a schedule).
-    random_state, verbose, crypto, backend, n_workers
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -73,6 +74,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         crypto="real",
         backend="local",
         n_workers=None,
+        max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -93,6 +95,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.crypto = crypto
         self.backend = backend
         self.n_workers = n_workers
+        self.max_aborted_rounds = max_aborted_rounds
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

@@ -20,6 +20,7 @@ from ..algorithms._fcm import check_fuzzifier, fuzzy_cmeans, fuzzy_memberships
 from ..algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
 from ..datasets import as_federated
 from ..exceptions import InputError
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from ..metrics_fuzzy import fuzzy_davies_bouldin
 from .base import FederatedClusterer, resolve_init
 
@@ -68,7 +69,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         ``oversample * n_clusters`` uniform centres and reduces them to ``n_clusters``.
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
 
@@ -104,6 +105,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         crypto="real",
         backend="local",
         n_workers=None,
+        max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):
         self.n_clusters = n_clusters
         self.averaging = averaging
@@ -127,6 +129,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         self.crypto = crypto
         self.backend = backend
         self.n_workers = n_workers
+        self.max_aborted_rounds = max_aborted_rounds
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

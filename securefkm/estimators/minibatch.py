@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
 
@@ -43,7 +44,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     init_bounds : (low, high) or None
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -71,6 +72,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         crypto="real",
         backend="local",
         n_workers=None,
+        max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):
         self.n_clusters = n_clusters
         self.clients_per_round = clients_per_round
@@ -92,6 +94,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.crypto = crypto
         self.backend = backend
         self.n_workers = n_workers
+        self.max_aborted_rounds = max_aborted_rounds
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(

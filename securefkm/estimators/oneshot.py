@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..algorithms.oneshot import OneShotFederatedKMeansAlgorithm
+from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .aligning import _secure_init
 from .base import FederatedClusterer
 
@@ -31,7 +32,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         k-means runs as rounds of secure sums over privately kept local centres.
     max_rounds : int
         Cap on training rounds (one-shot methods use one).
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         crypto="real",
         backend="local",
         n_workers=None,
+        max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):
         self.n_clusters = n_clusters
         self.variant = variant
@@ -82,6 +84,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.crypto = crypto
         self.backend = backend
         self.n_workers = n_workers
+        self.max_aborted_rounds = max_aborted_rounds
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

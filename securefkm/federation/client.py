@@ -40,6 +40,8 @@ class UpdateRequest:
     sampled: tuple[int, ...]
     #: ``(stage, message)`` of the aggregator's first stage, fused into this exchange
     then: tuple[str, Any] | None = None
+    #: retry number of this round index after aborted attempts (RoundContext.attempt)
+    attempt: int = 0
 
 
 @dataclass
@@ -90,6 +92,7 @@ class ClientRuntime:
         self.aggregator = aggregator
         self.info = info
         self.session = None
+        self._ctx: RoundContext | None = None  # the open round (None in a fresh deployed process)
 
     @property
     def X(self) -> np.ndarray:
@@ -124,6 +127,7 @@ class ClientRuntime:
             info=self.info,
             broadcast_digest=req.broadcast.digest(),
             broadcast=req.broadcast,
+            attempt=req.attempt,
         )
 
     def rng(self, req: UpdateRequest):
@@ -148,7 +152,21 @@ class ClientRuntime:
                 return UpdateReply(declined=f"{layer.name} declined")
         check_sums(update.sums, ctx.specs)
         self.session = self.aggregator.client_session(self.context, ctx, update.sums) if ctx.specs else None
+        if not ctx.specs:  # no aggregator stage: the update reply itself is the input
+            self._input_sent(ctx)
+        else:
+            self._ctx = ctx
         return UpdateReply(items=update.items)
+
+    def _input_sent(self, ctx: RoundContext | None) -> None:
+        for layer in self.layers:
+            layer.client_input_sent(self.context, ctx)
+
+    def _respond(self, stage: str, message: Any) -> Any:
+        reply = self.session.respond(stage, message)
+        if stage == self.aggregator.input_stage:
+            self._input_sent(self._ctx)
+        return reply
 
     def answer_fused(self, reply: UpdateReply, request: UpdateRequest) -> UpdateReply:
         """Answer the aggregator's first stage carried in ``request.then`` (if any)."""
@@ -156,7 +174,7 @@ class ClientRuntime:
             return reply
         stage, message = request.then
         try:
-            reply.then = self.session.respond(stage, message)
+            reply.then = self._respond(stage, message)
         except ProtocolRefusal as exc:
             reply.then_refused = str(exc)
             self.session = None
@@ -170,7 +188,7 @@ class ClientRuntime:
             return self.answer_fused(self.finish_update(update, ctx), message)
         if self.session is None:
             raise RuntimeError(f"client {self.client_id} got stage {stage!r} without an open round")
-        return self.session.respond(stage, message)
+        return self._respond(stage, message)
 
 
 def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[UpdateReply]:

@@ -9,6 +9,14 @@ the server-side layers, updates the algorithm state and records everything in th
 The transport is pluggable: :class:`LocalTransport` (default) keeps every client in this
 process and injects simulated dropouts; the Flower app (``securefkm.flower``) implements
 the same :class:`Transport` over the network.
+
+Aborted rounds (docs/aborted-rounds.md) are handled here, whatever the transport: an aborted
+attempt leaves the state as it was, is logged in the transcript with its cause, and the same
+round index is tried again (fresh sample, fresh protocol keys and round id) up to
+``max_aborted_rounds`` aborted attempts per run. The round index, not the attempt, keys the
+streams the model depends on (client randomness, seeded DP noise), and retries draw their
+sample from a stream of their own, so the run's other rounds draw exactly what they would
+have drawn had the aborted attempts never happened.
 """
 
 from __future__ import annotations
@@ -24,10 +32,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .._validation import check_fraction_or_count, check_int
-from ..exceptions import InputError, NoParticipantsError, RoundAbortedError
+from ..exceptions import (
+    InputError,
+    NoParticipantsError,
+    PrivacyBudgetExceededError,
+    RoundAbortedError,
+    ServerMisbehaviourError,
+    TooManyAbortedRoundsError,
+)
 from ..layers import Layer, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
-from ..transcript import RECORD_LEVELS, RoundRecord, StageRecord, Transcript
+from ..transcript import RECORD_LEVELS, AbortedRound, RoundRecord, StageRecord, Transcript
 from .client import UPDATE_STAGE, ClientRuntime, UpdateRequest, serve
 from .sampling import Dropouts, resolve_sample, sample_clients
 
@@ -35,6 +50,15 @@ log = logging.getLogger("securefkm")
 
 #: ``crypto=`` choices: the aggregators' real protocol, or their ideal functionality
 CRYPTO = ("real", "ideal")
+
+#: default ``max_aborted_rounds``: aborted attempts tolerated per run. Production secure
+#: aggregation sees 5-10% of clients drop per round (Bonawitz et al. 2017), which aborts a
+#: round only rarely at the usual thresholds; 10 rides out bursts while a federation that
+#: keeps failing (a threshold it can never meet) stops after a few seconds of retries.
+MAX_ABORTED_ROUNDS = 10
+
+#: aborts the runtime never retries: the next attempt would fail the same way
+_FINAL_ABORTS = (NoParticipantsError, PrivacyBudgetExceededError, TooManyAbortedRoundsError)
 
 
 class ServerPolicy:
@@ -136,6 +160,13 @@ class LocalTransport(SimulatedTransport):
         return replies, refused
 
 
+def _generator_states(state) -> list:
+    """(generator, position) of every numpy Generator the algorithm keeps in its state (a
+    deep copy of the state would do too, at ~10x the cost of a plain round's bookkeeping)."""
+    extra = getattr(state, "extra", None) or {}
+    return [(g, g.bit_generator.state) for g in extra.values() if isinstance(g, np.random.Generator)]
+
+
 def _copy_payload(x):
     if isinstance(x, np.ndarray):
         return x.copy()
@@ -158,6 +189,13 @@ class Federation:
     actors); each worker holds a shard of clients for the whole fit and the results are
     identical (:mod:`securefkm.federation.workers`). Call :meth:`close` (or use the
     Federation as a context manager) to release the workers.
+
+    ``max_aborted_rounds`` (default :data:`MAX_ABORTED_ROUNDS`): aborted round attempts
+    tolerated per run (too few survivors, a layer refusing to start the round); each is
+    retried and the run raises :class:`~securefkm.exceptions.TooManyAbortedRoundsError`,
+    naming the rounds and causes, at one more. An abort where a protocol check caught the
+    server misbehaving (:class:`~securefkm.exceptions.ServerMisbehaviourError`) ends the fit
+    unless ``retry_server_misbehaviour=True`` (then it counts like any other abort).
     """
 
     def __init__(
@@ -179,6 +217,8 @@ class Federation:
         crypto: str = "real",
         backend: str = "local",
         n_workers: int | None = None,
+        max_aborted_rounds: int = MAX_ABORTED_ROUNDS,
+        retry_server_misbehaviour: bool = False,
     ):
         from .workers import check_backend
 
@@ -186,6 +226,8 @@ class Federation:
         if self.backend != "local" and transport is not None:
             raise InputError(f"backend={backend!r} runs simulated clients; it cannot be combined with a transport.")
         self.algorithm = algorithm
+        self.max_aborted_rounds = check_int(max_aborted_rounds, "max_aborted_rounds", minimum=0)
+        self.retry_server_misbehaviour = bool(retry_server_misbehaviour)
         self.layers, self.aggregator = validate_stack(protection, algorithm)
         if crypto not in CRYPTO:
             raise InputError(
@@ -207,6 +249,9 @@ class Federation:
         seq = np.random.SeedSequence(self.random_state)
         server_seq, drop_seq, self._algo_seq = seq.spawn(3)
         self.rng = np.random.default_rng(server_seq)
+        # retries sample from their own stream, so that an aborted attempt does not shift the
+        # samples of the run's other rounds (spawned after the three above: they are unchanged)
+        self._retry_rng = np.random.default_rng(seq.spawn(1)[0])
         self.verbose = verbose
         self.policy = server_policy or ServerPolicy()
         if transport is None or clients is not None:
@@ -264,6 +309,8 @@ class Federation:
         )
         self._round_counter = 0  # global across runs: dropout schedules count from 0
         self.elapsed = 0.0
+        #: aborted attempts over all runs (also in ``transcript.aborts``)
+        self.n_aborted_rounds = 0
 
     # ------------------------------------------------------------------ rounds
     def run(self, run: int = 0):
@@ -275,6 +322,7 @@ class Federation:
         """
         algo_rng = np.random.default_rng(self._algo_seq.spawn(1)[0])
         state = self.algorithm.init(self.n_clients, self.info.n_features, algo_rng)
+        aborts: list[AbortedRound] = []  # this run's aborted attempts
         start = time.perf_counter()
         # guards against an algorithm that never advances (secure modes run many sub-rounds)
         hard_cap = 10 * max(self.max_rounds, self.algorithm.planned_rounds(self.max_rounds)) + 1000
@@ -289,13 +337,13 @@ class Federation:
         ) as bar:
             while not self.algorithm.converged(state):
                 if state.round >= self.max_rounds:
-                    state = self.finish(state, run=run, first_round=t)
+                    state = self.finish(state, run=run, first_round=t, aborts=aborts, bar=bar)
                     break
                 if t >= hard_cap:
                     raise RuntimeError(f"{self.algorithm.name} made {t} rounds without finishing")
                 before = state.round
                 try:
-                    state = self.run_round(state, run=run, round=t)
+                    state, t = self._complete_round(state, run, t, aborts, bar)
                 except NoParticipantsError as exc:
                     # Clients refuse (participation caps): the run ends with the last
                     # completed round's state; nothing of the refused round is used.
@@ -310,27 +358,73 @@ class Federation:
                     warnings.warn(f"run {run} stopped after {state.round} rounds: {exc}", stacklevel=2)
                     break
                 bar.update(state.round - before)
-                t += 1
         self.elapsed += time.perf_counter() - start
         return state
 
-    def finish(self, state, run: int, first_round: int):
+    def finish(self, state, run: int, first_round: int, aborts: list | None = None, bar=None):
         close = getattr(self.algorithm, "close", None)
         if close is None:
             return state
         state = close(state)
         t = first_round
+        aborts = [] if aborts is None else aborts
         while not self.algorithm.converged(state):
-            state = self.run_round(state, run=run, round=t)
-            t += 1
+            state, t = self._complete_round(state, run, t, aborts, bar)
         return state
 
-    def run_round(self, state, *, run: int = 0, round: int = 0):
-        """One round; raises RoundAbortedError and leaves ``state`` untouched on failure."""
+    def _complete_round(self, state, run: int, t: int, aborts: list, bar=None):
+        """Run round index ``t`` until an attempt completes; returns (new state, next index).
+
+        An aborted attempt leaves ``state`` as it was (algorithms return new states; the one
+        thing ``configure`` mutates is a generator kept in the state, e.g. for the seeding
+        draw, whose position is restored), is logged, and the same index is retried with
+        ``attempt + 1``. Only if the aborted attempt let
+        the server learn something (``released``: the layers charged it) is the index given
+        up for the next one, so that no protocol round id that produced a release is reused.
+        """
+        attempt = 0
+        while True:
+            generators = _generator_states(state)
+            try:
+                return self.run_round(state, run=run, round=t, attempt=attempt), t + 1
+            except _FINAL_ABORTS:
+                raise
+            except RoundAbortedError as exc:
+                for gen, position in generators:
+                    gen.bit_generator.state = position
+                entry = AbortedRound(run, t, attempt, exc.cause or "too_few_survivors", exc.stage, str(exc),
+                                     exc.released)
+                aborts.append(entry)
+                self.transcript.aborts.append(entry)
+                self.n_aborted_rounds += 1
+                if bar is not None:
+                    bar.set_postfix_str(f"aborted={len(aborts)}", refresh=False)
+                if isinstance(exc, ServerMisbehaviourError) and not self.retry_server_misbehaviour:
+                    raise
+                if len(aborts) > self.max_aborted_rounds:
+                    listed = "; ".join(f"{a.describe()} ({a.message[:160]})" for a in aborts)
+                    raise TooManyAbortedRoundsError(
+                        f"run {run}: {len(aborts)} round attempts aborted, more than max_aborted_rounds="
+                        f"{self.max_aborted_rounds}: {listed}. Lower the aggregator's threshold / min_clients, "
+                        "sample more clients per round, or raise max_aborted_rounds.",
+                        aborts=aborts, round=t, stage=exc.stage,
+                    ) from exc
+                log.warning("%s; retrying (%d of max_aborted_rounds=%d)", entry.describe(), len(aborts),
+                            self.max_aborted_rounds)
+                if exc.released:
+                    t, attempt = t + 1, 0
+                else:
+                    attempt += 1
+
+    def run_round(self, state, *, run: int = 0, round: int = 0, attempt: int = 0):
+        """One round attempt; raises RoundAbortedError on failure (the caller restores the
+        generators ``configure`` may have drawn from). ``attempt`` > 0 retries
+        round index ``round`` after aborted attempts: a fresh sample from the retry stream and
+        fresh protocol round ids (``RoundContext.attempt``)."""
         algorithm = self.algorithm
         broadcast = algorithm.configure(state, round)
         count = resolve_sample(broadcast.sample, self.clients_per_round, self.n_clients)
-        sampled = sample_clients(self.rng, self.n_clients, count)
+        sampled = sample_clients(self.rng if attempt == 0 else self._retry_rng, self.n_clients, count)
         sampled, per_client = self.policy.plan(state, round, broadcast, sampled, self.n_clients)
         sampled = tuple(sampled)
         specs = algorithm.sum_fields(broadcast)
@@ -343,6 +437,7 @@ class Federation:
             info=self.info,
             broadcast_digest=broadcast.digest(),
             broadcast=broadcast,
+            attempt=attempt,
         )
         record = RoundRecord(
             run=run,
@@ -352,7 +447,10 @@ class Federation:
             broadcasts=dict(per_client),
             specs=specs,
             protection=tuple(layer.name for layer in self.layers),
+            attempt=attempt,
         )
+        decoded = None  # (sums, contributors) once the aggregator released the aggregate
+        replies: dict = {}
         global_round = self._round_counter
         self._round_counter += 1
         try:
@@ -360,7 +458,8 @@ class Federation:
                 layer.before_round(ctx)
             stages = (UPDATE_STAGE,) + (self.aggregator.stages if specs else ())
             self.transport.begin_round(
-                RoundContext(run, global_round, ctx.action, sampled, specs, self.info, ctx.broadcast_digest),
+                RoundContext(run, global_round, ctx.action, sampled, specs, self.info, ctx.broadcast_digest,
+                             attempt=attempt),
                 stages,
             )
             server, fused = None, {}
@@ -369,7 +468,8 @@ class Federation:
                 fused = server.messages(self.aggregator.stages[0], sampled)
             first = self.aggregator.stages[0] if fused else None
             requests = {
-                c: UpdateRequest(run, round, per_client[c], sampled, (first, fused[c]) if c in fused else None)
+                c: UpdateRequest(run, round, per_client[c], sampled, (first, fused[c]) if c in fused else None,
+                                 attempt=attempt)
                 for c in sampled
             }
             replies, refused = self.transport.exchange(UPDATE_STAGE, requests)
@@ -394,6 +494,7 @@ class Federation:
                 )
             if specs:
                 sums, contributors = self._aggregate(ctx, alive, record, server, fused, replies)
+                decoded = (sums, contributors)
             else:
                 sums, contributors = {}, alive
             items = {c: replies[c].items for c in contributors if replies[c].items}
@@ -402,13 +503,16 @@ class Federation:
                 agg = layer.server_aggregate(agg, ctx)
             new_state = algorithm.aggregate(state, agg)
         except RoundAbortedError as exc:
+            exc = self._classify_abort(exc)
+            exc.released = self._account_abort(ctx, specs, decoded, replies, exc)
             note = self.transport.abort_note()
             if note:  # e.g. a worker holding clients died: say whom the round lost
                 exc.args = (f"{exc}; {note}",) + exc.args[1:]
             record.aborted = str(exc)
+            record.abort_cause = exc.cause
             self.transcript.append(record)
             self.policy.on_abort(record, exc)
-            raise
+            raise exc
         for layer in self.layers:
             layer.after_round(ctx, agg)
         record.items = {c: _copy_payload(v) for c, v in items.items()}
@@ -419,6 +523,34 @@ class Federation:
         self.transcript.append(record)
         self.policy.observe(record)
         return new_state
+
+    @staticmethod
+    def _classify_abort(exc: RoundAbortedError) -> RoundAbortedError:
+        """Set ``exc.cause`` from the error itself: protocol checks that catch the server
+        (the masking binding check) raise ServerMisbehaviourError; an abort before any client
+        was contacted is a layer's refusal; every other abort is a shortage of survivors
+        (dropouts, declines, refusals of honest clients that saw too few neighbours)."""
+        if isinstance(exc, ServerMisbehaviourError):
+            exc.cause = "server_misbehaviour"
+        elif exc.cause is None:
+            exc.cause = "refused_before_round" if exc.stage == "before_round" else "too_few_survivors"
+        return exc
+
+    def _account_abort(self, ctx, specs, decoded, replies, exc) -> bool:
+        """What an aborted round let the server learn, handed to the layers to charge.
+
+        Derived from how far the round got: the decoded aggregate if the aggregator released
+        it (e.g. GaussianDP's decode-then-abort when fewer than ``min_clients`` survived), and
+        the set-fields received in plain at the update stage. Nothing -> no hook, no charge.
+        """
+        items = {c: r.items for c, r in replies.items() if getattr(r, "declined", None) is None and r.items}
+        if decoded is None and not items:
+            return False
+        sums, contributors = decoded if decoded is not None else ({}, tuple(sorted(items)))
+        leaked = AggregatedUpdate(sums=dict(sums), items=items, contributors=tuple(contributors), specs=specs)
+        for layer in self.layers:
+            layer.after_aborted_round(ctx, leaked, exc)
+        return True
 
     def _aggregate(self, ctx: RoundContext, alive: tuple[int, ...], record: RoundRecord,
                    server=None, fused=None, update_replies=None):

@@ -39,7 +39,8 @@ class Dropouts:
       ``p`` at a stage drawn uniformly among the aggregator's stages;
     * a mapping ``{round: [client, ...]}`` (drop before sending anything) or
       ``{round: {stage: [client, ...]}}`` (drop when that stage is reached). Rounds count
-      from 0 across the whole fit.
+      from 0 across the whole fit, every round *attempt* counting: a round that aborts and
+      is retried uses up two keys (docs/aborted-rounds.md).
     """
 
     def __init__(self, spec=None):

@@ -4,8 +4,10 @@ The ServerApp reads the run spec from the run config, waits until ``num-nodes`` 
 are connected, maps their sorted node ids to client ids ``0..n-1`` and runs the very same
 :class:`~securefkm.federation.Federation` as an in-process fit, with a
 :class:`~securefkm.flower.transport.FlowerTransport` instead of the in-process transport.
-The result (centres, transcript, privacy spent, per-stage timings, the errors clients
-reported) is pickled to the run config's ``result-path`` if one is given.
+A round attempt whose nodes drop below the aggregator's threshold aborts and is retried by
+the federation runtime (``max_aborted_rounds`` in the spec's params; docs/aborted-rounds.md).
+The result (centres, transcript, privacy spent, aborted attempts, per-stage timings, the
+errors clients reported) is pickled to the run config's ``result-path`` if one is given.
 
 Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 
@@ -195,6 +197,9 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
         "federated_score": best.score,
         "transcript": federation.transcript,
         "privacy_spent": federation.privacy_spent(),
+        # round attempts that aborted (nodes below the threshold ...) and were retried by the
+        # runtime; each is in transcript.aborts with its cause (docs/aborted-rounds.md)
+        "n_aborted_rounds": federation.n_aborted_rounds,
         "protection_report": ProtectionReport.from_federation(federation),
         "node_ids": list(transport.node_ids),  # node of client 0, 1, ...
         "errors": dict(transport.errors),
@@ -242,5 +247,5 @@ def main(grid: Grid, context: Context) -> None:
         raise
     if result_path:
         _write_result(result_path, result)
-    log.info("securefkm run finished: %d rounds, privacy_spent=%s, client errors=%s",
-             len(result["transcript"]), result["privacy_spent"], result["errors"])
+    log.info("securefkm run finished: %d rounds (%d aborted and retried), privacy_spent=%s, client errors=%s",
+             len(result["transcript"]), result["n_aborted_rounds"], result["privacy_spent"], result["errors"])
