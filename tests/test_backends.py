@@ -163,7 +163,7 @@ def test_workers_shut_down_on_keyboard_interrupt(monkeypatch):
 
 @needs_proc
 def test_workers_shut_down_after_a_fit_and_on_errors():
-    fed = _federation(make_clients(), protection=[PairwiseMasking()], n_workers=2,
+    fed = _federation(make_clients(), protection=[PairwiseMasking()], n_workers=2, max_aborted_rounds=0,
                       dropout_rate={0: {"unmask": list(range(8))}})
     pids = fed.transport.worker_pids()
     with fed, pytest.raises(RoundAbortedError):
