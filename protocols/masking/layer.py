@@ -57,7 +57,14 @@ from securefkm.layers import Aggregator, ClientContext, RoundContext, RunInfo
 from ..codec import FixedPointCodec
 from . import keys
 from .client import MaskingClient
-from .graph import AUTO_COMPLETE_MAX, GRAPHS, RoundPlan, check_threshold_arg, make_plan, resolve_graph
+from .graph import (
+    AUTO_COMPLETE_MAX,
+    GRAPHS,
+    RoundPlan,
+    check_threshold_arg,
+    make_plan,
+    resolve_graph,
+)
 from .params import CORRECTNESS_BITS, CORRUPT_FRACTION, DROPOUT_FRACTION, SECURITY_BITS, check_rates
 from .prg import CIPHERS
 from .server import MaskingServer
@@ -210,11 +217,11 @@ class PairwiseMasking(Aggregator):
         holders = "t of a client's holders (Shamir threshold)"
         if self.graph != "complete":  # the sparse graph's degree and threshold rest on these rates
             holders += (f"; above {AUTO_COMPLETE_MAX} clients the sparse graph assumes at most "
-                        f"{self.bounds["corrupt_fraction"]:.0%} of the clients collude with the server and at most "
-                        f"{self.bounds["dropout_fraction"]:.0%} drop (Bell et al. 2020; raise corrupt_fraction= to assume more)"
+                        f"{self.bounds['corrupt_fraction']:.0%} of the clients collude with the server and at most "
+                        f"{self.bounds['dropout_fraction']:.0%} drop (Bell et al. 2020; raise corrupt_fraction= to assume more)"
                         if self.graph == "auto" else
-                        f"; the sparse graph assumes at most {self.bounds["corrupt_fraction"]:.0%} colluding and "
-                        f"{self.bounds["dropout_fraction"]:.0%} dropping clients (Bell et al. 2020)")
+                        f"; the sparse graph assumes at most {self.bounds['corrupt_fraction']:.0%} colluding and "
+                        f"{self.bounds['dropout_fraction']:.0%} dropping clients (Bell et al. 2020)")
         trust = (f"no {holders} collude with the server; "
                  + ("a malicious server is covered (signed keys, consistency check)" if self.sign_keys else
                     "the server follows the protocol (semi-honest; sign_keys=True for a malicious one)")
