@@ -214,18 +214,17 @@ class PairwiseMasking(Aggregator):
                 "noised them), and who survived each stage")
         if self.allow_plain_set_fields and getattr(algorithm, "uses_set_fields", False):
             sees += "; AND every client's local centres and sizes in plain (allow_plain_set_fields=True)"
-        holders = "t of a client's holders (Shamir threshold)"
-        if self.graph != "complete":  # the sparse graph's degree and threshold rest on these rates
-            holders += (f"; above {AUTO_COMPLETE_MAX} clients the sparse graph assumes at most "
-                        f"{self.bounds['corrupt_fraction']:.0%} of the clients collude with the server and at most "
-                        f"{self.bounds['dropout_fraction']:.0%} drop (Bell et al. 2020; raise corrupt_fraction= to assume more)"
-                        if self.graph == "auto" else
-                        f"; the sparse graph assumes at most {self.bounds['corrupt_fraction']:.0%} colluding and "
-                        f"{self.bounds['dropout_fraction']:.0%} dropping clients (Bell et al. 2020)")
-        trust = (f"no {holders} collude with the server; "
-                 + ("a malicious server is covered (signed keys, consistency check)" if self.sign_keys else
-                    "the server follows the protocol (semi-honest; sign_keys=True for a malicious one)")
-                 + "; the sum itself is not hidden (GaussianDP noises it)")
+        trust = "no t of a client's holders (Shamir threshold) collude with the server"
+        rates = (f"at most {self.bounds['corrupt_fraction']:.0%} of the clients collude with the server and at "
+                 f"most {self.bounds['dropout_fraction']:.0%} drop (Bell et al. 2020's bounds; corrupt_fraction= "
+                 "to assume more)")
+        if self.graph == "auto":  # the sparse graph's degree and threshold rest on these rates
+            trust += f"; above {AUTO_COMPLETE_MAX} clients the sparse graph assumes " + rates
+        elif self.graph == "sparse":
+            trust += "; the sparse graph assumes " + rates
+        trust += ("; " + ("a malicious server is covered (signed keys, consistency check)" if self.sign_keys else
+                          "the server follows the protocol (semi-honest; sign_keys=True for a malicious one)")
+                  + "; the sum itself is not hidden (GaussianDP noises it)")
         return sees, trust
 
     def setup(self, info: RunInfo) -> None:
