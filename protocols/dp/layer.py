@@ -145,6 +145,7 @@ keep their score centres inside (projection of the centres is a core change prop
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -172,6 +173,17 @@ from .sampler import round_up_variance
 from .scheduling import Scheduling
 
 MODES = ("central", "distributed", "local")
+
+
+class CentralDPWarning(UserWarning):
+    """``GaussianDP(mode="central")`` without a secure aggregator: the server sees every
+    client's exact update; only what it releases afterwards is differentially private."""
+
+
+class DeltaWarning(UserWarning):
+    """``delta`` above 1/n for n records: a mechanism may then release a whole record outright
+    with probability delta and still meet the guarantee (Dwork & Roth 2014, sec. 2.3)."""
+
 SET_FIELDS_BOUNDED = ("centres",)
 SHRINKS = ("coordinate", "vector")
 
@@ -302,6 +314,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         aggs = [layer for layer in stack if layer.side == "aggregator"]
         caps = [layer for layer in stack if isinstance(layer, ParticipationCap)]
         self._cap = caps[0] if caps else None
+        self._secure_aggregator = bool(aggs)
         me = next(i for i, layer in enumerate(stack) if layer is self)
         for i, layer in enumerate(stack):
             if isinstance(layer, Rounding) and (i < me or self.mode == "central"):
@@ -344,6 +357,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
                     "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
                 )
             self._seed = int(info.random_state)
+        self._warn_about_trust_and_delta(info)
         if self.bounds is not None:
             for b in self.bounds:
                 if b.ndim == 1 and b.shape[0] != d:
@@ -372,6 +386,28 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             raise ProtectionConfigError(
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
                 "no round could carry the calibrated noise. Lower min_clients or sample more clients."
+            )
+
+    def _warn_about_trust_and_delta(self, info):
+        """Fit-time warnings (issue 12): central noise with the server seeing plain updates, and a
+        delta that allows releasing a record (checked when the record count is known: in simulation)."""
+        if self.mode == "central" and not getattr(self, "_secure_aggregator", False):
+            warnings.warn(
+                "GaussianDP(mode='central') without a secure aggregator: the server receives every client's "
+                "exact update and adds the noise itself; only what it releases (centres, transcripts of the "
+                "noised aggregate) is differentially private. Add PairwiseMasking() or Paillier() after the "
+                "layer, or use mode='distributed' with PairwiseMasking() so the server sees only noised sums.",
+                CentralDPWarning,
+                stacklevel=2,
+            )
+        n = sum(info.client_sizes) if info.client_sizes else 0
+        if n and self.delta > 1.0 / n:
+            warnings.warn(
+                f"GaussianDP delta={self.delta:g} is above 1/n = {1.0 / n:.3g} for the n={n} records: a mechanism "
+                "that publishes a randomly chosen record with probability delta meets such a guarantee, so it "
+                f"says little. Use delta well below 1/n (e.g. 1/(n ln n) = {1.0 / (n * math.log(max(n, 2))):.3g}).",
+                DeltaWarning,
+                stacklevel=2,
             )
 
     def before_round(self, ctx):
