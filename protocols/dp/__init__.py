@@ -9,12 +9,20 @@ from .accounting import (
     noise_multiplier_for,
     noise_multiplier_for_schedule,
 )
-from .layer import GaussianDP, check_seeded_noise, refuse_seeded_noise
+from .layer import (
+    CentralDPWarning,
+    DeltaWarning,
+    GaussianDP,
+    check_seeded_noise,
+    refuse_seeded_noise,
+)
 from .noise import kls21_tau
 from .sampler import lattice_gaussian, sample_discrete_gaussian, sample_discrete_laplace
 
 __all__ = [
     "GaussianDP",
+    "CentralDPWarning",
+    "DeltaWarning",
     "refuse_seeded_noise",
     "check_seeded_noise",
     "kls21_tau",

@@ -59,13 +59,16 @@ class Calibration:
         low, high = self._box(d)
         return float(np.linalg.norm(high - low))
 
-    def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False) -> float:
+    def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False, radius: float | None = None) -> float:
         """Per-record L2 sensitivity Delta_f of one field (before lattice rounding);
-        ``centred``: a ``sum`` field noised as S - N c (the box's half-diagonal)."""
+        ``centred``: a ``sum`` field noised as S - N c (the box's half-diagonal), or, in a
+        radius-bounded round (``radius``), as S - N C with C the broadcast centres (r)."""
         f = self._sens_factor * math.sqrt(getattr(spec, "cells", 1))
         if spec.kind == "count":
             return f * 1.0
         if spec.kind == "sum":
+            if centred and radius is not None:
+                return f * radius
             return f * (self._centred_radius(d) if centred else self._radius(d))
         if spec.kind == "distance":
             return f * self._diameter(d)
@@ -99,13 +102,17 @@ class Calibration:
         return 0.0
 
     def field_sigmas(
-        self, specs, extra_deltas: dict | None = None, action: str | None = None
+        self, specs, extra_deltas: dict | None = None, action: str | None = None, ctx=None
     ) -> dict[str, tuple[float, float, float]]:
-        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of ``action``."""
+        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of
+        ``action`` (``ctx``: the round, for its radius bound, see :mod:`protocols.dp.radius`)."""
         d = self._d
         z = self._z_for(action)
         centred = self.centred_pairs(specs)
-        deltas = {s.name: (self.sensitivity(s, d, s.name in centred), s.size, self._steps(s), s.integer) for s in specs}
+        r = self._round_radius(ctx)
+        deltas = {
+            s.name: (self.sensitivity(s, d, s.name in centred, r), s.size, self._steps(s), s.integer) for s in specs
+        }
         for name, (delta, size) in (extra_deltas or {}).items():
             deltas[name] = (delta, size, 0.0, False)
         weights = self._field_weights(specs, deltas)

@@ -145,6 +145,7 @@ keep their score centres inside (projection of the centres is a core change prop
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -168,15 +169,27 @@ from .accounting import (
 from .calibration import Calibration
 from .noise import RNGS, keystream, kls21_tau, lattice_noise, noise_on_lattice
 from .postprocessing import PostProcessing
+from .radius import RadiusBounded
 from .sampler import round_up_variance
 from .scheduling import Scheduling
 
 MODES = ("central", "distributed", "local")
+
+
+class CentralDPWarning(UserWarning):
+    """``GaussianDP(mode="central")`` without a secure aggregator: the server sees every
+    client's exact update; only what it releases afterwards is differentially private."""
+
+
+class DeltaWarning(UserWarning):
+    """``delta`` above 1/n for n records: a mechanism may then release a whole record outright
+    with probability delta and still meet the guarantee (Dwork & Roth 2014, sec. 2.3)."""
+
 SET_FIELDS_BOUNDED = ("centres",)
-SHRINKS = ("coordinate", "vector")
+SHRINKS = ("coordinate", "vector", "hierarchical")
 
 
-class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
+class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
     Parameters: ``epsilon``, ``delta`` -- the target for the whole fit (all runs);
@@ -224,8 +237,18 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         centre_sums: bool = True,
         project_means: bool = True,
         rng: str = "system",
+        radius: float | str | None = None,
+        n_records: int | None = None,
     ):
         self.rng = check_choice(rng, "rng", RNGS)
+        self.n_records = None if n_records is None else check_int(n_records, "n_records", minimum=1)
+        self.plan = None  # set by an estimator's DP plan (protocols.dp.planning)
+        if radius is None or (isinstance(radius, str) and radius == "auto"):
+            self.radius = radius
+        else:
+            self.radius = check_float(radius, "radius", minimum=0.0, min_inclusive=False)
+        if self.radius is not None and bounds is None:
+            raise InputError("GaussianDP(radius=...) needs bounds=(low, high): the radius bound replaces the box's.")
         self.centre_sums = bool(centre_sums)
         self.project_means = bool(project_means)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
@@ -302,6 +325,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         aggs = [layer for layer in stack if layer.side == "aggregator"]
         caps = [layer for layer in stack if isinstance(layer, ParticipationCap)]
         self._cap = caps[0] if caps else None
+        self._secure_aggregator = bool(aggs)
         me = next(i for i, layer in enumerate(stack) if layer is self)
         for i, layer in enumerate(stack):
             if isinstance(layer, Rounding) and (i < me or self.mode == "central"):
@@ -344,11 +368,13 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
                     "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
                 )
             self._seed = int(info.random_state)
+        self._warn_about_trust_and_delta(info)
         if self.bounds is not None:
             for b in self.bounds:
                 if b.ndim == 1 and b.shape[0] != d:
                     raise InputError(f"bounds arrays have length {b.shape[0]}, the data has n_features={d}.")
         self._d = d
+        self._setup_radius(info)
         rounds = info.planned_rounds
         if self._cap is not None:
             rounds = min(rounds, self._cap.max_rounds)
@@ -372,6 +398,28 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             raise ProtectionConfigError(
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
                 "no round could carry the calibrated noise. Lower min_clients or sample more clients."
+            )
+
+    def _warn_about_trust_and_delta(self, info):
+        """Fit-time warnings (issue 12): central noise with the server seeing plain updates, and a
+        delta that allows releasing a record (checked when the record count is known: in simulation)."""
+        if self.mode == "central" and not getattr(self, "_secure_aggregator", False):
+            warnings.warn(
+                "GaussianDP(mode='central') without a secure aggregator: the server receives every client's "
+                "exact update and adds the noise itself; only what it releases (centres, transcripts of the "
+                "noised aggregate) is differentially private. Add PairwiseMasking() or Paillier() after the "
+                "layer, or use mode='distributed' with PairwiseMasking() so the server sees only noised sums.",
+                CentralDPWarning,
+                stacklevel=2,
+            )
+        n = sum(info.client_sizes) if info.client_sizes else 0
+        if n and self.delta > 1.0 / n:
+            warnings.warn(
+                f"GaussianDP delta={self.delta:g} is above 1/n = {1.0 / n:.3g} for the n={n} records: a mechanism "
+                "that publishes a randomly chosen record with probability delta meets such a guarantee, so it "
+                f"says little. Use delta well below 1/n (e.g. 1/(n ln n) = {1.0 / (n * math.log(max(n, 2))):.3g}).",
+                DeltaWarning,
+                stacklevel=2,
             )
 
     def before_round(self, ctx):
@@ -426,7 +474,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
                 f"declared box (first: row {i}); the sensitivity assumes records inside bounds=(low, high). "
                 "Widen bounds, or use clip= to clip records explicitly."
             )
-        return X
+        return self._keep_within_radius(X, ctx)
 
     def client_update(self, update: Update, client, ctx):
         if update.items and self.mode != "local":
@@ -442,16 +490,16 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         if self.mode == "distributed":
             if ctx.specs and len(ctx.sampled) < self.min_clients:
                 return None  # the share would be too small: decline (KLS21, dropout-robust sizing)
-            sigmas = self.field_sigmas(ctx.specs, action=ctx.action)  # a 'value' field raises here, on the client too
+            sigmas = self.field_sigmas(ctx.specs, action=ctx.action, ctx=ctx)  # a 'value' field raises here too
             pairs = self.centred_pairs(ctx.specs)
-            sums = self._translate(update.sums, pairs, -1)
+            sums = self._translate(update.sums, pairs, -1, ctx)
             for s in ctx.specs:
                 sigma, step, _ = sigmas[s.name]
                 share = round_up_variance(self._share_variance(sigma, step))
                 lattice = np.rint(np.asarray(sums[s.name], dtype=np.float64) / step)
                 noise = lattice_noise(share, s.size, self._source(ctx, client.client_id, s.name)).reshape(s.shape)
                 sums[s.name] = (lattice + noise) * step
-            return Update(sums=self._translate(sums, pairs, +1), items=update.items)
+            return Update(sums=self._translate(sums, pairs, +1, ctx), items=update.items)
         # local mode
         d = self._d
         extra = {}
@@ -469,9 +517,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             rows = arr.size // d
             extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
         noised = self._noised_specs(ctx.specs)
-        sigmas = self.field_sigmas(noised, extra, action=ctx.action)
+        sigmas = self.field_sigmas(noised, extra, action=ctx.action, ctx=ctx)
         pairs = self.centred_pairs(noised)
-        sums = self._translate(update.sums, pairs, -1)
+        sums = self._translate(update.sums, pairs, -1, ctx)
         for s in ctx.specs:
             val = np.asarray(sums[s.name], dtype=np.float64)
             if s.kind == "value":
@@ -481,7 +529,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             items[name] = self._noise_fine(
                 self._project_rows(items[name], d), *sigmas[name][:2], self._source(ctx, client.client_id, name)
             )
-        return Update(sums=self._translate(sums, pairs, +1), items=items)
+        return Update(sums=self._translate(sums, pairs, +1, ctx), items=items)
 
     _noise_fine = staticmethod(noise_on_lattice)
 
@@ -497,7 +545,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
         specs = self._noised_specs(agg.specs or ctx.specs)
         if not specs:
             return agg
-        sigmas = self.field_sigmas(specs, action=ctx.action)
+        sigmas = self.field_sigmas(specs, action=ctx.action, ctx=ctx)
         self._last_sigmas = {k: v[0] for k, v in sigmas.items()}
         if self.mode == "distributed":
             m = self.min_clients
@@ -517,18 +565,18 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
                     round=ctx.round,
                     stage="server_aggregate",
                 )
-            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action), specs, ctx.action)
+            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action), specs, ctx.action, ctx)
             return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
         if self.mode == "local":
-            return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action), items=agg.items,
+            return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action, ctx), items=agg.items,
                                     contributors=agg.contributors, specs=agg.specs)
         pairs = self.centred_pairs(specs)
-        sums = self._translate(agg.sums, pairs, -1)
+        sums = self._translate(agg.sums, pairs, -1, ctx)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step, self._source(ctx, "server", s.name))
-        sums = self._shrunk(self._translate(sums, pairs, +1), specs, sigmas, ctx.action)
-        return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action), items=agg.items, contributors=agg.contributors,
+        sums = self._shrunk(self._translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action)
+        return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx), items=agg.items, contributors=agg.contributors,
                                 specs=agg.specs)
 
     def after_round(self, ctx, agg):
@@ -590,7 +638,23 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, Layer):
             "field_sigmas": dict(self._last_sigmas),
             "kls21_tau": self._tau,
             "plain_set_field_rounds": self._plain_rounds,
+            "plan": self.plan,
+            "radius": getattr(self, "_radius_value", None),
+            "summary": self._summary(),
         }
+
+    def _summary(self) -> str:
+        eps, delta = self._acc.spent()
+        rounds = max(self._counts.values(), default=0)
+        planned = f"planned by protocols.dp.planning ({self.plan['rounds']} Lloyd rounds), " if self.plan else ""
+        sig = ", ".join(f"{k} {v:.4g}" for k, v in self._last_sigmas.items())
+        return (
+            f"GaussianDP({self.mode}): {planned}{rounds} noised round(s) per client, noise multiplier "
+            f"{self.z:.4g} per round (last round's sigmas: {sig or 'none'}); spent epsilon={eps:.4g}, "
+            f"delta={delta:.3g} of ({self.epsilon:g}, {self.delta:g})"
+            + (f"; the number of records n={self.plan['records_declared_public']} is treated as public"
+               if self.plan else "")
+        )
 
 
 def refuse_seeded_noise(layers) -> None:

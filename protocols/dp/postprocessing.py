@@ -11,7 +11,7 @@ import numpy as np
 class PostProcessing:
     """Mixin of :class:`~protocols.dp.GaussianDP`: what is done to released values."""
 
-    def _projected(self, sums: dict, specs, action=None) -> dict:
+    def _projected(self, sums: dict, specs, action=None, ctx=None) -> dict:
         """``project_means``: rows with a positive weight get their mean projected into the
         records' domain (see "Means projected into the domain"); a new dict. Not in seeding
         rounds (``init.*``): they shrink the raw noisy bucket means (an empirical-Bayes
@@ -19,24 +19,31 @@ class PostProcessing:
         skip = not self.project_means or (action or "").startswith("init.")
         pairs = {} if skip else self.weighted_pairs(specs)
         out = dict(sums)
+        rows, r = self._row_centres(ctx, pairs), self._round_radius(ctx)
         for s, w in pairs.items():
             n = np.asarray(out[w], dtype=np.float64)
             S = np.array(out[s], dtype=np.float64)
             pos = n > 0
             if pos.any():
-                S[pos] = self._project_rows(S[pos] / n[pos, None], self._d) * n[pos, None]
+                means = S[pos] / n[pos, None]
+                if rows is not None:  # radius round: every kept record is within r of its centre
+                    means = self._project_ball(means, rows[pos], r)
+                S[pos] = self._project_rows(means, self._d) * n[pos, None]
             out[s] = S
         return out
 
-    def _translate(self, sums: dict, pairs: dict[str, str], sign: int) -> dict:
+    def _translate(self, sums: dict, pairs: dict[str, str], sign: int, ctx=None) -> dict:
         """A new dict: ``S + sign * N c`` for every centred pair, with the current values of N
-        (never the caller's dict: noising writes into the result)."""
+        (never the caller's dict: noising writes into the result); c the box centre, or in a
+        radius-bounded round the broadcast centre of each row."""
         out = dict(sums)
         if not pairs:
             return out
-        c = self._box_centre(self._d)
+        rows = self._row_centres(ctx, pairs)
+        c = self._box_centre(self._d) if rows is None else rows
         for s, w in pairs.items():
-            out[s] = np.asarray(out[s], dtype=np.float64) + sign * np.outer(np.asarray(out[w], dtype=np.float64), c)
+            n = np.asarray(out[w], dtype=np.float64)
+            out[s] = np.asarray(out[s], dtype=np.float64) + sign * n[:, None] * c
         return out
 
     def _project_rows(self, arr: np.ndarray, d: int) -> np.ndarray:
@@ -55,13 +62,21 @@ class PostProcessing:
         overall mean (post-processing of the released sums with the layer's own, public sigmas).
 
         Applies to rounds whose noised fields are one ``count`` field of shape (m,) and one
-        ``sum`` field of shape (m, d), d >= 3, m >= 2 (DWF's training round: counts n_j and
-        coordinate sums S_j), except seeding rounds (``init.*``, which shrink their bucket means
-        themselves). The rows with a positive noisy count get S_j' = n_j m_j' with m_j' the
-        shrunk mean (``"coordinate"``: :func:`~securefkm.algorithms._seeding.shrink_coordinates`,
-        ``"vector"``: the James-Stein :func:`~securefkm.algorithms._seeding.shrink_means`), so
-        the algorithm's S_j' / n_j is m_j'. Only released values and the public sigmas are read:
-        no privacy cost, nothing charged.
+        ``sum`` field of shape (m, d), m >= 2 (DWF's training round: counts n_j and coordinate
+        sums S_j; d >= 3 except for ``"hierarchical"``), except seeding rounds (``init.*``, which
+        shrink their bucket means themselves). The rows with a positive noisy count get
+        S_j' = n_j m_j' with m_j' the shrunk mean (``"coordinate"``:
+        :func:`~securefkm.algorithms._seeding.shrink_coordinates`, ``"vector"``: the James-Stein
+        :func:`~securefkm.algorithms._seeding.shrink_means`), so the algorithm's S_j' / n_j is m_j'.
+
+        ``"hierarchical"`` (the DP plan's choice, :mod:`protocols.dp.planning`): the target is
+        the overall mean sum_j S_j / sum_j n_j of *all* rows, itself shrunk towards the box centre
+        (its per-coordinate noise variance is m sigma_sum^2 / (sum_j n_j)^2); rows are shrunk by the
+        plug-in factor max(0, 1 - d v_j / ||m_j - t||^2) (the moment estimate of the signal share,
+        stronger than James-Stein's d - 2 when the noise dominates); rows whose noisy count is
+        below one count-noise sigma get the target as their mean, at weight sigma_count (their
+        own mean is noise). Only released values and the public sigmas are read: no privacy
+        cost, nothing charged.
         """
         if self.shrink is None or (action or "").startswith("init.") or len(specs) != 2:
             return sums
@@ -70,18 +85,21 @@ class PostProcessing:
         if count is None or total is None or len(count.shape) != 1 or len(total.shape) != 2:
             return sums
         m, d = total.shape
-        if count.shape[0] != m or m < 2 or d < 3:
+        hierarchical = self.shrink == "hierarchical"
+        if count.shape[0] != m or m < 2 or (d < 3 and not hierarchical):
             return sums
         from securefkm.algorithms._seeding import shrink_coordinates, shrink_means
 
         n = np.asarray(sums[count.name], dtype=np.float64)
         S = np.asarray(sums[total.name], dtype=np.float64)
+        sigma_sum, sigma_count = sigmas[total.name][0], sigmas[count.name][0]
+        if hierarchical:
+            return {**sums, **self._shrunk_hierarchical(n, S, sigma_sum, sigma_count, count.name, total.name)}
         pos = n > 0
         if pos.sum() < 2:
             return sums
         means = S[pos] / n[pos, None]
         target = S[pos].sum(axis=0) / n[pos].sum()
-        sigma_sum, sigma_count = sigmas[total.name][0], sigmas[count.name][0]
         if self.shrink == "coordinate":
             shrunk = shrink_coordinates(means, n[pos], sigma_sum, target, sigma_count)
         else:
@@ -89,3 +107,24 @@ class PostProcessing:
         out = S.copy()
         out[pos] = shrunk * n[pos, None]
         return {**sums, total.name: out}
+
+    def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
+        from securefkm.algorithms._seeding import shrink_means
+
+        total = n.sum()
+        if total <= 0:
+            return {}
+        m, d = S.shape
+        target = S.sum(axis=0) / total
+        if self.bounds is not None:
+            v = sigma_sum**2 * m / total**2
+            target = shrink_means(target[None], np.ones(1), np.sqrt(v), self._box_centre(d), plug_in=True)[0]
+        floor = max(sigma_count, 1e-9)
+        pos = n >= floor
+        out, n_out = S.copy(), n.copy()
+        n_out[~pos] = floor
+        out[~pos] = target * floor
+        if pos.any():
+            means = S[pos] / n[pos, None]
+            out[pos] = shrink_means(means, n[pos], sigma_sum, target, plug_in=True) * n[pos, None]
+        return {count_name: n_out, sum_name: out}

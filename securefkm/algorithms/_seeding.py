@@ -255,23 +255,29 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
     return weighted_kmeans(points, k, rng, weights=counts[keep])
 
 
-def shrink_means(means: np.ndarray, counts: np.ndarray, sigma_sum: float, target: np.ndarray) -> np.ndarray:
+def shrink_means(
+    means: np.ndarray, counts: np.ndarray, sigma_sum: float, target: np.ndarray, plug_in: bool = False
+) -> np.ndarray:
     """Positive-part James-Stein shrinkage of noisy means towards ``target``.
 
     Row j is sum_j / count_j with sum_j carrying N(0, sigma_sum^2) noise per coordinate, so
     its noise variance per coordinate is v_j = (sigma_sum / count_j)^2. For d >= 3 the
     estimator ``target + max(0, 1 - (d - 2) v_j / ||m_j - target||^2) (m_j - target)`` has
     a lower expected squared error than m_j for every true mean (James & Stein 1961; the
-    positive part improves on it further). Post-processing of released values only.
+    positive part improves on it further). ``plug_in=True`` uses d instead of d - 2 (the
+    moment estimate ||m_j - t||^2 - d v_j of the signal: the plug-in Wiener factor), which
+    shrinks harder when the noise dominates and applies in any d. Post-processing of released
+    values only.
     """
     means = np.asarray(means, dtype=np.float64)
     d = means.shape[1]
-    if d < 3:
+    if d < 3 and not plug_in:
         return means.copy()
     diff = means - target
     norm2 = np.einsum("ij,ij->i", diff, diff)
     v = (sigma_sum / np.maximum(np.asarray(counts, dtype=np.float64), 1.0)) ** 2
-    factor = np.where(norm2 > 0, np.clip(1.0 - (d - 2) * v / np.where(norm2 > 0, norm2, 1.0), 0.0, 1.0), 0.0)
+    dof = d if plug_in else d - 2
+    factor = np.where(norm2 > 0, np.clip(1.0 - dof * v / np.where(norm2 > 0, norm2, 1.0), 0.0, 1.0), 0.0)
     return target + factor[:, None] * diff
 
 

@@ -43,6 +43,12 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     name = "dwf"
     needs_client_rng = True  # only seeding rounds draw random numbers
 
+    @property
+    def nearest_centre_actions(self):
+        """Actions whose weighted sums are hard nearest-centre sums of the broadcast centres
+        (one local step, DWF weights): GaussianDP(radius=...) may bound them by a radius."""
+        return ("train",) if self.max_local_steps == 1 and self.weighting == "dynamic" else ()
+
     def client_rng_needed(self, broadcast):
         return broadcast.action.startswith("init.")
 

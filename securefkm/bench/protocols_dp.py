@@ -173,73 +173,154 @@ def sweep(variants: dict, dataset: str = "digits", epsilon: float = 1.0, seeds=r
 
 
 def _fmt(values) -> str:
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+    """mean ± standard error."""
+    v = np.asarray(values, dtype=np.float64)
+    se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+    return f"{v.mean():.3f} ± {se:.3f}"
 
 
-def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None) -> dict:
+GRID_EPSILONS = (0.1, 0.25, 0.5, 1.0)
+
+
+def default_fit(clients, k: int, box, epsilon: float, delta: float, seed: int, mode: str = "central"):
+    """What a user writes: ``WeightedFederatedKMeans(k, protection=[GaussianDP(eps, delta,
+    bounds=box)])`` (+ ``PairwiseMasking()`` in distributed mode, real cryptography); every
+    other choice is the estimator's DP plan. Returns (centres, privacy_spent_, plan)."""
+    from protocols.dp import GaussianDP
+
+    from ..estimators.dwf import WeightedFederatedKMeans
+
+    d = clients[0].shape[1]
+    low = np.broadcast_to(np.asarray(box[0], dtype=np.float64), (d,))
+    high = np.broadcast_to(np.asarray(box[1], dtype=np.float64), (d,))
+    layers = [GaussianDP(epsilon, delta, bounds=(low, high), mode=mode)]
+    if mode == "distributed":
+        from protocols.masking import PairwiseMasking
+
+        layers.append(PairwiseMasking())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CentralDPWarning: central mode is the trusted-server row by design
+        est = WeightedFederatedKMeans(k, protection=layers, random_state=seed).fit(clients)
+    return est.cluster_centers_, tuple(float(v) for v in est.privacy_spent_), est.dp_plan_
+
+
+def _spent_ok(spent, epsilon, delta) -> bool:
+    return spent[0] <= epsilon and spent[1] <= delta
+
+
+def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None, grid_epsilons=None) -> dict:
     """Run the benchmark, print the markdown tables and return the raw numbers.
 
-    Returns ``{(dataset, epsilon): {"dp": [...], "diffprivlib": [...], "spent": [...]}}``
-    and raises ``AssertionError`` if any run's ``privacy_spent_`` exceeds its target.
+    Part 1 (issue 20): FastLloyd's accuracy setting (iris, wine, breast cancer min-max scaled to
+    [-1, 1] over 2 clients, delta = 1/(N ln N)): FastLloyd's mechanism
+    (:mod:`securefkm.bench.dp_fastlloyd`), diffprivlib's KMeans and the library's defaults in
+    central and distributed (+ PairwiseMasking) mode. Part 2: the blobs and digits rows (non-IID
+    over 100 clients, delta 1e-5): the defaults in both modes, the earlier tuned configuration
+    (:func:`dp_fit`) and diffprivlib. Seeds 0..seeds-1 (30 by default; tuning used 100-123).
+
+    Raises ``AssertionError`` if any run's ``privacy_spent_`` exceeds its target.
     """
     from tqdm.auto import tqdm
 
-    seeds = seeds or (3 if quick else 10)
-    epsilons = tuple(epsilons or (QUICK_EPSILONS if quick else EPSILONS))
+    from . import dp_fastlloyd as fl
+
+    seeds = seeds or (3 if quick else 30)
+    grid_epsilons = tuple(grid_epsilons or ((0.1, 1.0) if quick else GRID_EPSILONS))
+    epsilons = tuple(epsilons or (1.0,))
     start = time.perf_counter()
-    refs = {}
+    violations: list = []
+    grid: dict = {}
+    rounds: dict = {}
+    cells = [(name, eps, s) for name in fl.SETTING for eps in grid_epsilons for s in range(seeds)]
+    refs = {name: reference_loss(np.vstack(fl.setting_data(name, 0)[0]), fl.SETTING[name][1]) for name in fl.SETTING}
+    for name, eps, s in tqdm(cells, desc="dp grid", leave=False):
+        clients, k = fl.setting_data(name, s)
+        X = np.vstack(clients)
+        delta = fl.setting_delta(len(X))
+        cell = grid.setdefault((name, eps), {"fastlloyd": [], "diffprivlib": [], "central": [], "distributed": []})
+        cell["fastlloyd"].append(loss(X, fl.fastlloyd_fit(clients, k, eps, s)) / refs[name])
+        cell["diffprivlib"].append(loss(X, diffprivlib_fit(X, k, (-1.0, 1.0), eps, s)) / refs[name])
+        for mode in ("central", "distributed"):
+            centres, spent, plan = default_fit(clients, k, (-1.0, 1.0), eps, delta, s, mode)
+            cell[mode].append(loss(X, centres) / refs[name])
+            rounds[(name, eps)] = plan.rounds
+            if not _spent_ok(spent, eps, delta):
+                violations.append((name, eps, mode, s, spent))
+    out(f"Part 1: FastLloyd's setting (features min-max scaled to [-1, 1], records shuffled over 2 clients, "
+        f"delta = 1/(N ln N)); loss / best-of-10 central k-means, mean ± s.e. over seeds 0..{seeds - 1}\n")
+    out("| data | eps | FastLloyd | diffprivlib | ours, central | ours, distributed + masking | planned rounds | ours <= FastLloyd (central / distributed) |")
+    out("|---|---:|---:|---:|---:|---:|---:|:---:|")
+    wins = {"central": 0, "distributed": 0}
+    for (name, eps), cell in grid.items():
+        f = np.mean(cell["fastlloyd"])
+        marks = []
+        for mode in ("central", "distributed"):
+            ok = np.mean(cell[mode]) <= f
+            wins[mode] += ok
+            marks.append("yes" if ok else "no")
+        out(f"| {name} | {eps:g} | {_fmt(cell['fastlloyd'])} | {_fmt(cell['diffprivlib'])} | {_fmt(cell['central'])} | "
+            f"{_fmt(cell['distributed'])} | {rounds[(name, eps)]} | {' / '.join(marks)} |")
+    out(f"\ncells at or below FastLloyd: central {wins['central']} of {len(grid)}, distributed {wins['distributed']} of {len(grid)}\n")
+
+    results: dict = {}
+    blob_refs = {}
     for name in DATASETS:
         data, k, _ = load(name, 0)
-        refs[name] = reference_loss(data.pooled(), k)
-    results: dict = {}
+        blob_refs[name] = reference_loss(data.pooled(), k)
     cells = [(name, eps, s) for name in DATASETS for eps in epsilons for s in range(seeds)]
-    for name, eps, s in tqdm(cells, desc="dp utility", leave=False):
+    for name, eps, s in tqdm(cells, desc="dp blobs/digits", leave=False):
         data, k, box = load(name, s)
         X = data.pooled()
-        cell = results.setdefault((name, eps), {"dp": [], "diffprivlib": [], "spent": []})
+        cell = results.setdefault((name, eps), {"central": [], "distributed": [], "tuned": [], "diffprivlib": []})
+        for mode in ("central", "distributed"):
+            centres, spent, plan = default_fit(data.clients, k, box, eps, DELTA, s, mode)
+            cell[mode].append(loss(X, centres) / blob_refs[name])
+            rounds[(name, eps)] = plan.rounds
+            if not _spent_ok(spent, eps, DELTA):
+                violations.append((name, eps, mode, s, spent))
         centres, spent = dp_fit(data, k, box, eps, seed=s)
-        cell["dp"].append(loss(X, centres) / refs[name])
-        cell["spent"].append(spent)
-        cell["diffprivlib"].append(loss(X, diffprivlib_fit(X, k, box, eps, seed=s)) / refs[name])
-    elapsed = time.perf_counter() - start
-
-    out(
-        f"DP federated k-means utility: loss / non-private loss, mean ± std over {seeds} seeds "
-        f"({elapsed:.0f} s)\n"
-    )
-    out(
-        "DP = WeightedFederatedKMeans(init='private', max_rounds=max(1, floor(eps/2)), "
-        f"max_local_steps=1) + GaussianDP(eps, delta={DELTA:g}, bounds=declared box (sums centred by the layer), "
-        f"mode='central', count_share='auto', round_weights={{'init.private': {SEEDING_WEIGHT:g}}}, "
-        f"shrink={SHRINK!r}), "
-        "non-IID split over 100 clients, full participation; "
-        "diffprivlib = diffprivlib.models.KMeans(k, epsilon=eps, bounds=declared box) on the "
-        "pooled data (pure eps-DP). Non-private loss = best of 10 central sklearn KMeans(n_init=1) "
-        "on the pooled data: "
-        + ", ".join(f"{n} {refs[n]:.6g}" for n in DATASETS)
-        + ".\n"
-    )
-    out("| epsilon | blobs DP / non-private | blobs diffprivlib | digits DP / non-private | digits diffprivlib |")
-    out("|---:|---:|---:|---:|---:|")
-    for eps in epsilons:
-        b, g = results[("blobs", eps)], results[("digits", eps)]
-        out(
-            f"| {eps:g} | {_fmt(b['dp'])} | {_fmt(b['diffprivlib'])} | {_fmt(g['dp'])} | {_fmt(g['diffprivlib'])} |"
-        )
-    if 1.0 in epsilons:
-        out("")
-        for name, target in TARGETS.items():
-            m = float(np.mean(results[(name, 1.0)]["dp"]))
-            out(f"target at epsilon 1, {name}: mean {m:.3f} <= {target}: {'met' if m <= target else 'NOT met'}")
-    out("\nprivacy_spent_ (epsilon; delta = 1e-5 in every run) of each DP run, by seed\n")
-    out("| data | target epsilon | privacy_spent_ epsilon per seed | max | <= target |")
-    out("|---|---:|---|---:|:---:|")
-    violations = []
+        cell["tuned"].append(loss(X, centres) / blob_refs[name])
+        if not _spent_ok(spent, eps, DELTA):
+            violations.append((name, eps, "tuned", s, spent))
+        cell["diffprivlib"].append(loss(X, diffprivlib_fit(X, k, box, eps, seed=s)) / blob_refs[name])
+    out(f"Part 2: non-IID over 100 clients, delta {DELTA:g}; loss / best-of-10 central k-means, mean ± s.e. over "
+        f"seeds 0..{seeds - 1}. 'earlier tuned' = init='private' + {{'init.private': {SEEDING_WEIGHT:g}}} + "
+        f"shrink={SHRINK!r}, max(1, floor(eps/2)) Lloyd rounds (dp_fit)\n")
+    out("| data | eps | ours, central | ours, distributed + masking | planned rounds | earlier tuned (central) | diffprivlib |")
+    out("|---|---:|---:|---:|---:|---:|---:|")
     for (name, eps), cell in results.items():
-        spent_eps = [e for e, _ in cell["spent"]]
-        ok = all(e <= eps and dl <= DELTA for e, dl in cell["spent"])
-        if not ok:
-            violations.append((name, eps, cell["spent"]))
-        out(f"| {name} | {eps:g} | {' '.join(f'{e:.4f}' for e in spent_eps)} | {max(spent_eps):.4f} | {'yes' if ok else 'NO'} |")
+        out(f"| {name} | {eps:g} | {_fmt(cell['central'])} | {_fmt(cell['distributed'])} | {rounds[(name, eps)]} | "
+            f"{_fmt(cell['tuned'])} | {_fmt(cell['diffprivlib'])} |")
+    out(f"\nprivacy_spent_ <= target in every run: {'yes' if not violations else 'NO'} ({time.perf_counter() - start:.0f} s)")
     assert not violations, f"privacy_spent_ exceeded the target: {violations}"
-    return {"reference": refs, "results": results}
+    return {"grid": grid, "reference": {**refs, **blob_refs}, "results": results, "rounds": rounds}
+
+
+def dwf_target(out=print, fits: int = 5, n_clients: int = 100, epsilon: float = 1.0, delta: float = 1e-5) -> dict:
+    """Issue 14's target: ``fits`` DWF fits with the defaults, ``[GaussianDP(epsilon, delta,
+    bounds=box, mode="distributed"), PairwiseMasking()]`` on ``n_clients`` clients of the
+    10,100-record 2-D blob set (real cryptography). Prints the wall time of the fits together and
+    each loss / best central k-means (best of 10 scikit-learn KMeans)."""
+    from ..datasets import load_dataset
+
+    _, k, box = DATASETS["blobs"]
+    ratios, spent, secs = [], [], []
+    ref = None
+    for s in range(fits):
+        data = load_dataset("dwf-blobs", split="non-iid", n_clients=n_clients, random_state=s)
+        X = data.pooled()
+        if ref is None:
+            ref = reference_loss(X, k)
+        t0 = time.perf_counter()
+        centres, sp, plan = default_fit(data.clients, k, box, epsilon, delta, s, mode="distributed")
+        secs.append(time.perf_counter() - t0)
+        ratios.append(loss(X, centres) / ref)
+        spent.append(sp)
+    total = sum(secs)
+    out(f"DWF + GaussianDP(epsilon={epsilon:g}, delta={delta:g}, bounds={box}, mode='distributed') + PairwiseMasking(), "
+        f"{n_clients} clients of dwf-blobs (10,100 x 2), defaults (planned {plan.rounds} Lloyd rounds): "
+        f"{fits} fits in {total:.1f} s together (each {', '.join(f'{t:.1f}' for t in secs)} s); "
+        f"loss / best central k-means: {', '.join(f'{r:.4f}' for r in ratios)} (max {max(ratios):.4f}); "
+        f"privacy_spent_ epsilon max {max(e for e, _ in spent):.4f}")
+    assert all(_spent_ok(sp, epsilon, delta) for sp in spent), spent
+    return {"seconds": secs, "ratios": ratios, "spent": spent}

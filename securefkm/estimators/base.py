@@ -145,14 +145,18 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         rng = check_random_state(self.random_state)
         seed = int(rng.integers(2**63 - 1))
         verbose = check_int(self.verbose, "verbose", minimum=0)
+        layers = clone_layers(self.protection)
+        self.dp_plan_ = self._plan_dp(data, layers, seed) if max_rounds is None else None
         algorithm = self._make_algorithm(data.n_features, data.n_clients)
+        if max_rounds is None:
+            max_rounds = self.dp_plan_.rounds if self.dp_plan_ is not None else self._max_rounds()
         federation = Federation(
             algorithm,
             data.clients,
-            protection=clone_layers(self.protection),
+            protection=layers,
             clients_per_round=self.clients_per_round,
             dropout_rate=self.dropout_rate,
-            max_rounds=self.max_rounds if max_rounds is None else max_rounds,
+            max_rounds=max_rounds,
             n_runs=self._n_runs(),
             random_state=seed,
             verbose=verbose,
@@ -165,6 +169,13 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         )
         federation.transcript.meta["init_bounds"] = getattr(self, "init_bounds", None)
         return federation, algorithm
+
+    def _max_rounds(self) -> int:
+        return self.max_rounds
+
+    def _plan_dp(self, data, layers, seed):
+        """The DP default plan (:mod:`protocols.dp.planning`) this estimator runs, or None."""
+        return None
 
     @staticmethod
     def _transport_kwargs(transport, data):

@@ -7,6 +7,8 @@ from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
 from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
+DEFAULT_MAX_ROUNDS = 300
+
 
 class WeightedFederatedKMeans(FederatedClusterer):
     """Dynamically (DWF) or equally (EWF) weighted federated k-means.
@@ -25,8 +27,12 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Lloyd steps each client runs per round (Algorithm 2).
     clients_per_round : int or float
         Clients sampled per round: a count or a fraction of all clients.
-    max_rounds : int
-        Maximal global rounds per run (max_global).
+    max_rounds : int or None
+        Maximal global rounds per run (max_global). None (default): 300, or -- with a
+        ``GaussianDP(bounds=...)`` layer, ``init="auto"`` and one-step DWF -- the rounds of the
+        DP plan (:mod:`protocols.dp.planning`: rounds, start, radius and shrinkage chosen from
+        k, d, epsilon, delta, the box and the number of records, declared public; see
+        ``dp_plan_`` and the layer's ``report()["plan"]``). Pass a number to opt out.
     tol : float
         Stop when the Frobenius movement of the centres is below tol.
     patience : int or None
@@ -61,7 +67,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         momentum=0.0,
         max_local_steps=1,
         clients_per_round=1.0,
-        max_rounds=300,
+        max_rounds=None,
         tol=1e-6,
         patience=None,
         n_init=1,
@@ -100,9 +106,22 @@ class WeightedFederatedKMeans(FederatedClusterer):
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)
 
+    def _max_rounds(self):
+        return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
+
+    def _plan_dp(self, data, layers, seed):
+        from protocols.dp.planning import plan_for_estimator
+
+        return plan_for_estimator(self, data, layers, seed)
+
     def _make_algorithm(self, n_features, n_clients):
-        init = resolve_init(
-            self.init, self.protection, self.init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+        plan = getattr(self, "dp_plan_", None)
+        init_bounds = self.init_bounds
+        if init_bounds is None:  # the DP layer's declared box is the declared data range
+            init_bounds = next((la.bounds for la in self.protection or () if getattr(la, "bounds", None) is not None
+                                and hasattr(la, "epsilon")), None)
+        init = plan.start if plan is not None else resolve_init(
+            self.init, self.protection, init_bounds, n_clusters=self.n_clusters, n_features=n_features,
             default_plain="kfed", default_protected="private",
         )
         return WeightedFederatedKMeansAlgorithm(
@@ -114,6 +133,6 @@ class WeightedFederatedKMeans(FederatedClusterer):
             tol=self.tol,
             patience=self.patience,
             init=init,
-            init_bounds=self.init_bounds,
+            init_bounds=init_bounds,
             score_round=self._n_runs() > 1,
         )

@@ -1,0 +1,135 @@
+"""DP-aware defaults: the plan a k-means estimator runs when the user gives nothing but
+``GaussianDP(epsilon, delta, bounds=box)`` (issue 20, issue 14 part 3).
+
+Everything here is a function of public quantities: k, d, epsilon, delta, the declared box,
+the seed, and the number of records n. n is *declared public* by the plan (the estimator
+knows it in simulation; ``GaussianDP.report()["plan"]["records_declared_public"]`` says so);
+pass ``GaussianDP(n_records=...)`` to declare another, e.g. a rounded public figure.
+
+The rule
+--------
+*Start*: k data-independent points spread over the inner half of the box (greedy maximin over
+64 k uniform candidates, from the seed) -- no seeding round, so the whole budget goes to Lloyd
+rounds; the first round's Voronoi cells around well-separated points near the box centre cut
+the data into k groups as random hyperplanes through the centre would.
+
+*Noise level*: e = z_1 sqrt(d) k / (n sqrt(1 - c)), the expected norm of one cluster mean's
+noise relative to the box's half-diagonal when the whole budget is spent on one Lloyd round
+(z_1 the noise multiplier of one release at (epsilon, delta), c = 1/(1 + sqrt(d)) the count
+share, n/k records per cluster).
+
+*Rounds*: R = 1 when e > E1 = 0.25 (one noisy round: each extra round multiplies every round's
+noise by sqrt(R)); otherwise R = 1 + ceil(log2(E1 / e) / 2) within [2, 6] -- each quartering of
+e buys one more round. E1 and the step were read off R = 1, 2, 3 on seeds 100-123 of the
+issue-20 grid (iris, wine, breast cancer; the benchmark reports seeds 0-29).
+
+*Radius*: Lloyd rounds after the first keep only records within FastLloyd's radius
+r = diag * 0.8 / (2 k^(1/d)) of their centre and noise the sums relative to the centres
+(sensitivity r instead of the half-diagonal; :mod:`protocols.dp.radius`).
+
+*Post-processing* (``shrink="hierarchical"``, free): every noisy cluster mean is shrunk
+towards the overall mean, itself shrunk towards the box centre, by plug-in empirical-Bayes
+factors; clusters whose noisy count is below one count-noise sigma are put at the overall mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+NOISE_ONE_ROUND = 0.25  # E1: above it, one Lloyd round
+MAX_ROUNDS = 6
+SPREAD = 0.5  # the start's candidates lie in the inner half of the box (per side)
+
+
+@dataclass(frozen=True)
+class DPPlan:
+    """What the estimator runs: Lloyd rounds, the start, and the facts the rule used."""
+
+    rounds: int
+    start: np.ndarray
+    noise_level: float  # e above
+    one_release_z: float
+    n_records: int
+
+    def describe(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "start": "spread (data-independent maximin points in the inner half of the box)",
+            "noise_level": self.noise_level,
+            "one_release_noise_multiplier": self.one_release_z,
+            "records_declared_public": self.n_records,
+            "rule": "protocols.dp.planning (R = 1 if e > 0.25 else 1 + ceil(log2(0.25 / e) / 2) in [2, 6]; "
+                    "radius-bounded rounds after the first; hierarchical shrinkage)",
+        }
+
+
+def spread_start(k: int, low: np.ndarray, high: np.ndarray, seed, spread: float = SPREAD, candidates: int = 64):
+    """k points in the inner ``spread`` of the box, greedily far apart (maximin)."""
+    rng = np.random.default_rng([int(seed) & (2**63 - 1), 20])
+    centre, half = (low + high) / 2, (high - low) / 2
+    pool = centre + rng.uniform(-spread, spread, size=(candidates * k, len(low))) * half
+    picked = [0]
+    dmin = ((pool - pool[0]) ** 2).sum(axis=1)
+    for _ in range(k - 1):
+        j = int(dmin.argmax())
+        picked.append(j)
+        dmin = np.minimum(dmin, ((pool - pool[j]) ** 2).sum(axis=1))
+    return pool[picked].copy()
+
+
+def lloyd_rounds(noise_level: float) -> int:
+    if noise_level > NOISE_ONE_ROUND:
+        return 1
+    return int(min(MAX_ROUNDS, max(2, 1 + math.ceil(math.log2(NOISE_ONE_ROUND / noise_level) / 2))))
+
+
+def plan(k: int, d: int, epsilon: float, delta: float, low, high, n_records: int, seed, accountant: str = "prv") -> DPPlan:
+    """The default DP plan for k-means on n_records records in the box [low, high]^d."""
+    from .accounting import noise_multiplier_for
+
+    low = np.broadcast_to(np.asarray(low, dtype=np.float64), (d,))
+    high = np.broadcast_to(np.asarray(high, dtype=np.float64), (d,))
+    z1 = noise_multiplier_for(epsilon, delta, 1, 1.0, accountant=accountant)
+    c = 1.0 / (1.0 + math.sqrt(d))
+    e = z1 * math.sqrt(d) * k / (max(n_records, 1) * math.sqrt(1.0 - c))
+    return DPPlan(lloyd_rounds(e), spread_start(k, low, high, seed), e, z1, int(n_records))
+
+
+def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:
+    """The plan for a DWF estimator whose DP settings are left to the defaults, else None.
+
+    Applies when ``max_rounds`` and ``init`` are unset (None / "auto"), the estimator runs
+    one-step dynamically weighted rounds (exact distributed Lloyd) and the stack holds one
+    ``GaussianDP`` with ``bounds`` and neither ``noise_multiplier`` nor ``round_weights``. The
+    layer (the fit's own copy) gets ``radius="auto"`` and ``shrink="hierarchical"`` unless set,
+    and the plan for its report.
+    """
+    from .layer import GaussianDP
+
+    dps = [la for la in layers if isinstance(la, GaussianDP)]
+    if (
+        est.max_rounds is not None
+        or not (isinstance(est.init, str) and est.init == "auto")
+        or len(dps) != 1
+        or est.max_local_steps != 1
+        or est.weighting != "dynamic"
+        or est.learning_rate != 1.0
+        or est.momentum != 0.0
+    ):
+        return None
+    dp = dps[0]
+    if dp.bounds is None or dp.noise_multiplier is not None or dp.round_weights is not None:
+        return None
+    n = int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
+    low, high = dp.bounds
+    p = plan(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, low, high, n, seed,
+             accountant=dp.accountant_name)
+    if dp.radius is None:
+        dp.radius = "auto"
+    if dp.shrink is None:
+        dp.shrink = "hierarchical"
+    dp.plan = p.describe()
+    return p

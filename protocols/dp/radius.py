@@ -1,0 +1,88 @@
+"""Radius-bounded Lloyd rounds (FastLloyd's relative updates: Diaa, Humphries & Kerschbaum,
+USENIX Security 2025, sec. 4) as a mixin of :class:`~protocols.dp.GaussianDP`.
+
+In a round whose weighted sums are hard nearest-centre sums of the broadcast centres C (the
+algorithm declares it: ``Algorithm.nearest_centre_actions``), each client keeps only its records
+within distance r of their nearest centre (``client_data``: a function of the record and the
+public C and r), and the layer noises T_j = S_j - N_j c_j instead of S_j - N_j (box centre). One
+record then moves T by at most r: the sum sensitivity is r instead of the box's half-diagonal.
+The noisy mean c_j + T'_j / N'_j is projected onto the ball B(c_j, r) (every kept record lies in
+it, so the true mean does: post-processing that can only move the estimate closer).
+
+The first Lloyd round of a run (``ctx.round == 0``, or the round right after a seeding round)
+uses the box centre as before: the start is not yet near the data. ``radius="auto"`` uses
+FastLloyd's fraction of the box diagonal, r = diag * alpha / (2 k^(1/d)) with alpha = 0.8, and only
+when it is below the half-diagonal (otherwise the box-centre translation is at least as tight).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ALPHA = 0.8
+
+
+def auto_radius(diagonal: float, k: int, d: int, alpha: float = ALPHA) -> float:
+    """FastLloyd's radius for the rounds after the first: diag * alpha / (2 k^(1/d))."""
+    return diagonal * alpha / (2 * k ** (1.0 / d))
+
+
+class RadiusBounded:
+    """Mixin of :class:`~protocols.dp.GaussianDP`: per-round radius and row centres."""
+
+    def _setup_radius(self, info) -> None:
+        self._radius_value = None
+        self._first_train = 0
+        if self.radius is None or self.bounds is None:
+            return
+        algo = info.algorithm
+        actions = tuple(getattr(algo, "nearest_centre_actions", ()) or ())
+        if not actions:
+            return
+        self._radius_actions = actions
+        d = info.n_features
+        if self.radius == "auto":
+            k = int(getattr(algo, "n_clusters", 0) or 0)
+            if k < 1:
+                return
+            r = auto_radius(self._diameter(d), k, d)
+        else:
+            r = float(self.radius)
+        if r < self._centred_radius(d):
+            self._radius_value = r
+        planned = getattr(algo, "planned_actions", None)
+        try:
+            seeding = any(a.startswith("init.") for a in (planned(info.max_rounds) if callable(planned) else {}))
+        except Exception:  # noqa: BLE001 - an algorithm without a usable schedule: radius from round 1
+            seeding = False
+        self._first_train = 1 if seeding else 0
+
+    def _round_radius(self, ctx) -> float | None:
+        """r for this round, or None (box-centre translation)."""
+        r = getattr(self, "_radius_value", None)
+        if r is None or ctx is None or ctx.action not in self._radius_actions or ctx.round <= self._first_train:
+            return None
+        centres = getattr(ctx.broadcast, "centres", None)
+        return r if centres is not None else None
+
+    def _row_centres(self, ctx, pairs) -> np.ndarray | None:
+        """The broadcast centres (rows of the weighted sums) in a radius round, else None."""
+        if self._round_radius(ctx) is None:
+            return None
+        return np.asarray(ctx.broadcast.centres, dtype=np.float64) if pairs else None
+
+    def _keep_within_radius(self, X: np.ndarray, ctx) -> np.ndarray:
+        r = self._round_radius(ctx)
+        if r is None or len(X) == 0:
+            return X
+        C = np.asarray(ctx.broadcast.centres, dtype=np.float64)
+        d2 = (X * X).sum(axis=1)[:, None] - 2 * X @ C.T + (C * C).sum(axis=1)[None, :]
+        return X[d2.min(axis=1) <= r * r]
+
+    def _project_ball(self, means: np.ndarray, centres: np.ndarray, r: float) -> np.ndarray:
+        step = means - centres
+        dist = np.linalg.norm(step, axis=1)
+        far = dist > r
+        out = means.copy()
+        out[far] = centres[far] + step[far] * (r / dist[far])[:, None]
+        return out

@@ -1,0 +1,159 @@
+"""DP defaults (issue 20, issue 14 part 3): the estimator's plan, radius-bounded rounds,
+hierarchical shrinkage, and the FastLloyd baseline of the DP benchmark."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from protocols.dp import GaussianDP
+from protocols.dp.planning import lloyd_rounds, plan, spread_start
+from protocols.dp.radius import auto_radius
+from securefkm.bench import dp_fastlloyd as fl
+from securefkm.bench.protocols_dp import loss, reference_loss
+from securefkm.estimators.dwf import WeightedFederatedKMeans
+
+warnings.simplefilter("ignore", UserWarning)
+
+
+def test_rounds_rule():
+    assert [lloyd_rounds(e) for e in (1.0, 0.26, 0.25, 0.2, 0.06, 0.01, 1e-6)] == [1, 1, 2, 2, 3, 4, 6]
+
+
+def test_plan_is_a_function_of_public_inputs_and_starts_inside_the_inner_box():
+    a = plan(3, 4, 0.5, 1e-3, -1.0, 1.0, 150, seed=5)
+    b = plan(3, 4, 0.5, 1e-3, -1.0, 1.0, 150, seed=5)
+    np.testing.assert_array_equal(a.start, b.start)
+    assert a.rounds == b.rounds == 2 and math.isclose(a.noise_level, b.noise_level)
+    assert np.all(np.abs(a.start) <= 0.5) and len(np.unique(a.start, axis=0)) == 3
+    # more records or more budget: less noise, never fewer rounds
+    assert plan(3, 4, 0.5, 1e-3, -1.0, 1.0, 15000, seed=5).rounds > a.rounds
+    assert plan(3, 4, 0.05, 1e-3, -1.0, 1.0, 150, seed=5).rounds == 1
+    s = spread_start(4, np.zeros(2), np.full(2, 10.0), seed=1)
+    assert np.all((s >= 2.5) & (s <= 7.5))
+
+
+def _wine(seed):
+    return fl.setting_data("wine", seed)
+
+
+def test_default_fit_plans_rounds_radius_and_reports_them():
+    clients, k = _wine(0)
+    n = sum(map(len, clients))
+    est = WeightedFederatedKMeans(k, protection=[GaussianDP(1.0, fl.setting_delta(n), bounds=(-1.0, 1.0))],
+                                  random_state=0).fit(clients)
+    p = est.dp_plan_
+    assert p is not None and p.rounds == 2 and p.n_records == n
+    rep = est.protection_report_["GaussianDP"]
+    assert rep["plan"]["rounds"] == 2 and rep["plan"]["records_declared_public"] == n
+    assert rep["radius"] == pytest.approx(auto_radius(2 * math.sqrt(13), 3, 13))
+    assert "2 Lloyd rounds" in rep["summary"] and "noise multiplier" in rep["summary"]
+    assert rep["max_client_rounds"] == 2  # no seeding round: every round is a Lloyd round
+    assert est.privacy_spent_[0] <= 1.0
+    # an explicit max_rounds opts out: no plan, the user's settings as given
+    est2 = WeightedFederatedKMeans(k, protection=[GaussianDP(1.0, 1e-4, bounds=(-1.0, 1.0))], max_rounds=2,
+                                   random_state=0).fit(clients)
+    assert est2.dp_plan_ is None and est2.protection_report_["GaussianDP"]["radius"] is None
+
+
+def test_radius_rounds_noise_sums_relative_to_the_centres(monkeypatch):
+    """With the noise replaced by the identity, every noised row of a radius round is a sum of
+    x - c_j over records within r of c_j (row mean inside the ball), and the first round is
+    centred on the box centre (row mean inside the half-box)."""
+    clients, k = _wine(1)
+    seen = []
+
+    def no_noise(val, sigma, step, source=None):
+        seen.append(np.array(val, dtype=np.float64))
+        return np.array(val, dtype=np.float64)
+
+    monkeypatch.setattr(GaussianDP, "_noise_fine", staticmethod(no_noise))
+    est = WeightedFederatedKMeans(k, protection=[GaussianDP(1.0, 1e-4, bounds=(-1.0, 1.0))], random_state=0)
+    est.fit(clients)
+    r = est.protection_report_["GaussianDP"]["radius"]
+    sums = [v for v in seen if v.ndim == 2]
+    counts = [v for v in seen if v.ndim == 1]
+    assert len(sums) == est.dp_plan_.rounds >= 2
+    for i, (T, N) in enumerate(zip(sums, counts)):
+        rows = N > 0
+        norms = np.linalg.norm(T[rows] / N[rows, None], axis=1)
+        bound = math.sqrt(13) if i == 0 else r
+        assert np.all(norms <= bound + 1e-9), (i, norms.max(), bound)
+    assert r < math.sqrt(13)
+
+
+def test_radius_rounds_leave_out_records_farther_than_r_and_not_the_first_round():
+    from securefkm.layers import ClientContext, RoundContext, RunInfo
+    from securefkm.messages import Broadcast
+
+    algo = WeightedFederatedKMeans(2)._make_algorithm(2, 1)
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), radius=0.5)
+    info = RunInfo(algorithm=algo, n_clients=1, n_features=2, clients_per_round=1, max_rounds=3, planned_rounds=3)
+    algo.init_ = np.zeros((2, 2))  # an array start: no seeding round
+    dp.setup(info)
+    X = np.array([[0.1, 0.0], [0.9, 0.9], [-0.5, -0.5], [-0.9, 0.9]])
+    C = np.array([[0.0, 0.0], [-0.6, -0.6]])
+
+    def ctx(rnd):
+        return RoundContext(run=0, round=rnd, action="train", sampled=(0,), specs=(), info=info,
+                            broadcast=Broadcast(action="train", centres=C))
+
+    np.testing.assert_array_equal(dp.client_data(X, ClientContext(0, 4), ctx(0)), X)  # first round: all
+    np.testing.assert_array_equal(dp.client_data(X, ClientContext(0, 4), ctx(1)), X[[0, 2]])
+
+
+def test_hierarchical_shrink_is_post_processing_of_released_values():
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="hierarchical")
+    dp._d = 3
+    from securefkm.messages import FieldSpec
+
+    specs = (FieldSpec("n", (3,), "count", integer=True), FieldSpec("S", (3, 3), "sum", weighted_by="n"))
+    sums = {"n": np.array([50.0, 0.5, 40.0]), "S": np.array([[25.0, 25, 25], [9, 9, 9], [-20, -20, -20]])}
+    sigmas = {"n": (2.0, 0, 0), "S": (3.0, 0, 0)}
+    a = dp._shrunk(dict(sums), specs, sigmas, "train")
+    b = dp._shrunk(dict(sums), specs, sigmas, "train")
+    np.testing.assert_array_equal(a["S"], b["S"])
+    # the row with a noisy count below the count sigma sits at the (shrunk) overall mean
+    target = a["S"][1] / a["n"][1]
+    assert a["n"][1] == 2.0 and np.allclose(target, target[0])
+    # the well-estimated rows stay on their side of the target
+    assert (a["S"][0] / a["n"][0])[0] > target[0] > (a["S"][2] / a["n"][2])[0]
+
+
+@pytest.mark.parametrize("mode", ["central", "distributed"])
+def test_defaults_beat_a_fixed_quality_bound_on_wine_with_seeded_noise(mode):
+    """Wine at epsilon 1 in FastLloyd's setting, 3 seeds, seeded (reproducible) noise: the
+    benchmark's 30-seed means are about 1.6 for ours and 1.65 for FastLloyd
+    (docs/protocols/dp-utility.md); the mean here must stay below 1.9."""
+    layers_extra = []
+    if mode == "distributed":
+        from protocols.masking import PairwiseMasking
+
+        layers_extra = [PairwiseMasking()]
+    ref = reference_loss(np.vstack(_wine(0)[0]), 3)
+    ratios = []
+    for s in range(3):
+        clients, k = _wine(s)
+        n = sum(map(len, clients))
+        dp = GaussianDP(1.0, fl.setting_delta(n), bounds=(-1.0, 1.0), mode=mode, rng="seeded")
+        est = WeightedFederatedKMeans(k, protection=[dp, *layers_extra], random_state=s).fit(clients)
+        assert est.privacy_spent_[0] <= 1.0
+        ratios.append(loss(np.vstack(clients), est.cluster_centers_) / ref)
+    assert np.mean(ratios) < 1.9, ratios
+
+
+def test_fastlloyd_baseline_pieces():
+    np.testing.assert_allclose(fl.fold(np.array([1.5, -1.25, 0.3, 3.5])), [0.5, -0.75, 0.3, -0.5])
+    from protocols.dp import noise_multiplier_for
+
+    # the analytic Gaussian is exact for one release, like the PRV accountant
+    assert fl.analytic_gaussian_scale(1.0, 1e-5) == pytest.approx(noise_multiplier_for(1.0, 1e-5, 1, 1.0), rel=0.02)
+    assert fl.iterations(150, 3, 4, fl.analytic_gaussian_scale(1.0, fl.setting_delta(150))) == 2
+    clients, k = fl.setting_data("iris", 0)
+    X = np.vstack(clients)
+    assert X.min() == -1.0 and X.max() == 1.0 and len(clients) == 2
+    ratio = np.mean([loss(X, fl.fastlloyd_fit(clients, k, 1.0, s)) / reference_loss(X, k) for s in range(5)])
+    assert ratio < 2.5  # the paper's setting gives about 1.6 (issue 20's table)
