@@ -282,3 +282,27 @@ def test_no_participants_still_ends_the_run_without_retries():
         warnings.simplefilter("always")
         state = fed.run(0)
     assert state.round == 2 and fed.n_aborted_rounds == 0
+
+
+# ------------------------------------------------------------------------------ Paillier
+@pytest.fixture(scope="module")
+def keypair():
+    phe = pytest.importorskip("phe")
+    return phe.generate_paillier_keypair(n_length=1024)  # test-only size
+
+
+def test_paillier_minimum_abort_is_retried_with_a_fresh_ticket(data, keypair):
+    """Below Paillier's min_clients nothing is decrypted; the retry (same round index) gets a
+    fresh ticket from the authority and the centres equal the abort-free fit's."""
+    from protocols import KeyAuthority, Paillier
+
+    def stack():
+        return [Paillier(authority=KeyAuthority(*keypair, min_clients=5, allow_weak_key=True), min_clients=5)]
+
+    kw = dict(init="uniform", max_rounds=2)
+    free = _dwf(**kw, protection=stack()).fit(data)
+    est = _dwf(**kw, protection=stack(), dropout_rate={1: {"encrypted_input": [0, 4]}}).fit(data)
+    (a,) = est.transcript_.aborts
+    assert (a.round, a.cause, a.stage, a.released) == (1, "too_few_survivors", "encrypted_input", False)
+    np.testing.assert_array_equal(est.cluster_centers_, free.cluster_centers_)
+    assert est.protection_report_["Paillier"]["decryptions"] == free.protection_report_["Paillier"]["decryptions"] == 2
