@@ -44,7 +44,9 @@ def main(args) -> None:
     elif args.bench == "attacks":
         from attacks.bench import cli_run
 
-        cli_run(quick=args.quick, out=args.out, seeds=args.seeds)
+        cli_run(quick=args.quick, out=args.out, seeds=args.seeds, jobs=args.jobs, backend=args.backend,
+                datasets=args.datasets, algorithms=args.algorithms, stacks=args.stacks, no_large=args.no_large,
+                crypto=args.crypto)
 
 
 def _accepts_quick(fn) -> bool:
