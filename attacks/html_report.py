@@ -173,11 +173,12 @@ def plot_heatmap(summary, algorithm: str, stacks: list[str], attacks: list[str])
                 T[i][j] = "error"
     fig, ax = plt.subplots(figsize=(1.0 * len(attacks) + 2.5, 0.38 * len(stacks) + 1.6))
     cmap = plt.get_cmap("Reds").with_extremes(bad="#dddddd")
-    im = ax.imshow(np.ma.masked_invalid(M), cmap=cmap, vmin=0, vmax=max(0.05, float(np.nanmax(M)) if np.isfinite(M).any()
-                                                                      else 0.05), aspect="auto")
+    vmax = max(0.05, float(np.nanmax(M)) if np.isfinite(M).any() else 0.05)
+    im = ax.imshow(np.ma.masked_invalid(M), cmap=cmap, vmin=0, vmax=vmax, aspect="auto")
     for i in range(len(stacks)):
         for j in range(len(attacks)):
-            ax.text(j, i, T[i][j], ha="center", va="center", fontsize=7)
+            dark = np.isfinite(M[i, j]) and M[i, j] > 0.6 * vmax
+            ax.text(j, i, T[i][j], ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xticks(range(len(attacks)), [a.replace("-", "-\n", 1) for a in attacks], fontsize=7)
     ax.set_yticks(range(len(stacks)), stacks, fontsize=7)
     ax.set_title(f"{algorithm}: records recovered (colour: fraction; membership: advantage)", fontsize=9)

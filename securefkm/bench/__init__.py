@@ -12,7 +12,7 @@ def main(args) -> None:
         if args.part in ("dwf", "all"):
             from .quality import run
 
-            run(quick=args.quick, runs=args.runs)
+            run(quick=args.quick, runs=args.runs, jobs=args.jobs, backend=args.backend)
         if args.part in ("triebe", "all"):
             from .quality_triebe import run as run_triebe
 
@@ -36,7 +36,7 @@ def main(args) -> None:
         if args.part in ("dp", "all"):
             from .protocols_dp import run as run_dp
 
-            run_dp(quick=args.quick)
+            run_dp(quick=args.quick, jobs=args.jobs, backend=args.backend)
         if args.part == "deployment":  # starts a SuperLink and 10 SuperNodes: only when asked for
             from .deployment_secagg import run as run_deployment
 

@@ -176,13 +176,26 @@ def _fmt(values) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
 
-def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None) -> dict:
+def _cell(cell: dict) -> dict:
+    """One (dataset, epsilon, seed): loss ratios of the DP fit and of diffprivlib, and the
+    privacy spent (a sweep cell: independent of every other)."""
+    data, k, box = load(cell["name"], cell["seed"])
+    X = data.pooled()
+    eps, s, ref = cell["epsilon"], cell["seed"], cell["reference"]
+    centres, spent = dp_fit(data, k, box, eps, seed=s)
+    return {"dp": float(loss(X, centres) / ref), "spent": [float(spent[0]), float(spent[1])],
+            "diffprivlib": float(loss(X, diffprivlib_fit(X, k, box, eps, seed=s)) / ref)}
+
+
+def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None, jobs: int = 1,
+        backend: str = "processes") -> dict:
     """Run the benchmark, print the markdown tables and return the raw numbers.
 
     Returns ``{(dataset, epsilon): {"dp": [...], "diffprivlib": [...], "spent": [...]}}``
     and raises ``AssertionError`` if any run's ``privacy_spent_`` exceeds its target.
+    ``jobs``/``backend``: the (dataset, epsilon, seed) cells run through :func:`.sweep.run_sweep`.
     """
-    from tqdm.auto import tqdm
+    from .sweep import run_sweep
 
     seeds = seeds or (3 if quick else 10)
     epsilons = tuple(epsilons or (QUICK_EPSILONS if quick else EPSILONS))
@@ -192,15 +205,12 @@ def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None)
         data, k, _ = load(name, 0)
         refs[name] = reference_loss(data.pooled(), k)
     results: dict = {}
-    cells = [(name, eps, s) for name in DATASETS for eps in epsilons for s in range(seeds)]
-    for name, eps, s in tqdm(cells, desc="dp utility", leave=False):
-        data, k, box = load(name, s)
-        X = data.pooled()
-        cell = results.setdefault((name, eps), {"dp": [], "diffprivlib": [], "spent": []})
-        centres, spent = dp_fit(data, k, box, eps, seed=s)
-        cell["dp"].append(loss(X, centres) / refs[name])
-        cell["spent"].append(spent)
-        cell["diffprivlib"].append(loss(X, diffprivlib_fit(X, k, box, eps, seed=s)) / refs[name])
+    cells = [{"name": name, "epsilon": eps, "seed": s, "reference": refs[name]}
+             for name in DATASETS for eps in epsilons for s in range(seeds)]
+    for c, r in zip(cells, run_sweep(_cell, cells, jobs=jobs, backend=backend, desc="dp utility")):
+        cell = results.setdefault((c["name"], c["epsilon"]), {"dp": [], "diffprivlib": [], "spent": []})
+        for key in cell:
+            cell[key].append(tuple(r[key]) if key == "spent" else r[key])
     elapsed = time.perf_counter() - start
 
     out(
