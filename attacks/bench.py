@@ -88,7 +88,7 @@ class BenchConfig:
     max_rounds: int = 15
     active_rounds: int = 60
     central_runs: int = 5
-    audit_trials: int = 50000
+    audit_trials: int = 20000
     crypto: str = "real"
     jobs: int = 1
     backend: str = "processes"
