@@ -154,3 +154,12 @@ def test_config_validation(tmp_path):
         run_benchmark({"algorithms": ["dwf+secure"], "out": str(tmp_path), "progress": False})
     with pytest.raises(InputError, match="crypto"):
         run_benchmark({"crypto": "fake", "out": str(tmp_path), "progress": False})
+
+
+def test_cli_flags_reach_the_sweep(tmp_path, capsys):
+    from securefkm.cli import main
+
+    assert main(["bench", "attacks", "--quick", "--out", str(tmp_path), "--jobs", "0"]) == 2
+    assert "jobs must be an int >= 1" in capsys.readouterr().err
+    assert main(["bench", "attacks", "--quick", "--out", str(tmp_path), "--algorithms", "nope"]) == 2
+    assert "left nothing to run" in capsys.readouterr().err
