@@ -278,6 +278,8 @@ def audit_table(rows, summary, stacks) -> str:
                    f"<td>{_f(float(np.mean(spent)) if spent else math.nan)}</td>"
                    f"<td>{_f(a['audit_epsilon_mean'], a['audit_epsilon_se'])}</td><td>{_f(ratio)}</td>"
                    f"<td class='l'>{e(a['status'])}</td></tr>")
+    if len(out) == 1:
+        return "<p>No DP stack in this configuration: nothing to audit.</p>"
     out.append("</table>")
     return "\n".join(out)
 
