@@ -305,3 +305,36 @@ def cell_table(summary) -> str:
             + (f" ({s['status_count']} seeds)" if s["status_count"] else "") + "</td></tr>")
     out.append("</table>")
     return "\n".join(out)
+
+
+def summary_markdown(summary, attacks, stacks=None) -> str:
+    """A markdown table for docs: one line per (dataset, algorithm, stack), utility / ARI /
+    epsilon spent (means over seeds), then per attack the mean records recovered
+    (membership: AUC), 'n/a' where the attack does not apply, 'refused' lines collapsed."""
+    fits: dict = {}
+    for s in summary:
+        if s["attack"] != AUDIT:
+            fits.setdefault((s["dataset"], s["algorithm"], s["stack"]), {})[s["attack"]] = s
+    order = {st: i for i, st in enumerate(stacks or [])}
+    keys = sorted(fits, key=lambda k: (k[0], k[1], order.get(k[2], len(order))))
+    lines = ["| dataset | algorithm | stack | utility | ARI | eps spent | " + " | ".join(attacks) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(attacks)]
+    for key in keys:
+        g = fits[key]
+        ok = [s for s in g.values() if np.isfinite(s["utility_mean"])]
+        if not ok:
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | refused | | | " + " | ".join("n/a" for _ in attacks) + " |")
+            continue
+        u = ok[0]
+        cells = []
+        for at in attacks:
+            s = g.get(at)
+            if s is None or s["status"] != "ok":
+                cells.append("n/a" if s is None or s["status"].startswith("not applicable") else "error")
+            elif at == "membership":
+                cells.append(f"AUC {s['membership_auc_mean']:.2f}")
+            else:
+                cells.append(f"{s['records_recovered_mean']:.3g}")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {_f(u['utility_mean'])} | {_f(u['ari_mean'], digits=2)} | "
+                     f"{_f(u['epsilon_mean'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
