@@ -22,7 +22,8 @@ epsilon lower bound of the stack's Gaussian mechanism next to the accounted epsi
 
 Resumable and parallel: the cells run through :func:`securefkm.bench.sweep.run_sweep`, cached
 in ``<out>/cache/`` by a hash of the cell, so an interrupted run re-run with the same ``--out``
-computes only what is missing, and ``--jobs 2`` gives the same CSV as ``--jobs 1``. Written at
+computes only what is missing (and retries cells that ended in an error), and ``--jobs 2``
+gives the same CSV as ``--jobs 1``. Written at
 the end: ``attacks.csv`` (all rows, configuration order), ``summary.csv`` (mean and standard
 error over seeds) and ``report.html`` (one self-contained page).
 """
@@ -183,6 +184,7 @@ def run_benchmark(config) -> list[dict]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
+    _forget_errors(cache)
     sweep = {"jobs": cfg.jobs, "backend": cfg.backend, "cache_dir": cache, "progress": cfg.progress}
     t0 = time.perf_counter()
     central_cells, audit_cells = _cells(cfg)
@@ -203,6 +205,17 @@ def run_benchmark(config) -> list[dict]:
     if cfg.report:
         write_report(out / "report.html", rows, summary, cfg_dict(cfg), wall_seconds=time.perf_counter() - t0)
     return rows
+
+
+def _forget_errors(cache: Path) -> None:
+    """Cells whose rows recorded an ``error: ...`` are retried on the next call: their cache
+    entries are removed (refusals and not-applicable cells are final and stay cached)."""
+    if not cache.is_dir():
+        return
+    for path in cache.glob("*.json"):
+        text = path.read_text()
+        if '"status":"error' in text:
+            path.unlink()
 
 
 def cfg_dict(cfg: BenchConfig) -> dict:

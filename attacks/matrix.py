@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from securefkm.exceptions import InputError, ProtectionConfigError
+from securefkm.exceptions import InputError, NoParticipantsError, ProtectionConfigError
 
 PASSIVE = ("small-cluster", "differencing", "aggregate-differencing", "fuzzy-equations")
 ACTIVE = ("crafted-centroids", "model-inconsistency", "active-aggregate-differencing", "sybil")
@@ -273,6 +273,8 @@ def fit_cell(cell: dict) -> list[dict]:
         fit["epsilon"], fit["delta"] = (float(spent[0]), float(spent[1])) if spent is not None else (None, None)
     except (ProtectionConfigError, InputError) as exc:  # the stack refuses this algorithm
         fit_status = not_applicable(f"the stack refuses the algorithm: {exc}")[:400]
+    except NoParticipantsError as exc:  # a participation cap spent before the algorithm had centres
+        fit_status = not_applicable(f"the stack's participation cap ends the fit too early: {exc}")[:400]
     except Exception as exc:  # noqa: BLE001 - recorded in the row, the sweep goes on
         fit_status = f"error: fit: {type(exc).__name__}: {exc}"[:400]
     fit["fit_seconds"] = time.perf_counter() - t0
