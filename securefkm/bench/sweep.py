@@ -3,7 +3,8 @@
     results = run_sweep(fit_one, [{"alg": "dwf", "seed": 0}, ...], jobs=2, cache_dir="out/cache")
 
 ``fn`` is a module-level function ``cell (JSON-able dict) -> result (JSON-able)``; it must be
-pure (same cell, same result) so cells can run in any order, in any process. The engines are
+pure (same cell, same result) so cells can run in any order, in any process. A script calling
+it with ``jobs > 1`` needs an ``if __name__ == "__main__":`` guard (workers re-import ``__main__``). The engines are
 existing ones: ``concurrent.futures.ProcessPoolExecutor`` on one machine (``backend="processes"``)
 and Ray tasks on a cluster (``backend="ray"``, an optional extra; ``RAY_ADDRESS`` or an earlier
 ``ray.init(address=...)`` joins an existing cluster, otherwise a local one is started).
