@@ -91,6 +91,14 @@ def _add_columns(p):
                         + _COLUMNS_HELP)
 
 
+def _add_sweep(p):
+    p.add_argument("--jobs", type=int, default=1, help="independent configurations run in parallel (1 = serial); bench attacks and bench quality "
+                        "--part dwf (the other parts run serially)")
+    p.add_argument("--backend", choices=["processes", "ray"], default="processes",
+                   help="where parallel jobs run: worker processes on this machine, or Ray (optional extra; "
+                        "RAY_ADDRESS joins a cluster)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .registry import ALGORITHM_HELP
 
@@ -132,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--quick", action="store_true", help="the small CI matrix (minutes)")
     a.add_argument("--out", default="bench-attacks", help="output directory (CSV, markdown, PNG)")
     a.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: 1 quick, 3 full)")
+    a.add_argument("--datasets", type=_columns, default=None,
+                   help="comma-separated dataset names or labels to keep (e.g. wine,digits-unit/iid)")
+    a.add_argument("--algorithms", type=_columns, default=None,
+                   help="comma-separated algorithms to keep (e.g. dwf,kfed+secure)")
+    a.add_argument("--stacks", type=_columns, default=None, help="comma-separated stack labels to keep")
+    a.add_argument("--no-large", action="store_true", help="full mode without the 100,000-record set")
+    a.add_argument("--crypto", choices=["real", "ideal"], default="real",
+                   help="'ideal': the ideal functionality of the secure aggregators (bit-identical results)")
+    for b in (q, pr, a):
+        _add_sweep(b)
 
     d = sub.add_parser("deploy", help="run over Flower: a local SuperLink and one SuperNode per client CSV")
     d.add_argument("directory", nargs="?", default=None, help="directory of client CSVs (default: demo data)")

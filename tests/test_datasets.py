@@ -204,6 +204,9 @@ def test_registry_defaults_and_errors():
     assert set(DATASETS) == {
         "dwf-blobs",
         "digits",
+        "digits-unit",
+        "wine",
+        "breast-cancer",
         "triebe-1d",
         "garst-grid",
         "garst-extreme",

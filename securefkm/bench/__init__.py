@@ -15,7 +15,7 @@ def main(args) -> None:
         if args.part in ("dwf", "all"):
             from .quality import run
 
-            run(quick=args.quick, runs=args.runs)
+            run(quick=args.quick, runs=args.runs, jobs=args.jobs, backend=args.backend)
         if args.part in ("triebe", "all"):
             from .quality_triebe import run as run_triebe
 
@@ -39,7 +39,7 @@ def main(args) -> None:
         if args.part in ("dp", "all"):
             from .protocols_dp import run as run_dp
 
-            run_dp(quick=args.quick)
+            run_dp(quick=args.quick)  # serial: its cells share each data set's reference fit
         if args.part == "deployment":  # starts a SuperLink and 10 SuperNodes: only when asked for
             from .deployment_secagg import run as run_deployment
 
@@ -47,7 +47,9 @@ def main(args) -> None:
     elif args.bench == "attacks":
         from attacks.bench import cli_run
 
-        cli_run(quick=args.quick, out=args.out, seeds=args.seeds)
+        cli_run(quick=args.quick, out=args.out, seeds=args.seeds, jobs=args.jobs, backend=args.backend,
+                datasets=args.datasets, algorithms=args.algorithms, stacks=args.stacks, no_large=args.no_large,
+                crypto=args.crypto)
 
 
 def _accepts_quick(fn) -> bool:

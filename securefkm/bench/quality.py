@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 from sklearn.cluster import KMeans
-from tqdm.auto import tqdm
 
 from .. import metrics
 from ..datasets import load_dataset
 from ..registry import make_estimator
+from .sweep import run_sweep
 
 METHODS = ("k-means", "EWF", "DWF", "k-FED")
 
@@ -32,22 +32,31 @@ def _fit(method, data, k, seed):
     return make_estimator(name, n_clusters=k, random_state=seed, **params).fit(data).cluster_centers_
 
 
-def run(quick: bool = False, runs: int | None = None, keep_best: float = 0.5, out=print):
+def _cell(cell: dict) -> list[float]:
+    """One run of one (dataset, split, method): [score, accuracy, v-measure] (a sweep cell)."""
+    r = cell["run"]
+    data = load_dataset(cell["name"], split=cell["split"], n_clients=100, random_state=r)
+    X, y = data.pooled(), data.pooled_labels()
+    C = _fit(cell["method"], data, cell["k"], seed=r)
+    pred = metrics.assign(X, C)
+    return [metrics.kmeans_score(X, C), metrics.accuracy(y, pred), metrics.v_measure(y, pred)]
+
+
+def run(quick: bool = False, runs: int | None = None, keep_best: float = 0.5, out=print, jobs: int = 1,
+        backend: str = "processes"):
+    """The table; ``jobs``/``backend``: the independent runs go through :func:`.sweep.run_sweep`
+    (same table for any number of jobs)."""
     runs = runs or (4 if quick else 20)
     datasets = (("synthetic", "dwf-blobs", 5), ("digits", "digits", 20))
     splits = ("iid", "half-iid", "non-iid")
     rows = []
     start = time.perf_counter()
-    cells = [(d, s, m) for d in datasets for s in splits for m in METHODS]
+    cells = [{"name": name, "k": k, "split": split, "method": method, "run": r}
+             for _, name, k in datasets for split in splits for method in METHODS for r in range(runs)]
+    values = run_sweep(_cell, cells, jobs=jobs, backend=backend, desc="quality")
     results: dict = {}
-    for (label, name, k), split, method in tqdm(cells, desc="quality", leave=False):
-        vals = []
-        for r in range(runs):
-            data = load_dataset(name, split=split, n_clients=100, random_state=r)
-            X, y = data.pooled(), data.pooled_labels()
-            C = _fit(method, data, k, seed=r)
-            pred = metrics.assign(X, C)
-            vals.append((metrics.kmeans_score(X, C), metrics.accuracy(y, pred), metrics.v_measure(y, pred)))
+    for (label, name, _), split, method in ((d, s, m) for d in datasets for s in splits for m in METHODS):
+        vals = [v for c, v in zip(cells, values) if (c["name"], c["split"], c["method"]) == (name, split, method)]
         vals = np.array(sorted(vals, key=lambda v: v[0])[: max(1, int(round(keep_best * runs)))])
         results[(label, split, method)] = vals
     out(f"DWF paper Table 1 layout: {runs} runs per cell, best {int(keep_best * 100)}% kept by score, "

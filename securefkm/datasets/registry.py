@@ -13,6 +13,7 @@ import inspect
 from .._validation import check_random_state
 from ..exceptions import InputError
 from . import generators as gen
+from . import real
 from .federated import FederatedDataset
 
 __all__ = ["DATASETS", "load_dataset"]
@@ -22,6 +23,12 @@ DATASETS: dict[str, str] = {
     "dwf-blobs": "DWF paper 3.2: 5 Gaussian blobs in [-1,1]^2 (10,000 points, std 0.2) + 100 uniform noise points "
     "(label 5); default split non-iid over 100 clients.",
     "digits": "scikit-learn's handwritten digits (1797 x 64, 10 classes); default split non-iid over 100 clients.",
+    "digits-unit": "digits with the pixel range 0..16 mapped to [-1, 1] (data-format scaling); default split "
+    "dirichlet (label skew) over 20 clients.",
+    "wine": "UCI wine (178 x 13, 3 classes) scaled into [-1, 1] by its published feature ranges; default split "
+    "dirichlet (label skew) over 10 clients.",
+    "breast-cancer": "UCI breast cancer Wisconsin (569 x 30, 2 classes) scaled into [-1, 1] by its published "
+    "feature ranges; default split dirichlet (label skew) over 10 clients.",
     "triebe-1d": "Triebe & Rajagopal 2.1: 50 clients x 10 one-dimensional points, each client from one of 5 Gaussians.",
     "garst-grid": "Garst & Reinders 3: 16 Gaussians on a 4x4 grid (spacing 5, std 1, 50 per centre); default "
     "distance split (eq. 2, beta=1) over 4 clients.",
@@ -36,6 +43,9 @@ DATASETS: dict[str, str] = {
 _SPEC = {
     "dwf-blobs": (gen.dwf_blobs, False, "non-iid", 100),
     "digits": (gen.digits, False, "non-iid", 100),
+    "digits-unit": (real.digits_unit, False, "dirichlet", 20),
+    "wine": (real.wine, False, "dirichlet", 10),
+    "breast-cancer": (real.breast_cancer, False, "dirichlet", 10),
     "triebe-1d": (gen.triebe_1d, True, None, None),
     "garst-grid": (gen.garst_grid, False, "distance", 4),
     "garst-extreme": (gen.garst_extreme_split, True, None, None),
@@ -45,6 +55,8 @@ _SPEC = {
 
 # arguments whose default the generator fixes on purpose: the dataset of the paper
 _FIXED_DATA_SEED = {"dwf-blobs"}
+# real data sets: nothing drawn, their loaders take no random_state
+_NO_SEED = {"digits", "digits-unit", "wine", "breast-cancer"}
 
 
 def _split_kwargs(func, kw: dict) -> tuple[dict, dict]:
@@ -81,7 +93,7 @@ def load_dataset(
             gen_kw["random_state"] = data_seed
     else:
         gen_kw["random_state"] = data_seed if data_seed is not None else rng
-    if name == "digits":
+    if name in _NO_SEED:  # fixed real data: random_state seeds only the split
         gen_kw.pop("random_state")
     out = func(**gen_kw)
     if federated:

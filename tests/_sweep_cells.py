@@ -1,0 +1,22 @@
+"""Module-level cell functions for tests/test_sweep.py (worker processes import them by name)."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+def noisy_mean(cell):
+    """A pure cell: a seeded computation with a float result and a nested structure."""
+    rng = np.random.default_rng(cell["seed"])
+    x = rng.normal(size=cell["n"])
+    return {"seed": cell["seed"], "mean": float(x.mean()), "pid_free": [int(v) for v in np.sign(x[:3])]}
+
+
+def logged(cell):
+    """Appends its index to ``cell['log']``; fails on ``cell['i'] == cell['fail_at']`` while the
+    file ``cell['flag']`` exists (an interrupted sweep)."""
+    Path(cell["log"]).open("a").write(f"{cell['i']}\n")
+    if cell["i"] == cell["fail_at"] and os.path.exists(cell["flag"]):
+        raise KeyboardInterrupt("interrupted")
+    return cell["i"] ** 2

@@ -1,0 +1,85 @@
+"""securefkm.bench.sweep: parallel output equals serial, resume skips cached cells, bad input."""
+
+import pytest
+from _sweep_cells import logged, noisy_mean
+
+from securefkm.bench.sweep import cell_key, run_sweep
+from securefkm.exceptions import InputError
+
+
+def test_parallel_equals_serial_and_order(tmp_path):
+    cells = [{"seed": s, "n": 50 + s} for s in (5, 1, 4, 2, 3, 0)]
+    serial = run_sweep(noisy_mean, cells, jobs=1, progress=False)
+    assert [r["seed"] for r in serial] == [5, 1, 4, 2, 3, 0]
+    parallel = run_sweep(noisy_mean, cells, jobs=2, backend="processes", progress=False)
+    assert parallel == serial  # bit-identical floats, same order
+    cached = run_sweep(noisy_mean, cells, jobs=2, cache_dir=tmp_path, progress=False)
+    assert cached == serial
+    assert run_sweep(noisy_mean, cells, jobs=1, cache_dir=tmp_path, progress=False) == serial  # from the cache
+    assert len(list(tmp_path.glob("*.json"))) == len(cells)
+
+
+def test_resume_skips_cached_cells(tmp_path):
+    log, flag = tmp_path / "log.txt", tmp_path / "flag"
+    flag.write_text("")
+    cells = [{"i": i, "fail_at": 3, "log": str(log), "flag": str(flag)} for i in range(6)]
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(logged, cells, cache_dir=tmp_path / "cache", progress=False)
+    assert log.read_text().split() == ["0", "1", "2", "3"]
+    flag.unlink()
+    log.write_text("")
+    out = run_sweep(logged, cells, cache_dir=tmp_path / "cache", progress=False)
+    assert out == [i * i for i in range(6)]
+    assert log.read_text().split() == ["3", "4", "5"]  # 0..2 came from the cache
+    log.write_text("")
+    assert run_sweep(logged, cells, jobs=2, cache_dir=tmp_path / "cache", progress=False) == out
+    assert log.read_text() == ""
+
+
+def test_keys_are_stable_and_order_free():
+    assert cell_key(noisy_mean, {"seed": 1, "n": 2}) == cell_key(noisy_mean, {"n": 2, "seed": 1})
+    assert cell_key(noisy_mean, {"seed": 1, "n": 2}) != cell_key(logged, {"seed": 1, "n": 2})
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(InputError, match="jobs"):
+        run_sweep(noisy_mean, [], jobs=0)
+    with pytest.raises(InputError, match="backend"):
+        run_sweep(noisy_mean, [], backend="threads")
+    with pytest.raises(InputError, match="module-level"):
+        run_sweep(lambda c: c, [{"a": 1}])
+    with pytest.raises(InputError, match="JSON"):
+        run_sweep(noisy_mean, [{"seed": object()}])
+
+
+def test_ray_backend(monkeypatch):
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        import builtins
+
+        real = builtins.__import__
+
+        def no_ray(name, *a, **k):
+            if name == "ray":
+                raise ImportError(name)
+            return real(name, *a, **k)
+
+        monkeypatch.setattr(builtins, "__import__", no_ray)
+        with pytest.raises(InputError, match=r"pip install"):
+            run_sweep(noisy_mean, [{"seed": 0, "n": 3}], backend="ray", progress=False)
+        return
+    import ray
+
+    cells = [{"seed": s, "n": 20} for s in range(4)]
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))  # the workers import _sweep_cells from here
+    path = os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        assert run_sweep(noisy_mean, cells, backend="ray", jobs=2, progress=False) == run_sweep(
+            noisy_mean, cells, progress=False)
+    finally:
+        ray.shutdown()
