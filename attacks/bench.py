@@ -77,8 +77,9 @@ class BenchConfig:
     names, ``"<name>+secure"`` for the secure mode of a set-valued one; ``stacks``: {label:
     list of registry specs}; ``attacks``: :data:`attacks.matrix.ATTACKS`; ``audit``: run the
     DP audit on every DP stack; ``seeds``; ``max_rounds`` of every fit; ``active_rounds``:
-    cap on an active attack's rounds; ``crypto``: "real" (or "ideal" once the estimators
-    take it); ``jobs`` / ``backend``: parallel sweep; ``out``: output directory."""
+    cap on an active attack's rounds; ``crypto``: "ideal" (default: the secure aggregators'
+    ideal functionality, proven to release the same as the real protocol by tests/test_ideal.py,
+    docs/protocols/ideal-functionality.md) or "real"; ``jobs`` / ``backend``: parallel sweep; ``out``: output directory."""
 
     datasets: list = field(default_factory=lambda: [_blobs_small()])
     algorithms: list = field(default_factory=lambda: ["dwf", "kfed", "kfed+secure", "fcm-fedavg"])
@@ -90,7 +91,7 @@ class BenchConfig:
     active_rounds: int = 60
     central_runs: int = 5
     audit_trials: int = 20000
-    crypto: str = "real"
+    crypto: str = "ideal"
     jobs: int = 1
     backend: str = "processes"
     out: str = "bench-attacks"
@@ -251,7 +252,7 @@ def read_rows(path) -> list[dict]:
 
 def cli_run(quick: bool = False, out: str = "bench-attacks", seeds: int | None = None, jobs: int = 1,
             backend: str = "processes", datasets=None, algorithms=None, stacks=None, no_large: bool = False,
-            crypto: str = "real") -> list[dict]:
+            crypto: str = "ideal") -> list[dict]:
     """``securefkm bench attacks``: quick (CI) or full configuration, optionally narrowed to
     some datasets (names or labels), algorithms or stacks; prints where the report is."""
     cfg = quick_config(out, seeds) if quick else full_config(out, seeds)

@@ -216,9 +216,9 @@ def _dp_takes_rng() -> bool:
     return "rng" in inspect.signature(GaussianDP).parameters
 
 
-def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, crypto: str = "real"):
-    """The estimator of one cell. ``crypto`` is passed to the estimator only when it is not
-    "real" (the estimators take it once the ideal functionality exists)."""
+def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, crypto: str = "ideal"):
+    """The estimator of one cell; ``crypto`` ("ideal" by default: the same release as the real
+    protocol, bit for bit, tests/test_ideal.py) goes to the estimator."""
     from securefkm.registry import make_estimator
 
     base, kw = split_algorithm(algorithm)
@@ -227,8 +227,7 @@ def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, cry
         kw["init_bounds"] = tuple(box)
     if base not in ("kfed", "child-parent"):
         kw["max_rounds"] = max_rounds
-    if crypto != "real":
-        kw["crypto"] = crypto
+    kw["crypto"] = crypto
     return make_estimator(base, protection=with_box(specs, box), **kw)
 
 
@@ -261,7 +260,7 @@ def fit_cell(cell: dict) -> list[dict]:
     est, fit_status = None, STATUS_OK
     t0 = time.perf_counter()
     try:
-        est = make_fit(alg, specs, k, box, seed, cell["max_rounds"], cell.get("crypto", "real"))
+        est = make_fit(alg, specs, k, box, seed, cell["max_rounds"], cell.get("crypto", "ideal"))
         est.fit(data)
         X = data.pooled()
         labels, d2 = assign(X, est.cluster_centers_)

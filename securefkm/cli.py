@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated algorithms to keep (e.g. dwf,kfed+secure)")
     a.add_argument("--stacks", type=_columns, default=None, help="comma-separated stack labels to keep")
     a.add_argument("--no-large", action="store_true", help="full mode without the 100,000-record set")
-    a.add_argument("--crypto", choices=["real", "ideal"], default="real",
-                   help="'ideal': the ideal functionality of the secure aggregators (bit-identical results)")
+    a.add_argument("--crypto", choices=["real", "ideal"], default="ideal",
+                   help="'ideal': the secure aggregators' ideal functionality (the same release, bit for bit, "
+                        "at a fraction of the cost); 'real': run their cryptography")
     for b in (q, pr, a):
         _add_sweep(b)
 
