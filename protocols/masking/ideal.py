@@ -51,6 +51,7 @@ from securefkm.exceptions import RoundAbortedError, ServerMisbehaviourError
 from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
 
 from .layer import PairwiseMasking
+from .server import RoundChecks
 
 #: the functionality's message "go on" (shared, never mutated)
 _GO: dict = {}
@@ -143,7 +144,7 @@ class _IdealClient(ClientSession):
         return True  # answered: the functionality needs nothing else from an honest client
 
 
-class _IdealServer(ServerSession):
+class _IdealServer(RoundChecks, ServerSession):
     def __init__(self, ctx, plan, codec, *, bind_broadcast: bool, consistency: bool):
         self.ctx, self.plan, self.codec = ctx, plan, codec
         self.server_digest = ctx.broadcast_digest if bind_broadcast else b""
@@ -159,19 +160,6 @@ class _IdealServer(ServerSession):
         self._neigh: dict[int, np.ndarray] = {}
 
     # -------------------------------------------------------------- helpers
-    def _abort(self, stage: str, why: str, error=RoundAbortedError):
-        raise error(
-            f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
-            "no aggregate was released",
-            round=self.ctx.round,
-            stage=stage,
-        )
-
-    def _need(self, stage: str, count: int, what: str):
-        if count < self.m:
-            self._abort(stage, f"only {count} clients {what}, fewer than the threshold of "
-                               f"{self.m} survivors (sampled {len(self.plan.sampled)})")
-
     def _count(self, c: int, members: set[int]) -> int:
         """``|N(c) n members|`` (the complete graph: everyone else that is a member)."""
         if self.plan.graph.kind == "complete":

@@ -117,7 +117,29 @@ def reconstruct_per_holder_set(groups: list[list[bytes]], threshold: int, chunk_
     return out  # type: ignore[return-value]
 
 
-class MaskingServer(ServerSession):
+class RoundChecks:
+    """The server's abort conditions, shared by the real protocol and its ideal
+    functionality (:mod:`protocols.masking.ideal`) so both abort with the same words.
+    Needs ``self.ctx`` and ``self.plan``."""
+
+    def _abort(self, stage: str, why: str, error=RoundAbortedError):
+        raise error(
+            f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
+            "no aggregate was released",
+            round=self.ctx.round,
+            stage=stage,
+        )
+
+    def _need(self, stage: str, count: int, what: str):
+        if count < self.plan.min_survivors:
+            self._abort(
+                stage,
+                f"only {count} clients {what}, fewer than the threshold of "
+                f"{self.plan.min_survivors} survivors (sampled {len(self.plan.sampled)})",
+            )
+
+
+class MaskingServer(RoundChecks, ServerSession):
     def __init__(
         self,
         ctx: RoundContext,
@@ -148,22 +170,6 @@ class MaskingServer(ServerSession):
         self.consistency = bool(consistency)
         self.statement_digest = ctx.broadcast_digest
         self.signatures: dict[int, bytes] = {}  # consistency check: U4 -> signature over U3
-
-    def _abort(self, stage: str, why: str, error=RoundAbortedError):
-        raise error(
-            f"pairwise masking aborted round {self.ctx.round} at stage {stage!r}: {why}; "
-            "no aggregate was released",
-            round=self.ctx.round,
-            stage=stage,
-        )
-
-    def _need(self, stage: str, count: int, what: str):
-        if count < self.plan.min_survivors:
-            self._abort(
-                stage,
-                f"only {count} clients {what}, fewer than the threshold of "
-                f"{self.plan.min_survivors} survivors (sampled {len(self.plan.sampled)})",
-            )
 
     # ------------------------------------------------------------------ messages
     def messages(self, stage, alive):

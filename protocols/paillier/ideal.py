@@ -83,14 +83,7 @@ class IdealPaillier(Paillier):
 
     def client_session(self, client, ctx, sums):
         self._require_setup()
-        values = self.codec.encode_signed(sums, ctx.specs, self.max_clients_)
-        try:
-            self.layout.check_values(values)
-        except InputError:
-            names = [s.name for s in ctx.specs for _ in range(s.size)]
-            self.layout.check_values(values, names)
-            raise
-        return _IdealClient(values.astype(np.int64), (ctx.run, ctx.round, ctx.broadcast_digest),
+        return _IdealClient(self.encoded_values(sums, ctx), (ctx.run, ctx.round, ctx.broadcast_digest),
                             self.max_clients_, len(ctx.sampled))
 
 

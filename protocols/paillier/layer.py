@@ -303,6 +303,18 @@ class Paillier(Aggregator):
         if self._signing_key is None and "paillier" not in client.state:
             self._enroll(client)
 
+    def encoded_values(self, sums: dict[str, np.ndarray], ctx: RoundContext) -> np.ndarray:
+        """A client's signed fixed-point values, checked against the slot's value range
+        (the error names the field); what both the real client and the ideal one hold."""
+        values = self.codec.encode_signed(sums, ctx.specs, self.max_clients_)
+        try:
+            self.layout.check_values(values)
+        except InputError:
+            names = [s.name for s in ctx.specs for _ in range(s.size)]
+            self.layout.check_values(values, names)
+            raise
+        return values.astype(np.int64)
+
     def client_session(
         self, client: ClientContext, ctx: RoundContext, sums: dict[str, np.ndarray]
     ) -> ClientSession:
@@ -315,16 +327,9 @@ class Paillier(Aggregator):
             client.state["paillier"] = state
         elif state is None or state.get("authority") != fp:
             state = self._enroll(client)
-        values = self.codec.encode_signed(sums, ctx.specs, self.max_clients_)
-        try:
-            self.layout.check_values(values)
-        except InputError:
-            names = [s.name for s in ctx.specs for _ in range(s.size)]
-            self.layout.check_values(values, names)
-            raise
         return PaillierClientSession(
             client_id=client.client_id,
-            values=values.astype(np.int64),
+            values=self.encoded_values(sums, ctx),
             signing_key=state["signing_key"],
             trusted_authority_key=self.trusted_authority_key,
             value_bits=self.layout.value_bits,
