@@ -231,7 +231,7 @@ def test_ideal_keeps_layer_names_and_reprs(clients):
             assert all("held by the ideal functionality" in repr(m) for m in st.received.values())
 
 
-def test_same_foreign_broadcast_to_all_aborts_only_with_a_dropout(clients):
+def test_foreign_broadcasts_abort_exactly_where_the_masks_fail(clients):
     """A server whose clients all received one broadcast other than its own (every client
     binds its masks to that digest) decodes fine without dropouts, but cannot remove a
     dropped client's masks (it uses its own digest): both worlds abort then, and only then."""
@@ -244,16 +244,25 @@ def test_same_foreign_broadcast_to_all_aborts_only_with_a_dropout(clients):
             other = replace(broadcast, params={**broadcast.params, "tag": 1})
             return sampled, {c: other for c in sampled}
 
-    for dropout, aborts in ((None, False), ({1: {"masked_input": [2]}}, True)):
+    class OddForeign(ServerPolicy):  # two groups with different broadcasts: masks between them fail
+        def plan(self, state, round, broadcast, sampled, n_clients):
+            other = replace(broadcast, params={**broadcast.params, "tag": 1})
+            return sampled, {c: (other if c % 2 else broadcast) for c in sampled}
+
+    graphs = ({}, {"graph": "sparse", "neighbours": 4})
+    cases = [(g, SameForeign, dropout, aborts) for g in graphs
+             for dropout, aborts in ((None, False), ({1: {"masked_input": [2]}}, True))]
+    cases += [(g, OddForeign, None, True) for g in graphs]
+    for graph, policy, dropout, aborts in cases:
         outcome = {}
         for crypto in ("real", "ideal"):
-            est = make_estimator("dwf", n_clusters=3, protection=[PairwiseMasking()], random_state=0,
+            est = make_estimator("dwf", n_clusters=3, protection=[PairwiseMasking(**graph)], random_state=0,
                                  init_bounds=BOX, max_rounds=3, dropout_rate=dropout, crypto=crypto)
-            fed, _ = est.make_federation(clients, server_policy=SameForeign())
+            fed, _ = est.make_federation(clients, server_policy=policy())
             try:
                 fed.run(0)
                 outcome[crypto] = None
             except RoundAbortedError as exc:
                 outcome[crypto] = _normalise(str(exc))
         assert outcome["real"] == outcome["ideal"]
-        assert (outcome["real"] is not None) == aborts, outcome
+        assert (outcome["real"] is not None) == aborts, (graph, policy, outcome)

@@ -157,24 +157,31 @@ class _IdealServer(RoundChecks, ServerSession):
         self.answered_unmask: set[int] = set()
         self.digests: dict[int, bytes] = {}
         self.acc = np.zeros(plan.length, dtype=np.uint64)
-        self._neigh: dict[int, np.ndarray] = {}
+        g = plan.graph
+        if g.kind != "complete":  # the Harary ring in position space: ring[i] = positions of i's neighbours
+            n, half = len(g.order), g.degree // 2
+            offs = np.concatenate([np.arange(1, half + 1), -np.arange(1, half + 1)])
+            self._ring = (np.arange(n)[:, None] + offs) % n
+            self._pos = {int(c): i for i, c in enumerate(g.order.tolist())}
 
     # -------------------------------------------------------------- helpers
-    def _count(self, c: int, members: set[int]) -> int:
-        """``|N(c) n members|`` (the complete graph: everyone else that is a member)."""
+    def _counter(self, members):
+        """``c -> |N(c) n members|`` (the complete graph: everyone else that is a member); on
+        the sparse graph one vectorised pass over the ring for all clients at once."""
         if self.plan.graph.kind == "complete":
-            return len(members) - (c in members)
-        nb = self._neigh.get(c)
-        if nb is None:
-            nb = self._neigh[c] = self.plan.graph.neighbours(c)
-        return sum(1 for v in nb.tolist() if v in members)
+            size = len(members)
+            return lambda c: size - (c in members)
+        member = np.zeros(len(self._ring), dtype=bool)
+        member[[self._pos[v] for v in members]] = True
+        counts = member[self._ring].sum(axis=1)
+        return lambda c: int(counts[self._pos[c]])
 
-    def _refusals(self, clients, members: set[int], why: str) -> dict[int, dict]:
+    def _refusals(self, clients, members, why: str) -> dict[int, dict]:
         if self.plan.graph.kind == "complete" and len(members) >= self.t:
             return dict.fromkeys(clients, _GO)  # everyone holds enough: nobody refuses
-        out = {}
+        count, out = self._counter(members), {}
         for c in clients:
-            have = 1 + self._count(c, members)
+            have = 1 + count(c)
             out[c] = {"refuse": f"client {c} refuses: {why} ({have} < threshold {self.t})"} if have < self.t else _GO
         return out
 
@@ -195,9 +202,9 @@ class _IdealServer(RoundChecks, ServerSession):
         if stage == "unmask":
             if not self.consistency:
                 return self._refusals([c for c in alive if c in u3], u3, "too few of my neighbourhood survived")
-            out = {}
+            out, count = {}, self._counter(self.signers)
             for c in (c for c in alive if c in self.signers):
-                signed = 1 + self._count(c, self.signers) if c in self.signers else self._count(c, self.signers)
+                signed = 1 + count(c)  # c signed too
                 if signed < self.q:
                     out[c] = {"refuse": f"client {c} refuses: only {signed} of my holders signed the survivor "
                                         f"list (quorum {self.q})"}
@@ -241,15 +248,21 @@ class _IdealServer(RoundChecks, ServerSession):
             if any(d[u] != first for u in survivors):
                 return False
             return not dropped or first == self.server_digest
-        surv = set(survivors)
-        for u in survivors:
-            for v in self.plan.graph.neighbours(u).tolist():
-                if v in surv and d[v] != d[u]:
-                    return False
-        for v in dropped:
-            for u in self.plan.graph.neighbours(v).tolist():
-                if u in surv and d[u] != self.server_digest:
-                    return False
+        # sparse graph, in position space: every survivor's neighbours that survived share its
+        # digest; every survivor next to a dropped client used the server's digest
+        n = len(self._ring)
+        codes = {dig: k for k, dig in enumerate({d[u] for u in survivors} | {self.server_digest})}
+        digest = np.full(n, -1)
+        digest[[self._pos[u] for u in survivors]] = [codes[d[u]] for u in survivors]
+        alive = digest >= 0
+        around = digest[self._ring]
+        if np.any(alive[:, None] & (around >= 0) & (around != digest[:, None])):
+            return False
+        if dropped:
+            near = self._ring[[self._pos[v] for v in dropped]].ravel()
+            near = near[alive[near]]
+            if np.any(digest[near] != codes[self.server_digest]):
+                return False
         return True
 
     def result(self):
@@ -258,9 +271,10 @@ class _IdealServer(RoundChecks, ServerSession):
         survivors = sorted(self.u3)
         dropped = sorted(self.u2 - set(survivors))
         R = self.answered_unmask
+        count = self._counter(R)
         for kind, owners, own in (("b", survivors, 1), ("s", dropped, 0)):
             for o in owners:
-                found = self._count(o, R) + (own if o in R else 0)
+                found = count(o) + (own if o in R else 0)
                 if found < self.t:
                     self._abort("unmask", f"only {found} {kind}-shares of client {o} came back, threshold is "
                                           f"{self.t} ({len(R)} clients answered unmask)")
