@@ -34,6 +34,8 @@ INT64_MAX = 2**63 - 1
 
 
 def _as_specs(specs) -> tuple[FieldSpec, ...]:
+    if type(specs) is tuple and all(type(s) is FieldSpec for s in specs):
+        return specs  # the runtime's own declared layout: nothing to convert
     specs = tuple(specs)
     for s in specs:
         if not isinstance(s, FieldSpec):
@@ -140,14 +142,12 @@ class FixedPointCodec:
         integer field, or a value above the bound. Never clips.
         """
         specs = _as_specs(specs)
-        n = _check_n(n_clients)
         if not isinstance(sums, dict):
             raise InputError(f"sums must be a dict of arrays keyed by field name, got {type(sums).__name__}.")
         check_sums(sums, specs)
         if not specs:
             return np.zeros(0, dtype=np.int64)
-        fbound = self.effective_bound(n)
-        ibound = min(self.bound, self.max_abs_integer(n)) if self.bound is not None else self.max_abs_integer(n)
+        n, fbound, ibound = self._bounds(n_clients)
         fast = self._encode_fast(sums, specs, fbound, ibound)
         if fast is not None:
             return fast
@@ -181,6 +181,17 @@ class FixedPointCodec:
                     )
                 parts.append(np.rint(v * self.scale).astype(np.int64))
         return np.concatenate(parts)
+
+    def _bounds(self, n_clients) -> tuple[int, float, float]:
+        """(n, float-field bound, integer-field bound) for a round of ``n_clients``; every
+        client of a round asks with the same n, so the last answer is kept."""
+        cached = getattr(self, "_last_bounds", None)
+        if cached is not None and cached[0] == n_clients and type(n_clients) is int:
+            return cached
+        n = _check_n(n_clients)
+        ibound = min(self.bound, self.max_abs_integer(n)) if self.bound is not None else self.max_abs_integer(n)
+        self._last_bounds = (n, self.effective_bound(n), ibound)
+        return self._last_bounds
 
     def _encode_fast(self, sums, specs, fbound: float, ibound: float) -> np.ndarray | None:
         """The same words as the per-field loop, with one check over all fields at once
