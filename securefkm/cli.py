@@ -11,52 +11,28 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from .exceptions import SecureFKMError
 
 
 def _kv(text: str):
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    key, value = text.split("=", 1)
+    from .specs import parse_kv
+
     try:
-        value = json.loads(value)
-    except json.JSONDecodeError:
-        pass
-    return key.replace("-", "_"), value
-
-
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside brackets, so JSON values like bounds=[-2,2] stay whole."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch in "[{(" and 1 or (-1 if ch in "]})" else 0)
-        if ch == sep and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return parts + [cur]
+        return parse_kv(text)
+    except SecureFKMError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _protection(text: str):
-    """'masking,dp:epsilon=1:delta=1e-5:clip=2' or a JSON list."""
-    text = text.strip()
-    if not text or text == "none":
-        return []
-    if text.startswith("["):
-        return json.loads(text)
-    specs = []
-    for part in _split_top(text, ","):
-        name, *params = _split_top(part, ":")
-        spec = {"name": name}
-        for p in params:
-            k, v = _kv(p)
-            spec[k] = v
-        specs.append(spec)
-    return specs
+    """'masking,dp:epsilon=1:delta=1e-5:clip=2' or a JSON list (grammar: securefkm.specs)."""
+    from .specs import parse_protection
+
+    try:
+        return parse_protection(text)
+    except SecureFKMError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -95,7 +95,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(
-            self.init, self.protection, self.init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+            self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="kfed", default_protected="private",
         )
         return WeightedFederatedKMeansAlgorithm(
@@ -107,6 +107,6 @@ class WeightedFederatedKMeans(FederatedClusterer):
             tol=self.tol,
             patience=self.patience,
             init=init,
-            init_bounds=self.init_bounds,
+            init_bounds=self._declared_bounds(n_features),
             score_round=self._n_runs() > 1,
         )
