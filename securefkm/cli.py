@@ -1,6 +1,6 @@
 """The ``securefkm`` command line.
 
-    securefkm demo                      DWF on the non-IID 5-blob set, 100 clients, no server
+    securefkm demo                      one DWF fit unprotected and protected, side by side, no server
     securefkm run DIR --algorithm dwf   cluster a directory of client CSV files (one per client)
     securefkm bench quality|speed|protocols|attacks [--quick]
     securefkm deploy ...                the same run between real processes over Flower
@@ -73,10 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="securefkm", description="Privacy-hardened federated clustering.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="DWF on the non-IID 5-blob set with 100 in-process clients")
+    p = sub.add_parser("demo", help="the same DWF fit unprotected and under DP + secure aggregation, side by side: "
+                                    "utility vs central k-means, records the attacks recover, epsilon",
+                       description="--protection replaces the protected column's stack (default: the recommended "
+                                   "'dp:epsilon=1:delta=1e-5:bounds=[-2,2]:mode=distributed,masking').")
     p.add_argument("--clients", type=int, default=100, help="number of simulated clients")
     p.add_argument("--plot", default="securefkm-demo.png", help="PNG path ('' for none)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     _add_common(p)
 
     p = sub.add_parser("run", help="cluster a directory of client CSV files (one file per client)")

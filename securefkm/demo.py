@@ -74,9 +74,12 @@ def run_demo(n_clients=100, random_state=0, plot_path="securefkm-demo.png", prot
     rows, fitted = [central_row], {}
     layers = make_protection(protection if protection else RECOMMENDED)
     stack = " + ".join(type(x).__name__ for x in layers)
+    protected = dict(protection=layers, max_rounds=PROTECTED_ROUNDS)
+    if not any(getattr(x, "bounds", None) is not None for x in layers):
+        protected["init_bounds"] = DOMAIN  # declared on the estimator when no DP layer declares it
     settings = [
         ("DWF federated, unprotected", dict(), 100),
-        (f"DWF federated + {stack}", dict(protection=layers, max_rounds=PROTECTED_ROUNDS), PROTECTED_ROUNDS),
+        (f"DWF federated + {stack}", protected, PROTECTED_ROUNDS),
     ]
     for name, params, active_rounds in settings:
         if verbose:

@@ -40,6 +40,16 @@ def test_groups_equal_list_of_clients_and_labels_follow_X(pooled):
     np.testing.assert_array_equal(by_groups.fit_predict(X, groups=g), by_groups.labels_)
 
 
+def test_groups_with_federated_dataset_refused(pooled):
+    from securefkm import FederatedDataset
+
+    X, g = pooled
+    with pytest.raises(InputError, match="groups is given but X is a FederatedDataset"):
+        WeightedFederatedKMeans(3).fit(FederatedDataset([X]), groups=g)
+    with pytest.raises(InputError, match="groups must be 1-D with one client label per row of X"):
+        WeightedFederatedKMeans(3).fit(X, groups=g[:-1])
+
+
 def test_pooled_without_groups_is_one_client(pooled):
     X, _ = pooled
     est = WeightedFederatedKMeans(3, max_rounds=20, random_state=0).fit(X)

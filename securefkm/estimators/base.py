@@ -175,6 +175,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         rows = isinstance(X, (list, tuple)) and len(X) > 0 and all(
             isinstance(c, (list, tuple)) and _ndim(c) == 1 for c in X
         )
+        if isinstance(X, FederatedDataset) and groups is not None:
+            raise InputError("groups is given but X is a FederatedDataset, whose clients are already known; drop groups.")
         if isinstance(X, (list, tuple, FederatedDataset)) and groups is None and not rows:
             data = as_federated(X)
             first = X[0] if isinstance(X, (list, tuple)) else None
