@@ -136,3 +136,13 @@ def test_leakage_report_repr_summary_to_dict():
     assert table[1].split() == ["records", "recovered", "(exact)", "10", "/", "20", "(50.00%)"]
     assert table[-1].split() == ["means", "array(50,", "2)"]
     assert json.loads(json.dumps(rep.to_dict()))["records_recovered"] == 10
+
+
+def test_text_specs_reach_active_attacks(pooled):
+    from attacks import CraftedCentroids
+
+    X, g = pooled
+    clients = [X[g == c] for c in range(4)]
+    est = WeightedFederatedKMeans(3, random_state=0, init_bounds=(-2, 2), protection="masking")
+    rep = CraftedCentroids(target=0, max_rounds=3).evaluate(est, clients)
+    assert rep.records_recovered == 0  # the masked sums hide client 0's cells
