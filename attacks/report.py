@@ -18,7 +18,7 @@ from securefkm.algorithms._kmeans import sq_distances
 from securefkm.exceptions import InputError
 
 
-@dataclass
+@dataclass(repr=False)
 class LeakageReport:
     """What an attack learnt, against the ground truth.
 
@@ -39,6 +39,8 @@ class LeakageReport:
     ``tpr_at_1pct_fpr``. Auditing: ``epsilon_lower_bound``. Fields that do not apply are
     ``None``. ``rounds_used`` is the number of rounds the attack read or ran; ``extra``
     holds attack-specific facts (e.g. means of small clusters revealed, detection).
+
+    ``repr()`` is one line, :meth:`summary` a table, :meth:`to_dict` JSON-able data.
     """
 
     attack: str = ""
@@ -72,17 +74,55 @@ class LeakageReport:
         d["extra"] = {k: _jsonable(v) for k, v in self.extra.items()}
         return d
 
-    def summary(self) -> str:
-        parts = [f"{self.attack}: recovered {self.records_recovered}/{self.n_records} records exactly"]
-        parts.append(f"({100 * self.fraction_recovered:.2f}%), clients exposed {100 * self.clients_exposed:.1f}%")
+    def _headline(self) -> list[str]:
+        parts = [f"recovered {self.records_recovered}/{self.n_records} records exactly "
+                 f"({100 * self.fraction_recovered:.2f}%)", f"clients exposed {100 * self.clients_exposed:.1f}%"]
         if self.precision is not None:
             parts.append(f"precision {100 * self.precision:.2f}%")
         if self.auc is not None:
-            parts.append(f"AUC {self.auc:.3f}, advantage {self.membership_advantage:.3f}, TPR@1%FPR {self.tpr_at_1pct_fpr:.3f}")
+            parts.append(f"AUC {self.auc:.3f}, advantage {self.membership_advantage:.3f}, "
+                         f"TPR@1%FPR {self.tpr_at_1pct_fpr:.3f}")
         if self.epsilon_lower_bound is not None:
             parts.append(f"empirical epsilon >= {self.epsilon_lower_bound:.3f}")
         parts.append(f"rounds used {self.rounds_used}")
-        return ", ".join(parts)
+        return parts
+
+    def __repr__(self) -> str:
+        """One line; the per-claim arrays stay behind their attributes."""
+        return f"LeakageReport({self.attack or 'attack'}: {', '.join(self._headline())})"
+
+    def summary(self) -> str:
+        """A two-column table of every metric that applies (``None`` fields are left out)."""
+        err = np.asarray(self.reconstruction_error, dtype=float)
+        rows = [
+            ("attack", self.attack or "-"),
+            ("records recovered (exact)", f"{self.records_recovered} / {self.n_records}"
+                                          f" ({100 * self.fraction_recovered:.2f}%)"),
+            ("records recovered (approx)", f"{self.records_recovered_approx}"
+                                           + (f" (tol {self.tol_approx:g})" if self.tol_approx is not None else "")),
+            ("clients exposed", f"{100 * self.clients_exposed:.1f}% of {self.n_clients}"),
+            ("claims", f"{self.n_claims}"),
+        ]
+        if err.size:
+            rows.append(("reconstruction error", f"median {np.median(err):.3g}, max {err.max():.3g}"))
+        for label, value, fmt in (("precision", self.precision, "{:.2%}"),
+                                  ("membership advantage", self.membership_advantage, "{:.3f}"),
+                                  ("AUC", self.auc, "{:.3f}"), ("TPR at 1% FPR", self.tpr_at_1pct_fpr, "{:.3f}"),
+                                  ("empirical epsilon >=", self.epsilon_lower_bound, "{:.3f}")):
+            if value is not None:
+                rows.append((label, fmt.format(value)))
+        rows.append(("rounds used", f"{self.rounds_used}"))
+        rows += [(str(k), _short(v)) for k, v in self.extra.items()]
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def _short(v, limit: int = 60) -> str:
+    """A value in one short cell: arrays by their shape, long text cut."""
+    if isinstance(v, np.ndarray):
+        return f"array{v.shape}"
+    text = str(_jsonable(v))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _jsonable(v):

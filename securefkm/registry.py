@@ -68,11 +68,24 @@ def estimator_class(name: str):
 
 
 def make_protection(specs) -> list:
-    """Layers from names or dicts ``{"name": ..., **params}``; layer objects pass through."""
+    """Layers from names, text specs or dicts ``{"name": ..., **params}``; layer objects pass through.
+
+    ``specs`` may be one text stack (``"masking"``, ``"dp:epsilon=1:delta=1e-5:clip=2,masking"``)
+    or a list whose text items are one layer each (``"dp:epsilon=1,delta=1e-5,clip=2"``); the
+    grammar is :mod:`securefkm.specs`, the same as the CLI's ``--protection``.
+    """
+    from .specs import parse_layer, parse_protection
+
     if specs is None:
         return []
+    if isinstance(specs, str):
+        specs = parse_protection(specs)
+    elif not isinstance(specs, (list, tuple)):
+        specs = [specs]  # a single layer object
     layers = []
     for spec in specs:
+        if isinstance(spec, str) and spec.strip() not in LAYERS:
+            spec = parse_layer(spec, param_seps=":,")
         if not isinstance(spec, (str, dict)):
             layers.append(spec)
             continue

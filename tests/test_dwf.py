@@ -201,11 +201,6 @@ def test_bad_input_names_the_argument(clients, kwargs, needle):
     assert needle in str(exc.value)
 
 
-def test_single_array_is_not_a_federation():
-    with pytest.raises(InputError, match="list of per-client 2-D arrays"):
-        WeightedFederatedKMeans(2).fit(np.ones((10, 2)))
-
-
 def test_private_seeding_alone_is_near_optimal_on_blobs(blobs_noniid):
     """init='private' (a sum-field round over a data-independent grid) lands within 1% of the
     best central score before any training round (0.0750 vs 0.0745 on seed 0)."""

@@ -92,9 +92,9 @@ def released(transcript):
     return out
 
 
-def run(algo, make, clients, crypto, *, dropout=None, seed=0, max_rounds=5):
+def run(algo, make, clients, crypto, *, dropout=None, seed=0, max_rounds=5, init_bounds=BOX):
     name, params = ALGOS[algo]
-    est = make_estimator(name, n_clusters=3, protection=make(), random_state=seed, init_bounds=BOX,
+    est = make_estimator(name, n_clusters=3, protection=make(), random_state=seed, init_bounds=init_bounds,
                          max_rounds=max_rounds, dropout_rate=dropout, crypto=crypto, **params)
     fed, _ = est.make_federation(clients)
     error = None
@@ -207,8 +207,9 @@ def test_distributed_dp_real_equals_ideal(clients):
         pytest.skip("GaussianDP(rng='seeded') is not available")
     make = lambda: [GaussianDP(2.0, 1e-5, bounds=(-4.0, 9.0), mode="distributed", rng="seeded"), PairwiseMasking()]  # noqa: E731
     for dropout, seed in ((None, 0), (0.1, 1)):
-        real = run("dwf", make, clients, "real", dropout=dropout, seed=seed)
-        ideal = run("dwf", make, clients, "ideal", dropout=dropout, seed=seed)
+        # the domain is declared once, on GaussianDP (a different init_bounds would be refused)
+        real = run("dwf", make, clients, "real", dropout=dropout, seed=seed, init_bounds=None)
+        ideal = run("dwf", make, clients, "ideal", dropout=dropout, seed=seed, init_bounds=None)
         assert real == {**ideal, "crypto": "real"}
         assert real["privacy"] is not None
 

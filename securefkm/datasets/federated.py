@@ -23,7 +23,7 @@ import numpy as np
 from .._validation import check_array, check_int
 from ..exceptions import InputError
 
-__all__ = ["FederatedDataset", "as_federated"]
+__all__ = ["FederatedDataset", "as_federated", "from_groups"]
 
 
 def _check_labels(labels, sizes: list[int]) -> list[np.ndarray] | None:
@@ -387,39 +387,70 @@ class FederatedDataset:
         return written
 
 
-def as_federated(data, name: str = "X") -> FederatedDataset:
-    """Accept a :class:`FederatedDataset` (returned as is) or a list/tuple of per-client 2-D arrays."""
-    if isinstance(data, FederatedDataset):
-        return data
+def _ndim(c) -> int:
+    """Dimensions of one client's data: arrays, DataFrames and sparse matrices by their shape,
+    nested sequences by their first level (rows of numbers = 2, numbers = 1)."""
+    shape = getattr(c, "shape", None)
+    if shape is not None:
+        return len(shape)
+    if isinstance(c, Sequence) and not isinstance(c, str):
+        rows_ok = len(c) > 0 and all(
+            isinstance(r, (Sequence, np.ndarray)) and not isinstance(r, str) for r in c
+        )
+        return 2 if rows_ok else 1
+    return 0
+
+
+def from_groups(X, groups, name: str = "X") -> tuple[FederatedDataset, np.ndarray]:
+    """Split a pooled array by per-record client labels (scikit-learn's ``groups``).
+
+    Clients are the distinct values of ``groups`` in sorted order (client ids are their
+    strings). Returns the dataset and the pooled array in the caller's record order.
+    """
+    X = check_array(X, name)
+    groups = np.asarray(groups)
+    if groups.ndim != 1 or len(groups) != len(X):
+        raise InputError(
+            f"groups must be 1-D with one client label per row of {name} ({len(X)}), got shape {groups.shape}."
+        )
+    if groups.dtype.kind == "f" and not np.all(np.isfinite(groups)):
+        raise InputError("groups contains NaN or infinity; every record needs a client label.")
+    ids, inverse = np.unique(groups, return_inverse=True)
+    clients = [X[inverse == i] for i in range(len(ids))]
+    return FederatedDataset(clients, client_ids=[str(g) for g in ids]), X
+
+
+def as_federated(data, name: str = "X", *, groups=None, allow_pooled: bool = False) -> FederatedDataset:
+    """Accept a :class:`FederatedDataset` (returned as is) or a list/tuple of per-client 2-D
+    arrays (numpy arrays, nested lists or pandas DataFrames).
+
+    With ``groups`` (one client label per record), a pooled 2-D ``data`` is split into those
+    clients. With ``allow_pooled=True`` (the estimators' ``fit``), a pooled 2-D array without
+    ``groups`` is ONE client: a single data holder (see docs/getting-started.md, "Pooled
+    arrays"); by default it is refused, since silently inventing a split would invent a federation.
+    """
     advice = (
-        "pass a list of per-client 2-D arrays, a FederatedDataset, or split a pooled array with "
+        "pass a list of per-client 2-D arrays, a FederatedDataset, a pooled array with "
+        "groups=<client label per record>, or split a pooled array with "
         "FederatedDataset.from_pooled(X, y, split='iid', n_clients=...)"
     )
-    if isinstance(data, (list, tuple)):
+    if isinstance(data, FederatedDataset):
+        if groups is not None:
+            raise InputError(f"groups is given but {name} is already a FederatedDataset; drop groups.")
+        return data
+    if isinstance(data, (list, tuple)) and groups is None:
         if len(data) == 0:
             raise InputError(f"{name} is an empty list; {advice}.")
         for i, c in enumerate(data):
-            if isinstance(c, np.ndarray):
-                nd = c.ndim
-            elif isinstance(c, Sequence) and not isinstance(c, str):
-                nd = (
-                    2
-                    if (
-                        len(c) > 0
-                        and all(
-                            isinstance(r, (Sequence, np.ndarray)) and not isinstance(r, str)
-                            for r in c
-                        )
-                    )
-                    else 1
-                )
-            else:
-                nd = 0
-            if nd != 2:
+            if _ndim(c) != 2:
                 raise InputError(
                     f"{name}[{i}] is not a 2-D array (it looks like a single record or value); {advice}."
                 )
         return FederatedDataset([c for c in data], client_ids=None)
+    if groups is not None:
+        return from_groups(data, groups, name)[0]
+    if allow_pooled:
+        return FederatedDataset([check_array(data, name)])
     if isinstance(data, np.ndarray):
         raise InputError(f"{name} is a single array of shape {data.shape}; {advice}.")
     raise InputError(f"{name} of type {type(data).__name__} is not federated data; {advice}.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
+from ..exceptions import InputError
 from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
@@ -19,10 +20,11 @@ def _secure_init(estimator, n_features):
     without bounds. Under protection without bounds ``resolve_init`` raises and says the fix.
     """
     init = estimator.init
-    if isinstance(init, str) and init == "auto" and estimator.init_bounds is not None:
+    bounds = estimator._declared_bounds(n_features)
+    if isinstance(init, str) and init == "auto" and bounds is not None:
         return "uniform"
     return resolve_init(
-        init, estimator.protection, estimator.init_bounds, n_clusters=estimator.n_clusters,
+        init, estimator.protection, bounds, n_clusters=estimator.n_clusters,
         n_features=n_features, default_plain="kfed",
     )
 
@@ -114,6 +116,14 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
 
+    def _check_data(self, data):
+        # no local cluster could ever be sent: say so in terms of the data, before any round
+        if int(data.sizes.max()) < self.min_cluster_size:
+            raise InputError(
+                f"every client has fewer than min_cluster_size={self.min_cluster_size} records "
+                f"(n_samples={data.n_samples}, largest client {int(data.sizes.max())}); lower min_cluster_size."
+            )
+
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"
         return AligningFederatedKMeansAlgorithm(
@@ -128,5 +138,5 @@ class AligningFederatedKMeans(FederatedClusterer):
             server_tol=self.server_tol,
             oversample=self.oversample,
             init=init if isinstance(init, (str, np.ndarray)) else np.asarray(init),
-            init_bounds=self.init_bounds,
+            init_bounds=self._declared_bounds(n_features),
         )

@@ -1,10 +1,28 @@
 """scikit-learn style estimators over the federation runtime.
 
 Every estimator stores its constructor parameters unchanged (scikit-learn convention) and
-validates them in :meth:`fit`. ``fit`` takes a :class:`~securefkm.datasets.FederatedDataset`
-or a list of per-client arrays and runs the rounds in process (the simulation transport);
-``labels_`` and ``inertia_`` are then computed for the pooled order of the records (client
-0's records first), which in a deployment each client would compute for itself.
+validates them in :meth:`fit`. ``fit`` takes
+
+* a :class:`~securefkm.datasets.FederatedDataset` or a list of per-client arrays (numpy arrays,
+  nested lists or pandas DataFrames): ``labels_`` follow the pooled order (client 0's records
+  first);
+* a pooled 2-D array ``X`` with ``groups`` = the client of each record, as scikit-learn passes
+  per-sample group labels (so ``GroupKFold`` and metadata routing work): ``labels_`` follow
+  the order of ``X``;
+* a pooled 2-D array without ``groups``: ONE client (a single data holder). This is the only
+  reading that invents nothing -- any split into clients would fabricate a federation whose
+  result depends on an arbitrary partition -- and it is what scikit-learn's tools pass
+  (Pipeline, GridSearchCV without groups, ``check_estimator``). With one client the
+  federated algorithms reduce to their central form; protection layers that need several
+  clients (secure aggregation) refuse it with their own message.
+
+The rounds run in process (the simulation transport); ``labels_`` and ``inertia_`` are what
+in a deployment each client would compute for itself. ``protection`` takes layer objects or
+the CLI's text specs (``"masking"``, ``["dp:epsilon=1,delta=1e-5,clip=2", "masking"]``).
+
+The data domain is declared once: ``init_bounds=(low, high)`` on the estimator or
+``GaussianDP(bounds=(low, high))``; either serves both the DP sensitivity and the
+data-independent start, and two declarations that disagree are refused.
 
 ``crypto="real"`` (default) runs the secure aggregators' cryptography; ``crypto="ideal"``
 replaces each by its ideal functionality, which releases exactly the same sums with the same
@@ -33,16 +51,47 @@ import warnings
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils import metadata_routing
+from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._validation import check_array, check_centres, check_int, check_random_state
+from .._validation import check_array, check_bounds, check_centres, check_int, check_random_state
 from ..algorithms import _seeding
 from ..algorithms._kmeans import assign, sq_distances
-from ..datasets import as_federated
+from ..datasets import FederatedDataset, as_federated
+from ..datasets.federated import _ndim, from_groups
 from ..exceptions import InputError, ProtectionConfigError
 from ..federation import Federation, clone_layers
 from ..federation.runtime import MAX_ABORTED_ROUNDS
 from ..protection_report import ProtectionReport
+from ..registry import make_protection
+
+
+def resolve_protection(protection) -> list:
+    """The layer objects of an estimator's ``protection`` (objects, text specs, dicts or None)."""
+    return make_protection(protection)
+
+
+def resolve_domain(init_bounds, protection, n_features: int | None = None):
+    """The one declared data domain: ``init_bounds`` or a GaussianDP layer's ``bounds``.
+
+    Either declaration serves both uses (DP sensitivity over the box, data-independent
+    start inside it); two that disagree raise :class:`InputError` naming both.
+    """
+    own = check_bounds(init_bounds, "init_bounds", n_features)
+    for layer in resolve_protection(protection):
+        dp = getattr(layer, "bounds", None)
+        if dp is None or type(layer).__name__ != "GaussianDP":
+            continue
+        if own is None:
+            return dp[0].tolist(), dp[1].tolist()
+        d = 1 if n_features is None else n_features
+        if not all(np.array_equal(np.broadcast_to(a, (d,)), np.broadcast_to(b, (d,))) for a, b in zip(own, dp)):
+            raise InputError(
+                f"init_bounds={init_bounds!r} and GaussianDP(bounds=({dp[0]}, {dp[1]})) declare different "
+                "data domains; declare the domain once (drop init_bounds: GaussianDP's bounds also serve "
+                "the start) or make the two equal."
+            )
+    return None if own is None else init_bounds
 
 
 class UnprotectedInitWarning(UserWarning):
@@ -62,7 +111,7 @@ def resolve_init(
     algorithms that support it, else "uniform" (data-independent). An explicit plain init
     under protection is honoured with a warning: the user asked for it.
     """
-    protected = bool(protection)
+    protected = bool(resolve_protection(protection))
     if isinstance(init, str) and init == "auto":
         if not protected:
             return default_plain
@@ -100,29 +149,75 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
     def _n_runs(self) -> int:
         return 1
 
+    def _check_data(self, data) -> None:
+        """Algorithm-specific refusals of a dataset (before any round runs)."""
+
     def _select_run(self, states):
         """Index of the run to keep (DWF picks the lowest federated score)."""
         scores = [s.score if s.score is not None else np.inf for s in states]
         return int(np.argmin(scores))
 
     # ------------------------------------------------------------------ fit
-    def fit(self, X, y=None, *, server_policy=None, transport=None):
-        """Run the federation on ``X`` (a FederatedDataset or a list of per-client arrays).
+    # server_policy / transport are runtime hooks, not per-sample metadata: keep them out of
+    # scikit-learn's metadata routing (set_fit_request offers ``groups`` only)
+    __metadata_request__fit = {"server_policy": metadata_routing.UNUSED, "transport": metadata_routing.UNUSED}
 
-        ``server_policy`` replaces the honest server's choice of participants and
-        broadcasts (used by the active attacks in ``attacks``); ``transport`` replaces the
-        in-process simulation (used by the Flower deployment, where ``X`` then only needs
-        to describe the clients' number of features, e.g. ``[np.empty((1, d))] * n``).
+    def fit(self, X, y=None, groups=None, *, server_policy=None, transport=None):
+        """Run the federation on ``X``; ``y`` is ignored (scikit-learn convention).
+
+        ``X``: a FederatedDataset, a list of per-client arrays, or a pooled 2-D array with
+        ``groups`` (client label per record; without it the pooled array is one client, see
+        the module docstring). ``server_policy`` replaces the honest server's choice of
+        participants and broadcasts (used by the active attacks in ``attacks``); ``transport``
+        replaces the in-process simulation (used by the Flower deployment, where ``X`` then
+        only needs to describe the clients' number of features, e.g. ``[np.empty((1, d))] * n``).
         """
-        data = as_federated(X)
+        data, pooled = self._fit_input(X, groups)
         federation, algorithm = self.make_federation(data, server_policy=server_policy, transport=transport)
         try:
             states = [federation.run(r) for r in range(self._n_runs())]
         finally:  # workers (backend="processes"/"ray") are shut down on every exit path, Ctrl-C included
             federation.close()
         best = states[self._select_run(states)] if len(states) > 1 else states[0]
-        self._set_fitted(data, algorithm, federation, best)
+        self._set_fitted(data, algorithm, federation, best, pooled=pooled)
         return self
+
+    def _fit_input(self, X, groups):
+        """(FederatedDataset, pooled records in the order labels_ follow); records feature names."""
+        # a list of plain rows ([[1.0, 2.0], ...], as X.tolist()) is one pooled array; a list of
+        # numpy 1-D arrays stays a (mistaken) list of clients and is refused by as_federated
+        rows = isinstance(X, (list, tuple)) and len(X) > 0 and all(
+            isinstance(c, (list, tuple)) and _ndim(c) == 1 for c in X
+        )
+        if isinstance(X, FederatedDataset) and groups is not None:
+            raise InputError("groups is given but X is a FederatedDataset, whose clients are already known; drop groups.")
+        if isinstance(X, (list, tuple, FederatedDataset)) and groups is None and not rows:
+            data = as_federated(X)
+            first = X[0] if isinstance(X, (list, tuple)) else None
+            self._set_feature_names(getattr(first, "columns", None))
+            return data, data.pooled()
+        validate_data(self, check_array(X, "X"), reset=True, skip_check_array=True)  # n_features_in_
+        self._set_feature_names(getattr(X, "columns", None))
+        if groups is None:
+            arr = check_array(X, "X")
+            return as_federated(arr, allow_pooled=True), arr
+        return from_groups(X, groups)
+
+    def _set_feature_names(self, columns):
+        names = None if columns is None else list(columns)
+        if names and all(isinstance(c, str) for c in names):
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+
+    def _declared_bounds(self, n_features: int | None = None):
+        """``init_bounds`` after reconciling it with a GaussianDP ``bounds`` (one domain)."""
+        return resolve_domain(getattr(self, "init_bounds", None), self.protection, n_features)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False  # refused with a message: the updates are dense sums
+        return tags
 
     def make_federation(self, X, *, server_policy=None, transport=None, max_rounds=None):
         """The validated (Federation, Algorithm) pair ``fit`` would run, without running it.
@@ -136,12 +231,15 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         n_clusters = check_int(self.n_clusters, "n_clusters", minimum=1)
         if n_clusters > data.n_samples:
             raise InputError(
-                f"n_clusters={n_clusters} is larger than the number of records ({data.n_samples}); "
+                f"n_clusters={n_clusters} is larger than the number of records (n_samples={data.n_samples}); "
                 "lower n_clusters."
             )
+        self._check_data(data)
         from protocols.dp import check_seeded_noise
 
-        check_seeded_noise(self.protection, self.random_state)  # seeded DP noise needs a seed
+        layers = resolve_protection(self.protection)
+        domain = self._declared_bounds(data.n_features)  # refuses two disagreeing declarations
+        check_seeded_noise(layers, self.random_state)  # seeded DP noise needs a seed
         rng = check_random_state(self.random_state)
         seed = int(rng.integers(2**63 - 1))
         verbose = check_int(self.verbose, "verbose", minimum=0)
@@ -167,7 +265,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             max_aborted_rounds=getattr(self, "max_aborted_rounds", MAX_ABORTED_ROUNDS),
             **self._transport_kwargs(transport, data),
         )
-        federation.transcript.meta["init_bounds"] = getattr(self, "init_bounds", None)
+        federation.transcript.meta["init_bounds"] = domain
         return federation, algorithm
 
     def _max_rounds(self) -> int:
@@ -183,11 +281,11 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             return {}
         return {"transport": transport, "n_features": data.n_features}
 
-    def _set_fitted(self, data, algorithm, federation, state):
+    def _set_fitted(self, data, algorithm, federation, state, pooled=None):
         self.cluster_centers_ = np.asarray(state.centres, dtype=np.float64)
         self.n_features_in_ = data.n_features
         self.n_iter_ = int(state.round)
-        pooled = data.pooled()
+        pooled = data.pooled() if pooled is None else pooled
         labels, d2 = assign(pooled, self.cluster_centers_)
         self.labels_ = labels
         self.inertia_ = float(d2.sum())
@@ -202,23 +300,31 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
     # -------------------------------------------------------------- predict
     def _check_X(self, X):
         check_is_fitted(self, "cluster_centers_")
-        X = check_array(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise InputError(f"X has {X.shape[1]} features, the model was fitted on {self.n_features_in_}.")
-        return X
+        arr = check_array(X, "X")
+        try:  # feature-count and feature-name consistency with fit, in scikit-learn's words
+            validate_data(self, X if hasattr(X, "columns") else arr, reset=False, skip_check_array=True)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        return arr
 
     def predict(self, X):
         """Index of the nearest centre for each record of X (a 2-D array)."""
         return assign(self._check_X(X), self.cluster_centers_)[0]
 
-    def fit_predict(self, X, y=None):
-        """Fit on a federation and return ``labels_`` (pooled order)."""
-        return self.fit(X).labels_
+    def fit_predict(self, X, y=None, groups=None):
+        """Fit (as :meth:`fit`) and return ``labels_`` (the order of ``X``, or pooled client order)."""
+        return self.fit(X, groups=groups).labels_
 
     def transform(self, X):
         """Euclidean distance of each record to each centre."""
         return np.sqrt(sq_distances(self._check_X(X), self.cluster_centers_))
 
-    def score(self, X, y=None):
-        """Opposite of the inertia of X (scikit-learn convention: higher is better)."""
-        return -float(assign(self._check_X(X), self.cluster_centers_)[1].sum())
+    def score(self, X, y=None, sample_weight=None):
+        """Opposite of the (weighted) inertia of X, as ``KMeans.score`` (higher is better)."""
+        d2 = assign(self._check_X(X), self.cluster_centers_)[1]
+        if sample_weight is None:
+            return -float(d2.sum())
+        w = np.asarray(sample_weight, dtype=np.float64)
+        if w.shape != d2.shape or not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise InputError(f"sample_weight must be {len(d2)} finite non-negative numbers, one per row of X.")
+        return -float(w @ d2)

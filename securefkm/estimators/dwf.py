@@ -116,10 +116,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
 
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)
-        init_bounds = self.init_bounds
-        if init_bounds is None:  # the DP layer's declared box is the declared data range
-            init_bounds = next((la.bounds for la in self.protection or () if getattr(la, "bounds", None) is not None
-                                and hasattr(la, "epsilon")), None)
+        init_bounds = self._declared_bounds(n_features)  # init_bounds or the DP layer's box (one declaration)
         init = plan.start if plan is not None else resolve_init(
             self.init, self.protection, init_bounds, n_clusters=self.n_clusters, n_features=n_features,
             default_plain="kfed", default_protected="private",

@@ -98,7 +98,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(
-            self.init, self.protection, self.init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+            self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="random", default_protected="private",
         )
         return MiniBatchFederatedKMeansAlgorithm(
@@ -112,5 +112,5 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
             reassign_fraction=self.reassign_fraction,
             reassign_patience=self.reassign_patience,
             init=init,
-            init_bounds=self.init_bounds,
+            init_bounds=self._declared_bounds(n_features),
         )

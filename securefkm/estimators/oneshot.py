@@ -101,5 +101,5 @@ class OneShotFederatedKMeans(FederatedClusterer):
             server_tol=self.server_tol,
             oversample=self.oversample,
             init=init,
-            init_bounds=self.init_bounds,
+            init_bounds=self._declared_bounds(n_features),
         )

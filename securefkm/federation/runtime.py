@@ -597,9 +597,18 @@ class Federation:
 
 
 def clone_layers(protection):
-    """Fresh copies of a protection list, so that a fit never mutates the user's objects."""
+    """Fresh copies of a protection list, so that a fit never mutates the user's objects.
+
+    Text and dict specs (``"masking"``, ``["dp:epsilon=1,delta=1e-5,clip=2", "masking"]``) are
+    built into layers first (:func:`securefkm.registry.make_protection`)."""
     if protection is None:
         return []
+    if isinstance(protection, (str, dict)) or (
+        isinstance(protection, (list, tuple)) and any(isinstance(x, (str, dict)) for x in protection)
+    ):
+        from ..registry import make_protection
+
+        return make_protection(protection)  # freshly built: nothing of the user's to copy
     if isinstance(protection, Layer):
         protection = [protection]
     return [copy.deepcopy(layer) for layer in protection]
