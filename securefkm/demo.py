@@ -27,8 +27,9 @@ from .registry import make_protection
 DOMAIN = (-2.0, 2.0)
 #: the recommended stack: noise added by the clients, only its masked sum reaches the server
 RECOMMENDED = ["dp:epsilon=1,delta=1e-5,bounds=[-2,2],mode=distributed", "masking"]
-#: training rounds of the protected fit: each round spends budget (docs/protocols/dp-utility.md)
-PROTECTED_ROUNDS = 3
+#: rounds a malicious server may run against the protected stack (the fit itself plans its
+#: rounds for the budget: docs/protocols/dp-utility.md)
+PROTECTED_ACTIVE_ROUNDS = 5
 
 
 @dataclass
@@ -74,12 +75,12 @@ def run_demo(n_clients=100, random_state=0, plot_path="securefkm-demo.png", prot
     rows, fitted = [central_row], {}
     layers = make_protection(protection if protection else RECOMMENDED)
     stack = " + ".join(type(x).__name__ for x in layers)
-    protected = dict(protection=layers, max_rounds=PROTECTED_ROUNDS)
+    protected = dict(protection=layers)
     if not any(getattr(x, "bounds", None) is not None for x in layers):
         protected["init_bounds"] = DOMAIN  # declared on the estimator when no DP layer declares it
     settings = [
         ("DWF federated, unprotected", dict(), 100),
-        (f"DWF federated + {stack}", protected, PROTECTED_ROUNDS),
+        (f"DWF federated + {stack}", protected, PROTECTED_ACTIVE_ROUNDS),
     ]
     for name, params, active_rounds in settings:
         if verbose:
