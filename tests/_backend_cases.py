@@ -63,8 +63,8 @@ CASES = {
     "dwf-masking-threshold-abort": (
         # the aborted round is retried (issue 19): both backends abort it and then agree
         "dwf", {}, lambda: [PairwiseMasking()], {2: {"unmask": [0, 1, 2, 3, 4, 5, 6]}}, False),
-    "dwf-dp-seeded-masking": (
-        "dwf", {}, lambda: [GaussianDP(2.0, 1e-5, bounds=(-5.0, 10.0), mode="distributed", rng="seeded", min_clients=8),
+    "dwf-dp-seeded-masking": (  # one data domain: DP's bounds also serve the start
+        "dwf", {"init_bounds": (-5.0, 10.0)}, lambda: [GaussianDP(2.0, 1e-5, bounds=(-5.0, 10.0), mode="distributed", rng="seeded", min_clients=8),
                       PairwiseMasking()],
         {1: {"masked_input": [2]}, 3: [6]}, False),
 }
@@ -96,7 +96,8 @@ def outcome(case, backend, *, n_workers=2, clients=None, max_rounds=5, seed=0):
     """Fit ``case`` on ``backend``; everything that must not depend on the backend."""
     name, params, protection, dropout, _ = CASES[case]
     clients = make_clients() if clients is None else clients
-    est = make_estimator(name, n_clusters=3, protection=protection(), random_state=seed, init_bounds=BOX,
+    params = {"init_bounds": BOX, **params}
+    est = make_estimator(name, n_clusters=3, protection=protection(), random_state=seed,
                          max_rounds=max_rounds, dropout_rate=dropout, backend=backend, n_workers=n_workers, **params)
     fed, _ = est.make_federation(clients)
     error, state = None, None

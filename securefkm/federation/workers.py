@@ -39,6 +39,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import weakref
 from concurrent.futures import wait
@@ -130,7 +131,10 @@ class Shard:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
         except ImportError:  # Windows
             peak = float("nan")
-        return {"pid": os.getpid(), "clients": len(self.clients), "peak_mib": peak, "node": os.uname().nodename}
+        node = os.uname().nodename
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():  # a Ray actor: its node id
+            node = sys.modules["ray"].get_runtime_context().get_node_id()
+        return {"pid": os.getpid(), "clients": len(self.clients), "peak_mib": peak, "node": node}
 
 
 _SHARD: Shard | None = None  # the shard of this worker process
@@ -245,6 +249,20 @@ class RayPool:
             self.ray.shutdown()
 
 
+def _probe_ray_address(address: str, timeout: float = 10.0) -> None:
+    """Fail fast when nothing listens at ``host:port``: ``ray.init`` retries an unreachable
+    GCS for about ten minutes before giving up (measured here), which reads as a hang."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return  # a form Ray resolves itself; let ray.init judge it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({exc})") from None
+
+
 def connect_ray(n_workers: int | None) -> tuple[bool, float]:
     """Join the running Ray instance / ``RAY_ADDRESS`` cluster, or start a local one.
 
@@ -256,6 +274,7 @@ def connect_ray(n_workers: int | None) -> tuple[bool, float]:
         address = os.environ.get("RAY_ADDRESS")
         try:
             if address:
+                _probe_ray_address(address)
                 ray.init(address=address, log_to_driver=False)
             else:
                 ray.init(num_cpus=n_workers or available_cpus(), include_dashboard=False, log_to_driver=False)
