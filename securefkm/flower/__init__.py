@@ -31,7 +31,8 @@ _EXPORTS = {
     "Directory": "securefkm.flower.provision",
     "provision_local": "securefkm.flower.provision",
     "create_node_key": "securefkm.flower.provision",
-    "RemoteAuthority": "securefkm.flower.authority_service",
+    "RemoteAuthority": "securefkm.flower.authority_client",
+    "AuthorityService": "securefkm.flower.authority_service",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("securefkm.flower", _EXPORTS)
