@@ -193,7 +193,7 @@ def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeo
         grid.kill_at = (rnd, stage, node_ids[which])
     result = run_federation(grid, spec, n_nodes=len(paths), n_features=clients[0].shape[1],
                             stage_timeout=stage_timeout, suspect_timeout=0.1, poll_interval=0.01, **provisioned)
-    order = [node_ids.index(n) for n in result["node_ids"]]  # client c <- paths[order[c]]
+    order = [None if n is None else node_ids.index(n) for n in result["node_ids"]]  # client c <- paths[order[c]]
     return result, order
 
 
@@ -277,26 +277,23 @@ UNIFORM = {**PARAMS, "init": "uniform"}  # the same start with and without prote
 @pytest.fixture
 def authority_service(tmp_path):
     """(LocalPKI, URL): 3 provisioned nodes and the key authority served from a thread."""
-    import threading
-
-    from securefkm.flower.authority_service import load_authority, make_server
+    from securefkm.flower.authority_service import AuthorityService, make_server, start_in_thread
     from securefkm.flower.provision import provision_local
 
     pki = provision_local(tmp_path / "pki", 3)
     pki.ensure_authority(2048)
-    server = make_server(load_authority(pki.authority_dir, pki.directory), "127.0.0.1", 0, quiet=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    service = AuthorityService.from_keys(pki.authority_dir, pki.directory)
+    server = make_server(service, "127.0.0.1", 0, insecure=True, quiet=True)
+    thread, port = start_in_thread(server)
     try:
-        yield pki, f"http://127.0.0.1:{server.server_address[1]}"
+        yield pki, f"http://127.0.0.1:{port}", service
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, authority_service):
-    pki, url = authority_service
+    pki, url, service = authority_service
     spec = RunSpec("dwf", UNIFORM, ["paillier"], random_state=12)
     result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
                               directory=str(pki.directory_path), authority_url=url, stage_timeout=10)
@@ -310,6 +307,7 @@ def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, 
     assert result["timings"][0][1] == "identify"
     plain = in_process(RunSpec("dwf", UNIFORM, [], random_state=12), clients)
     np.testing.assert_allclose(result["centres"], plain.cluster_centers_, atol=1e-6)
+    assert service.open_sessions == 0  # the run ended its session: that key is destroyed
 
 
 def test_fake_grid_signed_masking_equals_plain(tmp_path, clients, task_identity):
@@ -352,6 +350,28 @@ def test_fake_grid_provisioning_errors(tmp_path, clients, task_identity):
     with pytest.raises(InputError, match="differs from this node's directory"):
         _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
                   directory=str(rogue.directory_path))
+
+
+def test_fake_grid_enrolment_dropout_is_left_out(tmp_path, clients, task_identity):
+    from securefkm.flower.provision import provision_local
+
+    pki = provision_local(tmp_path / "pki", 3)
+    spec = RunSpec("dwf", UNIFORM, [{"name": "masking", "sign_keys": True}], random_state=13)
+    configs = [pki.node_config(i) for i in range(3)]
+    # the node holding node_1's key disappears while identities are collected (round -1)
+    result, _ = _fake_run(tmp_path, clients, spec, node_configs=configs, directory=str(pki.directory_path),
+                          kill=(-1, "identify", 1))
+    assert result["node_ids"][1] is None and None not in (result["node_ids"][0], result["node_ids"][2])
+    assert result["errors"] == {} and len(result["transcript"]) > 1
+    for record in result["transcript"]:  # never sampled, so every round is planned for the two present
+        assert record.sampled == (0, 2) and record.contributors == (0, 2)
+    # exactly the fit of the two survivors alone
+    ref = in_process(RunSpec("dwf", UNIFORM, [], random_state=13), [clients[0], clients[2]])
+    np.testing.assert_allclose(result["centres"], ref.cluster_centers_, atol=1e-6)
+    # too few remain: the run refuses to start and says why
+    with pytest.raises(InputError, match=r"only 2 of 3 nodes identified, the run needs at least 3 .*'min-nodes'.*node_1"):
+        _fake_run(tmp_path, clients, spec, node_configs=configs, directory=str(pki.directory_path),
+                  kill=(-1, "identify", 1), min_nodes=3)
 
 
 # ---------------------------------------------------------------- real deployment
