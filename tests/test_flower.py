@@ -414,6 +414,41 @@ def test_deployment_masking_equals_in_process(deployment, clients):
 
 
 @pytest.mark.flower
+def test_deployment_is_secure_by_default(deployment):
+    """TLS + SuperNode authentication: plain HTTP to the SuperLink fails, and neither a
+    node with an unregistered key nor an --insecure node ever gets a node id."""
+    import urllib.request
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from securefkm.flower.deploy import _entry_point, _stop_tree, free_port
+
+    assert deployment.secure and deployment.tls.ca.cert.is_file()
+    assert all(deployment._node_auth_key(i).is_file() for i in range(3))
+    with pytest.raises(Exception):  # noqa: B017 - plain HTTP against a TLS port: any transport error
+        urllib.request.urlopen(f"http://127.0.0.1:{deployment.port}/", timeout=5).read()
+    rogue_key = deployment.workdir / "rogue_key"
+    key = ec.generate_private_key(ec.SECP384R1())
+    rogue_key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                            serialization.NoEncryption()))
+    base = [_entry_point("flower-supernode"), "--superlink", f"127.0.0.1:{deployment.port}", "--host", "127.0.0.1"]
+    rogues = [
+        deployment._spawn([*base, "--port", str(free_port()), "--root-certificates", str(deployment.tls.ca.cert),
+                           "--auth-supernode-private-key", str(rogue_key)], "rogue_unregistered.log"),
+        deployment._spawn([*base, "--port", str(free_port()), "--insecure"], "rogue_insecure.log"),
+    ]
+    try:
+        time.sleep(12)
+        for name in ("rogue_unregistered.log", "rogue_insecure.log"):
+            log = (deployment.workdir / "logs" / name).read_text(errors="replace")
+            assert "SuperNode ID" not in log, log[-2000:]
+    finally:
+        for proc in rogues:
+            _stop_tree(proc, grace=2.0)
+
+
+@pytest.mark.flower
 def test_deployment_paillier_equals_in_process(deployment, clients):
     """SuperLink + 3 SuperNodes + the key authority as its own process run DWF with Paillier."""
     from securefkm.flower.deploy import _alive
