@@ -9,6 +9,7 @@ stopped by PID in a finalizer, also when a case fails.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import numpy as np
@@ -143,6 +144,10 @@ class _FakeGrid:
         self.replies = {}
         self.dead: set[int] = set()
         self.kill_at = None  # (round, stage, node id)
+        self.crash_at = None  # (round, stage): the ServerApp process dies there
+
+    class Crash(BaseException):
+        """The ServerApp died (BaseException: nothing in the runtime may catch it)."""
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -154,6 +159,8 @@ class _FakeGrid:
             m.metadata.__dict__["_message_id"] = mid
             rec = m.content[_wire.RECORD_KEY]
             nid = m.metadata.dst_node_id
+            if self.crash_at == (rec["round"], rec["stage"]):
+                raise _FakeGrid.Crash(self.crash_at)
             if self.kill_at == (rec["round"], rec["stage"], nid):
                 self.dead.add(nid)
             if nid not in self.dead:
@@ -177,7 +184,8 @@ def task_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
 
 
-def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5, node_configs=None, **provisioned):
+def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5, node_configs=None, crash=None,
+              **provisioned):
     """``node_configs[i]`` extends the node config of ``paths[i]``; ``provisioned``: directory=, authority_url=."""
     from securefkm.flower.serverapp import run_federation
 
@@ -191,6 +199,7 @@ def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeo
     if kill is not None:
         rnd, stage, which = kill
         grid.kill_at = (rnd, stage, node_ids[which])
+    grid.crash_at = crash
     result = run_federation(grid, spec, n_nodes=len(paths), n_features=clients[0].shape[1],
                             stage_timeout=stage_timeout, suspect_timeout=0.1, poll_interval=0.01, **provisioned)
     order = [None if n is None else node_ids.index(n) for n in result["node_ids"]]  # client c <- paths[order[c]]
@@ -374,6 +383,40 @@ def test_fake_grid_enrolment_dropout_is_left_out(tmp_path, clients, task_identit
                   kill=(-1, "identify", 1), min_nodes=3)
 
 
+@pytest.mark.parametrize("protection", [["masking"], [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0},
+                                                 "masking"]])
+def test_fake_grid_server_crash_resumes_from_checkpoint(tmp_path, clients, task_identity, protection):
+    """The ServerApp dies in the middle of round 2; a restarted one (a new Flower run: fresh
+    ClientApp state) resumes from the checkpoint, redoes round 2 with fresh masks and ends
+    exactly where an uninterrupted run ends; the DP budget continues and stays within target."""
+    spec = RunSpec("dwf", {**UNIFORM, "max_rounds": 4}, protection, random_state=21)
+    ref, _ = _fake_run(tmp_path / "ref", clients, spec, checkpoint_path=str(tmp_path / "ref.ckpt"))
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.raises(_FakeGrid.Crash):
+        _fake_run(tmp_path / "a", clients, spec, crash=(2, "masked_input"), checkpoint_path=str(ckpt))
+    saved = pickle.loads(ckpt.read_bytes())
+    assert saved["rounds_done"] == 2 and saved["t"] == 2  # rounds 0 and 1 completed, round 2 interrupted
+    resumed, _ = _fake_run(tmp_path / "b", clients, spec, checkpoint_path=str(ckpt))
+    assert resumed["resumed_from"] == 2 and resumed["run_id"] == saved["run_id"]
+    assert len(resumed["transcript"]) == len(ref["transcript"])
+    for r, q in zip(resumed["transcript"], ref["transcript"]):
+        assert (r.round, r.action, r.sampled, r.contributors) == (q.round, q.action, q.sampled, q.contributors)
+    # round 2 was redone with fresh masks: the masked inputs differ, the released sums do not
+    redo, orig = resumed["transcript"][2].stage("masked_input").received, ref["transcript"][2].stage("masked_input").received
+    assert any(not np.array_equal(np.asarray(redo[c]["y"] if isinstance(redo[c], dict) else redo[c]),
+                                  np.asarray(orig[c]["y"] if isinstance(orig[c], dict) else orig[c])) for c in redo)
+    if len(protection) == 1:  # masking alone is exact: the same result to the bit
+        np.testing.assert_array_equal(resumed["centres"], ref["centres"])
+        for r, q in zip(resumed["transcript"], ref["transcript"]):
+            for k in q.aggregate:
+                np.testing.assert_array_equal(r.aggregate[k], q.aggregate[k])
+    else:  # DP: fresh noise in the redone round, but the budget continues from the checkpoint
+        assert resumed["privacy_spent"] == pytest.approx(ref["privacy_spent"])
+        assert resumed["privacy_spent"][0] <= 2.0 + 1e-9
+    ref2, _ = _fake_run(tmp_path / "c", clients, spec, checkpoint_path=str(ckpt))  # a finished checkpoint: no rounds left
+    assert ref2["resumed_from"] == len(ref["transcript"])
+
+
 # ---------------------------------------------------------------- real deployment
 @pytest.fixture(scope="module")
 def deployment(clients, tmp_path_factory):
@@ -443,6 +486,7 @@ def test_deployment_is_secure_by_default(deployment):
         for name in ("rogue_unregistered.log", "rogue_insecure.log"):
             log = (deployment.workdir / "logs" / name).read_text(errors="replace")
             assert "SuperNode ID" not in log, log[-2000:]
+        assert "Failed to activate SuperNode" in (deployment.workdir / "logs" / "rogue_unregistered.log").read_text()
     finally:
         for proc in rogues:
             _stop_tree(proc, grace=2.0)

@@ -25,6 +25,7 @@ Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 ``authority-cert``   the ServerApp's client certificate the authority admits
 ``authority-key``    its private key
 ``min-nodes``        fewest nodes that must identify (0 = 2 or Paillier min_clients)
+``checkpoint-path``  atomic checkpoint after every round; resume from it ("" = none)
 ===================  ==========================================================
 
 Paillier and masking with ``sign_keys=True`` need provisioned node identities
@@ -201,7 +202,7 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
                    suspect_timeout: float = 3.0, node_wait_timeout: float = 120.0,
                    poll_interval: float = 0.05, progress_path: str | None = None,
                    directory=None, authority_url: str | None = None, authority_tls: dict | None = None,
-                   min_nodes: int | None = None) -> dict:
+                   min_nodes: int | None = None, checkpoint_path: str | None = None) -> dict:
     """Run the spec's fit over the Grid and return the result dict (see module docstring).
 
     A Paillier run holds one session of the key authority (fresh keys); it is ended --
@@ -212,7 +213,7 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
         return _run_federation(grid, spec, provisioning, n_nodes=n_nodes, n_features=n_features,
                                stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
                                node_wait_timeout=node_wait_timeout, poll_interval=poll_interval,
-                               progress_path=progress_path, min_nodes=min_nodes)
+                               progress_path=progress_path, min_nodes=min_nodes, checkpoint_path=checkpoint_path)
     finally:
         if provisioning is not None and provisioning.authority is not None:
             try:
@@ -222,7 +223,7 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
 
 
 def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_timeout, suspect_timeout,
-                    node_wait_timeout, poll_interval, progress_path, min_nodes) -> dict:
+                    node_wait_timeout, poll_interval, progress_path, min_nodes, checkpoint_path) -> dict:
     t0 = time.perf_counter()
     node_ids = wait_for_nodes(grid, n_nodes, node_wait_timeout)
     timings: list = []
@@ -248,7 +249,14 @@ def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_time
     est, federation = build_federation(spec, len(node_ids), n_features, transport, provisioning=provisioning,
                                        server_policy=policy)
     t_rounds = time.perf_counter()
-    states = [federation.run(r) for r in range(est._n_runs())]
+    if checkpoint_path:
+        from .checkpoint import Checkpoint, run_rounds
+
+        checkpoint = Checkpoint(checkpoint_path, spec.to_json())
+        states = run_rounds(federation, checkpoint)
+    else:
+        checkpoint = None
+        states = [federation.run(r) for r in range(est._n_runs())]
     best = states[est._select_run(states)] if len(states) > 1 else states[0]
     return {
         "ok": True,
@@ -264,6 +272,8 @@ def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_time
         "rounds_seconds": time.perf_counter() - t_rounds,
         "total_seconds": time.perf_counter() - t0,
         "spec": spec.to_json(),
+        "run_id": None if checkpoint is None else checkpoint.run_id,
+        "resumed_from": None if checkpoint is None else checkpoint.resumed_from,  # rounds done before a restart
     }
 
 
@@ -293,6 +303,7 @@ def main(grid: Grid, context: Context) -> None:
             authority_url=str(cfg.get("authority-url", "") or "") or None,
             authority_tls={k: str(cfg.get(f"authority-{k}", "") or "") or None for k in ("ca", "cert", "key")},
             min_nodes=int(cfg["min-nodes"]) if int(cfg.get("min-nodes", 0) or 0) > 0 else None,
+            checkpoint_path=str(cfg.get("checkpoint-path", "") or "") or None,
         )
     except Exception as exc:
         log.error("securefkm run failed: %s: %s", type(exc).__name__, exc)
