@@ -529,6 +529,37 @@ def test_deployment_dp_reports_privacy_spent(deployment, clients):
 
 
 @pytest.mark.flower
+@pytest.mark.slow
+def test_deployment_serverapp_killed_mid_fit_resumes(deployment, clients, tmp_path):
+    """SIGKILL the ServerApp process in the middle of round 1 (between the masking stages);
+    a new `flwr run` with the same checkpoint resumes and ends exactly where the in-process
+    fit (= an uninterrupted run on the same seeds) ends."""
+    from securefkm.flower.deploy import DeploymentError
+
+    spec = RunSpec("dwf", {**DEP_PARAMS, "max_rounds": 3}, ["masking"], random_state=17)
+    ckpt = tmp_path / "serverapp.ckpt"
+    killed = []
+
+    class ServerKilled(Exception):
+        pass
+
+    def on_progress(ev):
+        if not killed and ev["event"] == "start" and ev["round"] == 1 and ev["stage"] == "share":
+            killed.extend(deployment.kill_serverapp())
+            raise ServerKilled
+
+    with pytest.raises((ServerKilled, DeploymentError)):
+        deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=600, on_progress=on_progress, checkpoint_path=ckpt)
+    assert killed and pickle.loads(ckpt.read_bytes())["rounds_done"] == 1
+    result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900, checkpoint_path=ckpt)
+    assert result.resumed_from == 1
+    order = deployment.client_order()
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result.centres, ref.cluster_centers_)
+    assert_same_structure(result.transcript, ref.transcript_)
+
+
+@pytest.mark.flower
 def test_deployment_killed_node_is_a_dropout(deployment, clients):
     """Runs last in this module: it kills one SuperNode of the shared deployment."""
     spec = RunSpec("dwf", DEP_PARAMS, [{"name": "masking", "threshold": 2}], random_state=6)

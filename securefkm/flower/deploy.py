@@ -222,6 +222,8 @@ class DeploymentResult:
     protection_report: dict = field(default_factory=dict)
     federated_score: float | None = None
     workdir: Path | None = None
+    #: rounds a crashed ServerApp had completed before this run resumed them (None: fresh run)
+    resumed_from: int | None = None
 
     @property
     def n_rounds(self) -> int:
@@ -512,6 +514,22 @@ class LocalDeployment:
             pass
         proc.wait(timeout=10)
 
+    def kill_serverapp(self) -> list[int]:
+        """SIGKILL the running ServerApp process(es) (a crashed server; fault injection).
+
+        The ServerApp runs in a process the SuperLink's SuperExec launched (``flwr-serverapp``
+        in its command line); returns the PIDs killed."""
+        killed = []
+        for pid in descendants(self.superlink.pid) if self.superlink is not None else []:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"flwr-serverapp" in cmd:
+                _signal(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
     def stop(self) -> None:
         """Stop every process this deployment started (SuperNodes first), by PID."""
         self.stop_authority()
@@ -544,11 +562,13 @@ class LocalDeployment:
     # ---------------------------------------------------------------- runs
     def run(self, spec: RunSpec, *, n_features: int | None = None, num_nodes: int | None = None,
             stage_timeout: float = 60.0, suspect_timeout: float = 3.0, poll_interval: float = 0.05,
-            timeout: float = 600.0, progress_path=None, on_progress=None) -> DeploymentResult:
+            timeout: float = 600.0, progress_path=None, on_progress=None, checkpoint_path=None) -> DeploymentResult:
         """One ``flwr run`` of ``spec`` on this deployment; returns the ServerApp's result.
 
         ``on_progress(event_dict)`` is called for each line of the progress log while the
         run is going on (the tests use it to kill a node in the middle of a round).
+        ``checkpoint_path``: the ServerApp checkpoints every round there and, if the file
+        exists (a previous run crashed), resumes from it (:mod:`securefkm.flower.checkpoint`).
         """
         if not isinstance(spec, RunSpec):
             raise InputError("spec must be a securefkm.flower.spec.RunSpec.")
@@ -576,6 +596,7 @@ class LocalDeployment:
             "poll-interval": float(poll_interval),
             "result-path": str(result_path),
             "progress-path": str(progress_path),
+            "checkpoint-path": "" if checkpoint_path is None else str(Path(checkpoint_path).resolve()),
         }
         needs = spec.requirements()
         if needs.identity:
@@ -643,6 +664,7 @@ class LocalDeployment:
             protection_report=raw["protection_report"],
             federated_score=raw["federated_score"],
             workdir=self.workdir,
+            resumed_from=raw.get("resumed_from"),
         )
 
 
