@@ -288,24 +288,30 @@ def authority_service(tmp_path):
     """(LocalPKI, URL): 3 provisioned nodes and the key authority served from a thread."""
     from securefkm.flower.authority_service import AuthorityService, make_server, start_in_thread
     from securefkm.flower.provision import provision_local
+    from securefkm.flower.tls import create_run_pki
 
     pki = provision_local(tmp_path / "pki", 3)
     pki.ensure_authority(2048)
+    certs = create_run_pki(tmp_path / "tls")
     service = AuthorityService.from_keys(pki.authority_dir, pki.directory)
-    server = make_server(service, "127.0.0.1", 0, insecure=True, quiet=True)
+    server = make_server(service, "127.0.0.1", 0, cert=certs.authority.cert, key=certs.authority.key,
+                         client_ca=certs.client_ca.cert, quiet=True)
     thread, port = start_in_thread(server)
+    tls = {"ca": str(certs.ca.cert), "cert": str(certs.serverapp.cert), "key": str(certs.serverapp.key)}
     try:
-        yield pki, f"http://127.0.0.1:{port}", service
+        yield pki, f"https://127.0.0.1:{port}", service, tls
     finally:
         server.should_exit = True
         thread.join(10)
 
 
 def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, authority_service):
-    pki, url, service = authority_service
+    """Over mutual TLS to the authority, as `securefkm deploy` runs it."""
+    pki, url, service, tls = authority_service
     spec = RunSpec("dwf", UNIFORM, ["paillier"], random_state=12)
     result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
-                              directory=str(pki.directory_path), authority_url=url, stage_timeout=10)
+                              directory=str(pki.directory_path), authority_url=url, authority_tls=tls,
+                              stage_timeout=10)
     assert order == [0, 1, 2]  # client i = the directory's i-th node, whatever the Flower node ids
     assert result["errors"] == {}
     ref = in_process(spec, clients)

@@ -55,9 +55,10 @@ class RemoteAuthority:
                 f"authority-url {url!r} must be an http(s):// address of `securefkm authority serve`, "
                 "e.g. 'https://127.0.0.1:8471'."
             )
+        self._tls = (ca, cert, key)
         self._ssl: ssl.SSLContext | None = None
         if url.startswith("https://"):
-            self._ssl = client_context(ca, cert, key)
+            self._ssl = client_context(ca, cert, key)  # checks the files now
         elif ca or cert or key:
             raise InputError(f"authority-url {url!r} is plain http but TLS files were given; use https://.")
         self.url = url
@@ -68,9 +69,21 @@ class RemoteAuthority:
         self.session: str | None = None
         self._bundle = None
 
+    def __deepcopy__(self, memo):
+        # a handle on an external service: copies of the layers share it (one session per run)
+        return self
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_ssl"] = None  # SSLContext does not pickle; rebuilt from the file paths
+        return state
+
     def _call(self, method: str, op: str, body: dict | None = None) -> dict:
         from protocols.paillier import AuthorityRefusal
         from protocols.paillier.authority import STAGE
+
+        if self._ssl is None and self.url.startswith("https://"):
+            self._ssl = client_context(*self._tls)
 
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"{self.url}{API}/{op}", data=data, method=method,
