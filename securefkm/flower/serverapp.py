@@ -33,7 +33,7 @@ Paillier and masking with ``sign_keys=True`` need provisioned node identities
 which every SuperNode proves which directory key it holds (and, for Paillier, receives the
 authority's signed public bundle), then maps client ``i`` to the node holding the
 directory's ``i``-th key; Paillier decryptions go to the separate authority service
-(:class:`~securefkm.flower.authority_service.RemoteAuthority`).
+(:class:`~securefkm.flower.authority_client.RemoteAuthority`).
 """
 
 from __future__ import annotations
