@@ -192,3 +192,21 @@ def test_insecure_only_on_loopback_and_tls_files_required(tmp_path, pki):
 
     assert main(["authority", "serve", "--keys", str(tmp_path), "--directory", "x.json", "--insecure",
                  "--cert", "c.pem"]) == 2
+
+
+def test_remote_authority_is_shared_by_layer_copies_and_pickles(tmp_path, pki):
+    """clone_layers deep-copies the Paillier layer: the copy must use the same session
+    handle; pickling drops the SSLContext and rebuilds it from the file paths."""
+    import copy
+    import pickle
+
+    d = provision_local(tmp_path, 2).directory
+    run = pki["run"]
+    remote = RemoteAuthority("https://127.0.0.1:1", d, ca=run.ca.cert, cert=run.serverapp.cert, key=run.serverapp.key)
+    assert copy.deepcopy({"a": remote})["a"] is remote
+    clone = pickle.loads(pickle.dumps(remote))
+    assert clone._ssl is None and clone._tls == remote._tls
+    with pytest.raises(AuthorityUnavailable, match="unreachable"):  # rebuilt context, then a refused connection
+        clone.public_bundle()
+    with pytest.raises(InputError, match="authority-ca"):
+        RemoteAuthority("https://127.0.0.1:1", d)  # https without the CA file
