@@ -210,3 +210,24 @@ def test_remote_authority_is_shared_by_layer_copies_and_pickles(tmp_path, pki):
         clone.public_bundle()
     with pytest.raises(InputError, match="authority-ca"):
         RemoteAuthority("https://127.0.0.1:1", d)  # https without the CA file
+
+
+def test_idle_sessions_expire(tmp_path):
+    """A ServerApp killed mid-run never ends its session: the TTL does, destroying the key."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    now = [0.0]
+    d = provision_local(tmp_path, 2).directory
+    keypair = phe.generate_paillier_keypair(n_length=1024)
+    service = svc.AuthorityService(Ed25519PrivateKey.generate().private_bytes_raw(), d, key_size=1024,
+                                   allow_weak_key=True, keygen=lambda bits: keypair, session_ttl=60,
+                                   clock=lambda: now[0])
+    stale, _ = service.begin_session()
+    now[0] = 50.0
+    live, _ = service.begin_session()
+    with service.lock:
+        service.authority(live)  # used: its clock restarts
+    now[0] = 100.0
+    assert service.expire_idle() == [stale] and service.open_sessions == 1
+    with service.lock, pytest.raises(AuthorityRefusal, match="has ended"):
+        service.authority(stale)

@@ -40,12 +40,14 @@ docs/deployment.md ("Key authority over TLS").
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import secrets
 import sys
 import threading
+import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -121,11 +123,14 @@ class AuthorityService:
 
     ``identity`` is the raw Ed25519 private key every session's bundle is signed with;
     ``directory`` enrolls client ``i`` = the directory's ``i``-th node in every session.
-    ``keygen(key_size)`` (tests) replaces ``phe.generate_paillier_keypair``.
+    ``keygen(key_size)`` (tests) replaces ``phe.generate_paillier_keypair``. A session
+    unused for ``session_ttl`` seconds is ended like any other (a ServerApp that was
+    killed never ends its own session).
     """
 
     def __init__(self, identity: bytes, directory: Directory, *, key_size: int = 2048, min_clients: int = 2,
-                 allow_weak_key: bool = False, max_sessions: int = 16, keygen=None):
+                 allow_weak_key: bool = False, max_sessions: int = 16, keygen=None,
+                 session_ttl: float = 6 * 3600.0, clock=time.monotonic):
         from protocols.paillier.authority import KEY_SIZES
 
         if key_size not in KEY_SIZES and not allow_weak_key:
@@ -147,6 +152,9 @@ class AuthorityService:
         self._keygen = keygen
         self._sessions: dict[str, object] = {}
         self._ended: set[str] = set()
+        self._last_used: dict[str, float] = {}
+        self.session_ttl = float(session_ttl)
+        self._clock = clock
         self.lock = threading.Lock()
 
     @classmethod
@@ -160,6 +168,7 @@ class AuthorityService:
         from protocols.paillier import AuthorityRefusal, KeyAuthority
         from protocols.paillier.authority import STAGE
 
+        self.expire_idle()
         with self.lock:
             if len(self._sessions) >= self.max_sessions:
                 raise AuthorityRefusal(f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); "
@@ -173,7 +182,17 @@ class AuthorityService:
         sid = secrets.token_hex(16)
         with self.lock:
             self._sessions[sid] = authority
+            self._last_used[sid] = self._clock()
         return sid, authority.public_bundle()
+
+    def expire_idle(self) -> list[str]:
+        """End every session unused for ``session_ttl`` seconds; their ids."""
+        now = self._clock()
+        with self.lock:
+            idle = [sid for sid, t in self._last_used.items() if now - t > self.session_ttl]
+        for sid in idle:
+            self.end_session(sid)
+        return idle
 
     def authority(self, session) -> object:
         """The session's KeyAuthority (call with ``self.lock`` held); 403 if ended or unknown."""
@@ -186,6 +205,7 @@ class AuthorityService:
             raise AuthorityRefusal(f"session {session[:8]}... has ended: its private key is destroyed", stage=STAGE)
         if session not in self._sessions:
             raise AuthorityRefusal(f"unknown session {session[:8]}...", stage=STAGE)
+        self._last_used[session] = self._clock()
         return self._sessions[session]
 
     def end_session(self, session) -> None:
@@ -193,6 +213,7 @@ class AuthorityService:
         with self.lock:
             authority = self.authority(session) if session not in self._ended else None
             self._sessions.pop(session, None)
+            self._last_used.pop(session, None)
             self._ended.add(session)
         if authority is not None:
             # Drop every reference to the private key. CPython cannot wipe the big ints
@@ -395,10 +416,11 @@ def start_in_thread(server, timeout: float = 10.0) -> tuple[threading.Thread, in
 
 def serve(keys_dir, directory_path, *, host: str = "127.0.0.1", port: int = 8471, min_clients: int = 2,
           key_size: int = 2048, cert=None, key=None, client_ca=None, client_names=(SERVERAPP_NAME,),
-          insecure: bool = False, quiet: bool = False, out=print) -> None:
+          insecure: bool = False, quiet: bool = False, session_ttl: float = 6 * 3600.0, out=print) -> None:
     """Run the authority service until interrupted (``securefkm authority serve``)."""
     directory = Directory.load(directory_path)
-    service = AuthorityService.from_keys(keys_dir, directory, key_size=key_size, min_clients=min_clients)
+    service = AuthorityService.from_keys(keys_dir, directory, key_size=key_size, min_clients=min_clients,
+                                         session_ttl=session_ttl)
     server = make_server(service, host, port, cert=cert, key=key, client_ca=client_ca, client_names=client_names,
                          insecure=insecure, quiet=quiet)
     scheme = "http" if insecure else "https"
@@ -417,7 +439,7 @@ def add_cli(sub) -> None:
     ps = p.add_subparsers(dest="authority", required=True)
     i = ps.add_parser("init", help="create the authority's Ed25519 identity in --keys DIR; prints the verify key")
     i.add_argument("--keys", required=True, metavar="DIR", help="directory to create the keys in")
-    i.add_argument("--key-size", type=int, default=2048, choices=(2048, 3072), help=argparse_hidden())
+    i.add_argument("--key-size", type=int, default=2048, choices=(2048, 3072), help=argparse.SUPPRESS)
     s = ps.add_parser("serve", help="serve the authority over HTTPS with client certificates (mTLS)")
     s.add_argument("--keys", required=True, metavar="DIR", help="the directory written by 'authority init'")
     s.add_argument("--directory", required=True, help="the public directory JSON (enrolled node keys)")
@@ -430,14 +452,10 @@ def add_cli(sub) -> None:
     s.add_argument("--client-ca", help="the CA that signs the certificates of admitted clients (the ServerApp's)")
     s.add_argument("--client-name", action="append", default=None, metavar="CN",
                    help=f"admitted client certificate common name (repeatable; default {SERVERAPP_NAME!r})")
+    s.add_argument("--session-ttl", type=float, default=6 * 3600.0,
+                   help="seconds after which an unused session (a run's keypair) is ended")
     s.add_argument("--insecure", action="store_true", help="plain HTTP, loopback addresses only (debugging)")
     s.add_argument("--quiet", action="store_true", help="no per-request log lines")
-
-
-def argparse_hidden():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def run_cli(args, out=print) -> None:
@@ -449,4 +467,4 @@ def run_cli(args, out=print) -> None:
         serve(args.keys, args.directory, host=args.host, port=args.port, min_clients=args.min_clients,
               key_size=args.key_size, cert=args.cert, key=args.tls_key, client_ca=args.client_ca,
               client_names=tuple(args.client_name or (SERVERAPP_NAME,)), insecure=args.insecure,
-              quiet=args.quiet, out=out)
+              quiet=args.quiet, session_ttl=args.session_ttl, out=out)
