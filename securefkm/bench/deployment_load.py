@@ -30,8 +30,12 @@ import numpy as np
 from ..flower.deploy import LocalDeployment, descendants, write_client_csvs
 from ..flower.spec import RunSpec
 
+# (substring of the command line, role); first match wins. Warm ClientApp processes are forked
+# from the node's fork server and carry its command line (securefkm.flower._superexec).
 ROLES = (("flower-superlink", "SuperLink"), ("securefkm.flower._supernode", "SuperNode"),
          ("flower-supernode", "SuperNode"), ("flwr-serverapp", "ServerApp"), ("flwr-clientapp", "ClientApp"),
+         ("securefkm.flower._superexec", "node SuperExec + warm ClientApps"),
+         ("multiprocessing.forkserver", "node SuperExec + warm ClientApps"),
          ("flower-superexec", "SuperExec"), ("securefkm.cli authority", "key authority"), ("flwr run", "flwr run"))
 
 
