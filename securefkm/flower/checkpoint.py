@@ -8,7 +8,8 @@ the folder), holding:
 * the checkpoint's own ``run_id`` (kept across restarts) and the spec it belongs to;
 * the run index, the next round number, the algorithm's state and its object's fields,
   the finished restarts' states (``n_init > 1``);
-* the federation's sampling RNG, seed sequence, global round counter and transcript;
+* the federation's sampling RNG (and retry sampler), seed sequence, global round counter,
+  transcript, abort count and the current run's aborted attempts;
 * every layer's fields **except the secure aggregator's**: the DP accountant and noise
   schedule continue where they were, so a restarted ServerApp never re-spends budget it
   already spent, and the budget can never exceed the target (the accountant's own checks).
@@ -86,7 +87,7 @@ class Checkpoint:
         return saved
 
     # ------------------------------------------------------------------ save / restore
-    def save(self, federation, *, run: int, t: int, state, closing: bool, states: list) -> None:
+    def save(self, federation, *, run: int, t: int, state, closing: bool, states: list, aborts=()) -> None:
         aggregator = federation.aggregator
         write_atomic(self.path, {
             "format": FORMAT,
@@ -100,6 +101,10 @@ class Checkpoint:
             "states": list(states),
             "algorithm": dict(federation.algorithm.__dict__),
             "rng": federation.rng.bit_generator.state,
+            # the runtime's retry sampler and abort count, where it has them (issue 19)
+            "retry_rng": _rng_state(federation, "_retry_rng"),
+            "n_aborted_rounds": getattr(federation, "n_aborted_rounds", 0),
+            "aborts": list(aborts),
             "algo_seq": federation._algo_seq,
             "round_counter": federation._round_counter,
             "transcript": federation.transcript,
@@ -115,6 +120,10 @@ class Checkpoint:
             raise InputError(f"{self.path} does not match this run's protection stack; remove it.")
         federation.algorithm.__dict__.update(saved["algorithm"])
         federation.rng.bit_generator.state = saved["rng"]
+        if saved.get("retry_rng") is not None and hasattr(federation, "_retry_rng"):
+            federation._retry_rng.bit_generator.state = saved["retry_rng"]
+        if hasattr(federation, "n_aborted_rounds"):
+            federation.n_aborted_rounds = saved.get("n_aborted_rounds", 0)
         federation._algo_seq = saved["algo_seq"]
         federation._round_counter = saved["round_counter"]
         federation.transcript = saved["transcript"]
@@ -126,23 +135,33 @@ class Checkpoint:
         return saved
 
 
+def _rng_state(obj, name: str):
+    rng = getattr(obj, name, None)
+    return None if rng is None else rng.bit_generator.state
+
+
 def run_rounds(federation, checkpoint: Checkpoint | None = None) -> list:
     """Every restart's final state, like ``[federation.run(r) for r in range(n_runs)]``.
 
     The loop is :meth:`Federation.run`'s (a training round budget of ``max_rounds``, then
     the algorithm's closing phase), with a checkpoint after every completed round and a
-    resume from ``checkpoint`` if it holds one.
+    resume from ``checkpoint`` if it holds one. Where the runtime retries aborted round
+    attempts (``Federation._complete_round``), each round goes through it, so a resumed
+    run retries exactly like an uninterrupted one.
     """
     algorithm = federation.algorithm
+    complete = getattr(federation, "_complete_round", None)
     saved = checkpoint.restore(federation) if checkpoint is not None else None
     states = list(saved["states"]) if saved else []
     first = saved["run"] if saved else 0
     for run in range(first, federation.n_runs):
         if saved is not None and run == first:
             state, t, closing = saved["state"], saved["t"], saved["closing"]
+            aborts = list(saved.get("aborts", []))
         else:
             rng = np.random.default_rng(federation._algo_seq.spawn(1)[0])
             state, t, closing = algorithm.init(federation.n_clients, federation.info.n_features, rng), 0, False
+            aborts = []
         while not algorithm.converged(state):
             if not closing and state.round >= federation.max_rounds:
                 close = getattr(algorithm, "close", None)
@@ -151,14 +170,16 @@ def run_rounds(federation, checkpoint: Checkpoint | None = None) -> list:
                 state, closing = close(state), True
                 continue
             try:
-                state = federation.run_round(state, run=run, round=t)
+                if complete is not None:
+                    state, t = complete(state, run, t, aborts)
+                else:
+                    state, t = federation.run_round(state, run=run, round=t), t + 1
             except NoParticipantsError as exc:
                 if state.centres is None or np.ndim(state.centres) != 2:
                     raise
                 warnings.warn(f"run {run} stopped after {state.round} rounds: {exc}", stacklevel=2)
                 break
-            t += 1
             if checkpoint is not None:
-                checkpoint.save(federation, run=run, t=t, state=state, closing=closing, states=states)
+                checkpoint.save(federation, run=run, t=t, state=state, closing=closing, states=states, aborts=aborts)
         states.append(state)
     return states
