@@ -666,6 +666,8 @@ def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
     spawned = []
     monkeypatch.setattr(deploy_mod.LocalDeployment, "_spawn", lambda self, args, log: spawned.append(args) or None)
     monkeypatch.setattr(deploy_mod.LocalDeployment, "_wait", lambda self, *a: None)
+    registered = []
+    monkeypatch.setattr(deploy_mod.LocalDeployment, "_register_nodes", lambda self: registered.append(self))
     for dep, expect in ((deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "e", provision=False), None),
                         (deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "f", provision=False,
                                                     database=tmp_path / "s.db"), str(tmp_path / "s.db"))):
@@ -675,3 +677,12 @@ def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
         assert ("--database" in superlink) == (expect is not None)
         if expect:
             assert superlink[superlink.index("--database") + 1] == expect
+        # secure by default: TLS files from the run CA, SuperNode authentication, nodes registered
+        assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
+        assert superlink[superlink.index("--ssl-certfile") + 1] == str(dep.tls.superlink.cert)
+        assert registered[-1] is dep and "--root-certificates" in spawned[1]
+    spawned.clear()
+    insecure = deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "g", provision=False, secure=False)
+    insecure._start()
+    assert "--insecure" in spawned[0] and "--insecure" in spawned[1] and insecure.tls is None
+    assert "insecure = true" in (insecure.flwr_home / "config.toml").read_text()
