@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--param", type=_kv, action="append", default=[],
                    help="estimator parameter key=value, JSON values (repeat), e.g. init_bounds=[-2,2]")
     d.add_argument("--timeout", type=float, default=60.0, help="per-stage deadline in seconds")
+    d.add_argument("--insecure", action="store_true",
+                   help="no TLS and no SuperNode authentication (today's loopback behaviour; debugging only)")
     _add_common(d)
 
     from .flower import authority_service, provision
@@ -232,7 +234,8 @@ def _deploy(args, out=print):
         out(f"[deploy {time.perf_counter() - t0:6.1f} s] {message}")
 
     result = deploy(data, algorithm=args.algorithm, params=params, protection=args.protection,
-                    random_state=args.seed, stage_timeout=args.timeout, progress=progress)
+                    random_state=args.seed, stage_timeout=args.timeout, progress=progress,
+                    secure=not args.insecure)
     for line in fit_summary(args.algorithm, data, result.centres, n_iter=result.n_iter,
                             privacy_spent=result.privacy_spent, report=result.protection_report,
                             transcript=result.transcript, label_column=args.label_column):

@@ -9,6 +9,7 @@ stopped by PID in a finalizer, also when a case fails.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import numpy as np
@@ -143,6 +144,10 @@ class _FakeGrid:
         self.replies = {}
         self.dead: set[int] = set()
         self.kill_at = None  # (round, stage, node id)
+        self.crash_at = None  # (round, stage): the ServerApp process dies there
+
+    class Crash(BaseException):
+        """The ServerApp died (BaseException: nothing in the runtime may catch it)."""
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -154,6 +159,8 @@ class _FakeGrid:
             m.metadata.__dict__["_message_id"] = mid
             rec = m.content[_wire.RECORD_KEY]
             nid = m.metadata.dst_node_id
+            if self.crash_at == (rec["round"], rec["stage"]):
+                raise _FakeGrid.Crash(self.crash_at)
             if self.kill_at == (rec["round"], rec["stage"], nid):
                 self.dead.add(nid)
             if nid not in self.dead:
@@ -177,7 +184,8 @@ def task_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
 
 
-def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5, node_configs=None, **provisioned):
+def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeout=0.5, node_configs=None, crash=None,
+              **provisioned):
     """``node_configs[i]`` extends the node config of ``paths[i]``; ``provisioned``: directory=, authority_url=."""
     from securefkm.flower.serverapp import run_federation
 
@@ -191,9 +199,10 @@ def _fake_run(tmp_path, clients, spec, *, extra_csv=None, kill=None, stage_timeo
     if kill is not None:
         rnd, stage, which = kill
         grid.kill_at = (rnd, stage, node_ids[which])
+    grid.crash_at = crash
     result = run_federation(grid, spec, n_nodes=len(paths), n_features=clients[0].shape[1],
                             stage_timeout=stage_timeout, suspect_timeout=0.1, poll_interval=0.01, **provisioned)
-    order = [node_ids.index(n) for n in result["node_ids"]]  # client c <- paths[order[c]]
+    order = [None if n is None else node_ids.index(n) for n in result["node_ids"]]  # client c <- paths[order[c]]
     return result, order
 
 
@@ -277,29 +286,32 @@ UNIFORM = {**PARAMS, "init": "uniform"}  # the same start with and without prote
 @pytest.fixture
 def authority_service(tmp_path):
     """(LocalPKI, URL): 3 provisioned nodes and the key authority served from a thread."""
-    import threading
-
-    from securefkm.flower.authority_service import load_authority, make_server
+    from securefkm.flower.authority_service import AuthorityService, make_server, start_in_thread
     from securefkm.flower.provision import provision_local
+    from securefkm.flower.tls import create_run_pki
 
     pki = provision_local(tmp_path / "pki", 3)
     pki.ensure_authority(2048)
-    server = make_server(load_authority(pki.authority_dir, pki.directory), "127.0.0.1", 0, quiet=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    certs = create_run_pki(tmp_path / "tls")
+    service = AuthorityService.from_keys(pki.authority_dir, pki.directory)
+    server = make_server(service, "127.0.0.1", 0, cert=certs.authority.cert, key=certs.authority.key,
+                         client_ca=certs.client_ca.cert, quiet=True)
+    thread, port = start_in_thread(server)
+    tls = {"ca": str(certs.ca.cert), "cert": str(certs.serverapp.cert), "key": str(certs.serverapp.key)}
     try:
-        yield pki, f"http://127.0.0.1:{server.server_address[1]}"
+        yield pki, f"https://127.0.0.1:{port}", service, tls
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, authority_service):
-    pki, url = authority_service
+    """Over mutual TLS to the authority, as `securefkm deploy` runs it."""
+    pki, url, service, tls = authority_service
     spec = RunSpec("dwf", UNIFORM, ["paillier"], random_state=12)
     result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
-                              directory=str(pki.directory_path), authority_url=url, stage_timeout=10)
+                              directory=str(pki.directory_path), authority_url=url, authority_tls=tls,
+                              stage_timeout=10)
     assert order == [0, 1, 2]  # client i = the directory's i-th node, whatever the Flower node ids
     assert result["errors"] == {}
     ref = in_process(spec, clients)
@@ -310,6 +322,7 @@ def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, 
     assert result["timings"][0][1] == "identify"
     plain = in_process(RunSpec("dwf", UNIFORM, [], random_state=12), clients)
     np.testing.assert_allclose(result["centres"], plain.cluster_centers_, atol=1e-6)
+    assert service.open_sessions == 0  # the run ended its session: that key is destroyed
 
 
 def test_fake_grid_signed_masking_equals_plain(tmp_path, clients, task_identity):
@@ -354,6 +367,62 @@ def test_fake_grid_provisioning_errors(tmp_path, clients, task_identity):
                   directory=str(rogue.directory_path))
 
 
+def test_fake_grid_enrolment_dropout_is_left_out(tmp_path, clients, task_identity):
+    from securefkm.flower.provision import provision_local
+
+    pki = provision_local(tmp_path / "pki", 3)
+    spec = RunSpec("dwf", UNIFORM, [{"name": "masking", "sign_keys": True}], random_state=13)
+    configs = [pki.node_config(i) for i in range(3)]
+    # the node holding node_1's key disappears while identities are collected (round -1)
+    result, _ = _fake_run(tmp_path, clients, spec, node_configs=configs, directory=str(pki.directory_path),
+                          kill=(-1, "identify", 1))
+    assert result["node_ids"][1] is None and None not in (result["node_ids"][0], result["node_ids"][2])
+    assert result["errors"] == {} and len(result["transcript"]) > 1
+    for record in result["transcript"]:  # never sampled, so every round is planned for the two present
+        assert record.sampled == (0, 2) and record.contributors == (0, 2)
+    # exactly the fit of the two survivors alone
+    ref = in_process(RunSpec("dwf", UNIFORM, [], random_state=13), [clients[0], clients[2]])
+    np.testing.assert_allclose(result["centres"], ref.cluster_centers_, atol=1e-6)
+    # too few remain: the run refuses to start and says why
+    with pytest.raises(InputError, match=r"only 2 of 3 nodes identified, the run needs at least 3 .*'min-nodes'.*node_1"):
+        _fake_run(tmp_path, clients, spec, node_configs=configs, directory=str(pki.directory_path),
+                  kill=(-1, "identify", 1), min_nodes=3)
+
+
+@pytest.mark.parametrize("protection", [["masking"], [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0},
+                                                 "masking"]])
+def test_fake_grid_server_crash_resumes_from_checkpoint(tmp_path, clients, task_identity, protection):
+    """The ServerApp dies in the middle of round 2; a restarted one (a new Flower run: fresh
+    ClientApp state) resumes from the checkpoint, redoes round 2 with fresh masks and ends
+    exactly where an uninterrupted run ends; the DP budget continues and stays within target."""
+    spec = RunSpec("dwf", {**UNIFORM, "max_rounds": 4}, protection, random_state=21)
+    ref, _ = _fake_run(tmp_path / "ref", clients, spec, checkpoint_path=str(tmp_path / "ref.ckpt"))
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.raises(_FakeGrid.Crash):
+        _fake_run(tmp_path / "a", clients, spec, crash=(2, "masked_input"), checkpoint_path=str(ckpt))
+    saved = pickle.loads(ckpt.read_bytes())
+    assert saved["rounds_done"] == 2 and saved["t"] == 2  # rounds 0 and 1 completed, round 2 interrupted
+    resumed, _ = _fake_run(tmp_path / "b", clients, spec, checkpoint_path=str(ckpt))
+    assert resumed["resumed_from"] == 2 and resumed["run_id"] == saved["run_id"]
+    assert len(resumed["transcript"]) == len(ref["transcript"])
+    for r, q in zip(resumed["transcript"], ref["transcript"]):
+        assert (r.round, r.action, r.sampled, r.contributors) == (q.round, q.action, q.sampled, q.contributors)
+    # round 2 was redone with fresh masks: the masked inputs differ, the released sums do not
+    redo, orig = resumed["transcript"][2].stage("masked_input").received, ref["transcript"][2].stage("masked_input").received
+    assert any(not np.array_equal(np.asarray(redo[c]["y"] if isinstance(redo[c], dict) else redo[c]),
+                                  np.asarray(orig[c]["y"] if isinstance(orig[c], dict) else orig[c])) for c in redo)
+    if len(protection) == 1:  # masking alone is exact: the same result to the bit
+        np.testing.assert_array_equal(resumed["centres"], ref["centres"])
+        for r, q in zip(resumed["transcript"], ref["transcript"]):
+            for k in q.aggregate:
+                np.testing.assert_array_equal(r.aggregate[k], q.aggregate[k])
+    else:  # DP: fresh noise in the redone round, but the budget continues from the checkpoint
+        assert resumed["privacy_spent"] == pytest.approx(ref["privacy_spent"])
+        assert resumed["privacy_spent"][0] <= 2.0 + 1e-9
+    ref2, _ = _fake_run(tmp_path / "c", clients, spec, checkpoint_path=str(ckpt))  # a finished checkpoint: no rounds left
+    assert ref2["resumed_from"] == len(ref["transcript"])
+
+
 # ---------------------------------------------------------------- real deployment
 @pytest.fixture(scope="module")
 def deployment(clients, tmp_path_factory):
@@ -394,6 +463,45 @@ def test_deployment_masking_equals_in_process(deployment, clients):
 
 
 @pytest.mark.flower
+def test_deployment_is_secure_by_default(deployment):
+    """TLS + SuperNode authentication: plain HTTP to the SuperLink fails, and neither a
+    node with an unregistered key nor an --insecure node ever gets a node id."""
+    import urllib.request
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from securefkm.flower.deploy import _entry_point, _stop_tree, free_port
+
+    assert deployment.secure and deployment.tls.ca.cert.is_file()
+    assert all(deployment._node_auth_key(i).is_file() for i in range(3))
+    with pytest.raises(Exception):  # noqa: B017 - plain HTTP against a TLS port: any transport error
+        urllib.request.urlopen(f"http://127.0.0.1:{deployment.port}/", timeout=5).read()
+    rogue_key = deployment.workdir / "rogue_key"
+    key = ec.generate_private_key(ec.SECP384R1())
+    rogue_key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                            serialization.NoEncryption()))
+    base = [_entry_point("flower-supernode"), "--superlink", f"127.0.0.1:{deployment.port}", "--host", "127.0.0.1"]
+    rogues = [
+        deployment._spawn([*base, "--port", str(free_port()), "--root-certificates", str(deployment.tls.ca.cert),
+                           "--auth-supernode-private-key", str(rogue_key)], "rogue_unregistered.log"),
+        deployment._spawn([*base, "--port", str(free_port()), "--insecure"], "rogue_insecure.log"),
+    ]
+    try:
+        try:  # Flower refuses the unregistered key and exits (code 305); meanwhile the other retries
+            rogues[0].wait(timeout=20)
+        except Exception:  # noqa: BLE001 - still running: the log assertions below say why
+            pass
+        for name in ("rogue_unregistered.log", "rogue_insecure.log"):
+            log = (deployment.workdir / "logs" / name).read_text(errors="replace")
+            assert "SuperNode ID" not in log, log[-2000:]
+        assert "Failed to activate SuperNode" in (deployment.workdir / "logs" / "rogue_unregistered.log").read_text()
+    finally:
+        for proc in rogues:
+            _stop_tree(proc, grace=2.0)
+
+
+@pytest.mark.flower
 def test_deployment_paillier_equals_in_process(deployment, clients):
     """SuperLink + 3 SuperNodes + the key authority as its own process run DWF with Paillier."""
     from securefkm.flower.deploy import _alive
@@ -427,6 +535,37 @@ def test_deployment_dp_reports_privacy_spent(deployment, clients):
     eps, delta = result.privacy_spent
     assert 0 < eps <= 2.0 + 1e-9 and delta <= 1e-5
     assert np.all(np.isfinite(result.centres))
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_deployment_serverapp_killed_mid_fit_resumes(deployment, clients, tmp_path):
+    """SIGKILL the ServerApp process in the middle of round 1 (between the masking stages);
+    a new `flwr run` with the same checkpoint resumes and ends exactly where the in-process
+    fit (= an uninterrupted run on the same seeds) ends."""
+    from securefkm.flower.deploy import DeploymentError
+
+    spec = RunSpec("dwf", {**DEP_PARAMS, "max_rounds": 3}, ["masking"], random_state=17)
+    ckpt = tmp_path / "serverapp.ckpt"
+    killed = []
+
+    class ServerKilled(Exception):
+        pass
+
+    def on_progress(ev):
+        if not killed and ev["event"] == "start" and ev["round"] == 1 and ev["stage"] == "share":
+            killed.extend(deployment.kill_serverapp())
+            raise ServerKilled
+
+    with pytest.raises((ServerKilled, DeploymentError)):
+        deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=600, on_progress=on_progress, checkpoint_path=ckpt)
+    assert killed and pickle.loads(ckpt.read_bytes())["rounds_done"] == 1
+    result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900, checkpoint_path=ckpt)
+    assert result.resumed_from == 1
+    order = deployment.client_order()
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result.centres, ref.cluster_centers_)
+    assert_same_structure(result.transcript, ref.transcript_)
 
 
 @pytest.mark.flower
@@ -536,6 +675,8 @@ def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
     spawned = []
     monkeypatch.setattr(deploy_mod.LocalDeployment, "_spawn", lambda self, args, log: spawned.append(args) or None)
     monkeypatch.setattr(deploy_mod.LocalDeployment, "_wait", lambda self, *a: None)
+    registered = []
+    monkeypatch.setattr(deploy_mod.LocalDeployment, "_register_nodes", lambda self: registered.append(self))
     for dep, expect in ((deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "e", provision=False), None),
                         (deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "f", provision=False,
                                                     database=tmp_path / "s.db"), str(tmp_path / "s.db"))):
@@ -545,3 +686,12 @@ def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
         assert ("--database" in superlink) == (expect is not None)
         if expect:
             assert superlink[superlink.index("--database") + 1] == expect
+        # secure by default: TLS files from the run CA, SuperNode authentication, nodes registered
+        assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
+        assert superlink[superlink.index("--ssl-certfile") + 1] == str(dep.tls.superlink.cert)
+        assert registered[-1] is dep and "--root-certificates" in spawned[1]
+    spawned.clear()
+    insecure = deploy_mod.LocalDeployment(paths[:1], workdir=tmp_path / "g", provision=False, secure=False)
+    insecure._start()
+    assert "--insecure" in spawned[0] and "--insecure" in spawned[1] and insecure.tls is None
+    assert "insecure = true" in (insecure.flwr_home / "config.toml").read_text()

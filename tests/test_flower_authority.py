@@ -1,23 +1,24 @@
 """Provisioning (node keys, directory) and the key authority as an HTTP service.
 
-Fast: no Flower processes. The service runs in a thread of this process on 127.0.0.1 with
-a small test-only key, and is shut down in a finalizer.
+Fast: no Flower processes. The service runs (plain HTTP, ``insecure`` on loopback) in a
+thread of this process with small test-only keys, and is shut down in a finalizer. TLS and
+client-certificate admission: tests/test_flower_tls.py.
 """
 
 from __future__ import annotations
 
 import json
 import stat
-import threading
 import urllib.error
 import urllib.request
 
 import phe
 import pytest
 
-from protocols.paillier import AuthorityRefusal, KeyAuthority, homomorphic_sum, sign_contribution
+from protocols.paillier import AuthorityRefusal, homomorphic_sum, sign_contribution
 from securefkm.exceptions import InputError
 from securefkm.flower import authority_service as svc
+from securefkm.flower.authority_client import AuthorityUnavailable, RemoteAuthority
 from securefkm.flower.provision import (
     Directory,
     NodeProvisioning,
@@ -68,14 +69,18 @@ def test_authority_keys_on_disk(tmp_path):
     pki = provision_local(tmp_path, 2)
     verify = pki.ensure_authority(2048)
     assert pki.directory.authority_key == verify
-    assert stat.S_IMODE((pki.authority_dir / svc.PAILLIER_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE((pki.authority_dir / svc.IDENTITY_FILE).stat().st_mode) == 0o600
+    assert not (pki.authority_dir / "paillier.json").exists()  # Paillier keys live per session, in memory
     assert pki.ensure_authority(2048) == verify  # kept
-    authority = svc.load_authority(pki.authority_dir, pki.directory)
-    assert authority.public_bundle().authority_key == verify and authority.key_size == 2048
-    assert authority.verify_key(1) == pki.directory.nodes[1]
+    service = svc.AuthorityService.from_keys(pki.authority_dir, pki.directory, key_size=1024, allow_weak_key=True,
+                                             keygen=lambda bits: phe.generate_paillier_keypair(n_length=bits))
+    sid, bundle = service.begin_session()
+    assert bundle.authority_key == verify and bundle.n.bit_length() == 1024
+    with service.lock:
+        assert service.authority(sid).verify_key(1) == pki.directory.nodes[1]
     other = Directory(pki.directory.nodes, authority_key=create_node_key(tmp_path / "imposter.key"))
     with pytest.raises(InputError, match="pins authority key"):
-        svc.load_authority(pki.authority_dir, other)
+        svc.AuthorityService.from_keys(pki.authority_dir, other)
 
 
 # ---------------------------------------------------------------- the HTTP service
@@ -84,25 +89,38 @@ def small_keypair():
     return phe.generate_paillier_keypair(n_length=1024)  # test-only size
 
 
+def start_service(service, **kwargs):
+    """(url, stop) of ``service`` served in a thread on 127.0.0.1."""
+    server = svc.make_server(service, "127.0.0.1", 0, quiet=True, **kwargs)
+    thread, port = svc.start_in_thread(server)
+
+    def stop():
+        server.should_exit = True
+        thread.join(10)
+
+    return port, stop
+
+
 @pytest.fixture
 def service(tmp_path, small_keypair):
-    """(RemoteAuthority, KeyAuthority, node signing keys) with clients 0..2 enrolled."""
+    """(RemoteAuthority with an open session, that session's KeyAuthority, node signing keys)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     pki = provision_local(tmp_path, 3)
     signing = [load_node_key(p) for p in pki.node_keys]
-    authority = KeyAuthority(*small_keypair, min_clients=2, allow_weak_key=True)
-    for cid, key in enumerate(pki.directory.nodes):
-        authority.enroll(cid, key)
-    directory = pki.directory.with_authority(authority.public_bundle().authority_key)
-    server = svc.make_server(authority, "127.0.0.1", 0, quiet=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
+    identity = Ed25519PrivateKey.generate()
+    directory = pki.directory.with_authority(identity.public_key().public_bytes_raw())
+    service = svc.AuthorityService(identity.private_bytes_raw(), directory, key_size=1024, allow_weak_key=True,
+                                   keygen=lambda bits: small_keypair)
+    port, stop = start_service(service, insecure=True)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        yield svc.RemoteAuthority(url, directory, timeout=10, allow_weak_key=True), authority, signing
+        remote = RemoteAuthority(f"http://127.0.0.1:{port}", directory, timeout=10, allow_weak_key=True)
+        remote.public_bundle()
+        with service.lock:
+            authority = service.authority(remote.session)
+        yield remote, authority, signing
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        stop()
 
 
 def _contributions(remote, signing, clients, values, ticket):
@@ -177,30 +195,32 @@ def test_service_refuses_everything_else(service):
     assert _raw(f"{base}/v1/private_key")[0] == 404
     assert _raw(f"{base}/v1/enroll", "POST", b"{}")[0] == 404
     assert _raw(f"{base}/v1/decrypt_aggregate")[0] == 405
-    assert _raw(f"{base}/v1/bundle", "POST", b"{}")[0] == 405
-    assert _raw(f"{base}/v1/bundle", "DELETE")[0] == 405
+    assert _raw(f"{base}/v1/identity", "POST", b"{}")[0] == 405
+    assert _raw(f"{base}/v1/identity", "DELETE")[0] == 405
     code, err = _raw(f"{base}/v1/open_round", "POST", b"not json")
     assert code == 400 and err["error"] == "bad_request"
-    code, err = _raw(f"{base}/v1/open_round", "POST", json.dumps({"run": "0"}).encode())
+    code, err = _raw(f"{base}/v1/open_round", "POST", json.dumps({"session": remote.session, "run": "0"}).encode())
     assert code == 400
+    code, err = _raw(f"{base}/v1/open_round", "POST", json.dumps({"session": "nope", "run": 0}).encode())
+    assert code == 403 and "unknown session" in err["message"]
     # a malformed decryption request burns its ticket too
     t = remote.open_round(0, 0, b"D", n_ciphertexts=1, max_clients=3)
-    body = {"nonce": t.nonce.hex(), "contributions": [{"client_id": 0, "nonce": "zz"}]}
+    body = {"session": remote.session, "nonce": t.nonce.hex(), "contributions": [{"client_id": 0, "nonce": "zz"}]}
     assert _raw(f"{base}/v1/decrypt_aggregate", "POST", json.dumps(body).encode())[0] == 400
     assert t.nonce not in authority._open
-    code, bundle = _raw(f"{base}/v1/bundle")
-    assert code == 200 and set(bundle) == {"n", "authority_key", "signature"}
+    code, ident = _raw(f"{base}/v1/identity")
+    assert code == 200 and bytes.fromhex(ident["authority_key"]) == remote.directory.authority_key
 
 
 def test_remote_authority_checks_the_pinned_key(service, tmp_path):
     remote, _, _ = service
     imposter = Directory(remote.directory.nodes, authority_key=create_node_key(tmp_path / "x.key"))
     with pytest.raises(InputError, match="does not trust"):
-        svc.RemoteAuthority(remote.url, imposter).public_bundle()
-    with pytest.raises(svc.AuthorityUnavailable, match="unreachable"):
-        svc.RemoteAuthority("http://127.0.0.1:9", remote.directory, timeout=2).public_bundle()
+        RemoteAuthority(remote.url, imposter).public_bundle()
+    with pytest.raises(AuthorityUnavailable, match="unreachable"):
+        RemoteAuthority("http://127.0.0.1:9", remote.directory, timeout=2).public_bundle()
     with pytest.raises(InputError, match="authority-url"):
-        svc.RemoteAuthority("127.0.0.1:8471", remote.directory)
+        RemoteAuthority("127.0.0.1:8471", remote.directory)
 
 
 def test_cli_provision_and_authority_init(tmp_path, capsys):

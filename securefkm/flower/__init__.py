@@ -7,10 +7,17 @@ This is the only part of securefkm that imports ``flwr`` (install ``securefkm[fl
 * :mod:`securefkm.flower.transport` -- :class:`FlowerTransport`, one message per (client, stage).
 * :mod:`securefkm.flower.spec` -- :class:`RunSpec`, the JSON run spec both sides build from.
 * :mod:`securefkm.flower.deploy` -- start/stop a local SuperLink + SuperNodes, run, collect.
-* :mod:`securefkm.flower.provision` -- node identity keys and the public directory (Paillier,
-  masking ``sign_keys=True``).
-* :mod:`securefkm.flower.authority_service` -- the Paillier key authority as its own HTTP
-  service, and the ServerApp's client of it.
+* :mod:`securefkm.flower.directory` -- node identity keys and the public directory (bottom layer).
+* :mod:`securefkm.flower.provision` -- the ``identify`` stage and applying identities to the
+  layers (Paillier, masking ``sign_keys=True``).
+* :mod:`securefkm.flower.authority_service` -- the Paillier key authority as its own
+  long-lived HTTPS service (client certificates, one keypair per run).
+* :mod:`securefkm.flower.authority_client` -- the ServerApp's and the nodes' views of it.
+* :mod:`securefkm.flower.tls` -- run CA and certificates, ``ssl`` contexts.
+* :mod:`securefkm.flower.checkpoint` -- the crash-safe ServerApp's checkpoint and resume.
+
+Imports are layered (no cycles): ``directory`` <- ``_registry``, ``tls``, ``authority_wire``
+<- ``authority_client``, ``authority_service`` <- ``provision`` <- ``serverapp`` / ``clientapp``.
 
 See ``docs/deployment.md``.
 """
@@ -31,7 +38,8 @@ _EXPORTS = {
     "Directory": "securefkm.flower.provision",
     "provision_local": "securefkm.flower.provision",
     "create_node_key": "securefkm.flower.provision",
-    "RemoteAuthority": "securefkm.flower.authority_service",
+    "RemoteAuthority": "securefkm.flower.authority_client",
+    "AuthorityService": "securefkm.flower.authority_service",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("securefkm.flower", _EXPORTS)

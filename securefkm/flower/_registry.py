@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from protocols.masking.keys import IdentityRegistry
 
 from ..exceptions import InputError
-
-if TYPE_CHECKING:
-    from .provision import Directory
+from .directory import Directory
 
 
 class DirectoryRegistry(IdentityRegistry):

@@ -1,66 +1,79 @@
-"""The Paillier key authority as its own process: a small HTTP service around KeyAuthority.
+"""The Paillier key authority as its own long-lived process: HTTPS with client certificates.
 
 In a deployment the authority must not be the aggregating server (together they decrypt
 any client's ciphertext), so it runs as a separate process, normally on another machine
 under another operator::
 
-    securefkm authority init  --keys DIR                 # once: Paillier keypair + Ed25519 identity
-    securefkm authority serve --keys DIR --directory directory.json --host 127.0.0.1 --port 8471
+    securefkm authority init  --keys DIR          # once: the Ed25519 identity (pinned in the directory)
+    securefkm authority serve --keys DIR --directory directory.json --host 0.0.0.0 --port 8471 \\
+        --cert authority.pem --key authority.key --client-ca authority-client-ca.pem
 
-``serve`` loads the private key, enrolls the Ed25519 keys of the directory's nodes (client
-``i`` = ``i``-th node) and answers exactly the operations :class:`KeyAuthority` has, as
-JSON over HTTP (stdlib ``http.server``; no pickle on this wire):
+**Sessions (key rotation).** The long-lived secret on disk is only the Ed25519 identity
+that signs public bundles. Every run opens a *session*: the service generates a fresh
+Paillier keypair for it in memory (never written to disk), enrolls the directory's nodes
+and returns the signed bundle; the ServerApp ends the session after the run and the
+service drops that private key. A ticket, decryption or round of an ended (or unknown)
+session is refused with 403, so nothing of a finished run can be decrypted later.
 
-==========================  ====================================================
-``GET  /v1/bundle``          the signed public bundle (modulus, verify key, signature)
-``POST /v1/open_round``      a fresh single-use round ticket
-``POST /v1/close_round``     burn a ticket without decrypting
-``POST /v1/decrypt_aggregate``  verify signed contributions, recompute the sum, decrypt it
-==========================  ====================================================
+==============================  ====================================================
+``GET  /v1/identity``            the authority's Ed25519 verify key (hex)
+``POST /v1/session``             a new session: ``{session, bundle}`` with a fresh keypair
+``POST /v1/end_session``         destroy the session's private key
+``POST /v1/open_round``          a fresh single-use round ticket (``session`` + KeyAuthority args)
+``POST /v1/close_round``         burn a ticket without decrypting
+``POST /v1/decrypt_aggregate``   verify signed contributions, recompute the sum, decrypt it
+==============================  ====================================================
 
-Everything else is refused (404/405), bodies over ``MAX_BODY`` bytes with 413, malformed
-JSON with 400, and every refusal of :meth:`KeyAuthority.decrypt_aggregate` /
-:meth:`KeyAuthority.open_round` with 403 and the authority's reason (the ticket is burned
-all the same). The checks themselves are KeyAuthority's, not re-implemented here.
+Everything else is refused (404/405), bodies over ``MAX_BODY`` bytes with 413 (before
+reading them when ``Content-Length`` says so), malformed JSON with 400, and every refusal
+of :class:`KeyAuthority` with 403 and its reason (the ticket is burned all the same). The
+checks themselves are KeyAuthority's, not re-implemented here.
 
-The ServerApp talks to it through :class:`RemoteAuthority` (run config ``authority-url``);
-client nodes never contact it: they get the signed bundle in the ``identify`` message and
-verify it against the authority key in their own directory file (:class:`BundleView`).
-
-Transport security: plain HTTP is for loopback tests only. In production put the service
-behind TLS with client authentication (mTLS) so that only the aggregation server can
-reach it; see docs/deployment.md.
+**Transport.** The HTTP server is uvicorn (maintained, already installed with Flower) with
+the standard library's :mod:`ssl`: TLS >= 1.2, a client certificate signed by
+``--client-ca`` is *required* (no certificate, another CA's or an expired one fails the
+handshake), and the certificate's common name must be one of ``--client-name`` (default
+:data:`~securefkm.flower.tls.SERVERAPP_NAME`), checked when the connection is made. Plain
+HTTP needs ``--insecure`` and is refused on any address but loopback. Why not gRPC: see
+docs/deployment.md ("Key authority over TLS").
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
+import secrets
 import sys
 import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..exceptions import InputError, SecureFKMError
-from .provision import Directory
+from ..exceptions import InputError
+from .authority_wire import (
+    API,
+    MAX_BODY,
+    BadRequest,
+    as_int,
+    bundle_to_json,
+    contribution_from_json,
+    field,
+    hex_bytes,
+    hex_int,
+    ticket_to_json,
+)
+from .directory import Directory
+from .tls import SERVERAPP_NAME, is_loopback, peer_common_name, server_context
 
-API = "/v1"
-MAX_BODY = 64 << 20
 IDENTITY_FILE = "identity.pem"
-PAILLIER_FILE = "paillier.json"
 VERIFY_FILE = "authority.pub"
 
 
-class AuthorityUnavailable(SecureFKMError, RuntimeError):
-    """The key authority service could not be reached or answered something unexpected."""
-
-
-# ------------------------------------------------------------------ keys on disk
+# ------------------------------------------------------------------ the identity on disk
 def _write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
@@ -68,38 +81,34 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def init_authority_keys(keys_dir, *, key_size: int = 2048, exist_ok: bool = True) -> bytes:
-    """Create the authority's Paillier keypair and Ed25519 identity in ``keys_dir``; return the verify key.
+    """Create the authority's Ed25519 identity in ``keys_dir``; return its verify key.
 
-    Files: ``identity.pem`` and ``paillier.json`` (private, mode 0600, in a 0700 directory)
-    and ``authority.pub`` (the verify key as hex: put it into the directory). With
-    ``exist_ok`` existing keys are kept.
+    Files: ``identity.pem`` (private, mode 0600, in a 0700 directory) and ``authority.pub``
+    (the verify key as hex: put it into the directory). Paillier keys are *not* stored:
+    each session gets a fresh pair (``key_size`` is accepted for compatibility and
+    checked). With ``exist_ok`` an existing identity is kept.
     """
-    from phe import paillier
-
     from protocols.paillier.authority import KEY_SIZES
 
     keys_dir = Path(keys_dir)
-    if (keys_dir / IDENTITY_FILE).exists() or (keys_dir / PAILLIER_FILE).exists():
+    if (keys_dir / IDENTITY_FILE).exists():
         if not exist_ok:
             raise InputError(f"{keys_dir} already holds authority keys; refusing to overwrite them.")
-        return _load_identity(keys_dir).public_key().public_bytes_raw()
+        return load_identity(keys_dir).public_key().public_bytes_raw()
     if key_size not in KEY_SIZES:
         raise InputError(f"key_size must be one of {KEY_SIZES} bits, got {key_size!r}.")
     keys_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(keys_dir, 0o700)
-    public, private = paillier.generate_paillier_keypair(n_length=key_size)
     identity = Ed25519PrivateKey.generate()
     _write_private(keys_dir / IDENTITY_FILE, identity.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    _write_private(keys_dir / PAILLIER_FILE, json.dumps(
-        {"format": "securefkm-paillier-key/v1", "p": format(private.p, "x"), "q": format(private.q, "x")}).encode())
     verify = identity.public_key().public_bytes_raw()
     (keys_dir / VERIFY_FILE).write_text(verify.hex() + "\n")
     return verify
 
 
-def _load_identity(keys_dir: Path) -> Ed25519PrivateKey:
-    path = keys_dir / IDENTITY_FILE
+def load_identity(keys_dir) -> Ed25519PrivateKey:
+    path = Path(keys_dir) / IDENTITY_FILE
     if not path.is_file():
         raise InputError(f"{path} does not exist; create the authority's keys with `securefkm authority init --keys {keys_dir}`.")
     key = serialization.load_pem_private_key(path.read_bytes(), password=None)
@@ -108,433 +117,344 @@ def _load_identity(keys_dir: Path) -> Ed25519PrivateKey:
     return key
 
 
-def load_authority(keys_dir, directory: Directory, *, min_clients: int = 2):
-    """The :class:`KeyAuthority` stored in ``keys_dir``, with every directory node enrolled."""
-    from phe import paillier
+# ------------------------------------------------------------------ sessions: one keypair per run
+class AuthorityService:
+    """A long-lived authority: one :class:`KeyAuthority` (fresh Paillier keys) per session.
 
-    from protocols.paillier import KeyAuthority
-
-    keys_dir = Path(keys_dir)
-    identity = _load_identity(keys_dir)
-    path = keys_dir / PAILLIER_FILE
-    if not path.is_file():
-        raise InputError(f"{path} does not exist; create the authority's keys with `securefkm authority init --keys {keys_dir}`.")
-    raw = json.loads(path.read_text())
-    p, q = int(raw["p"], 16), int(raw["q"], 16)
-    public = paillier.PaillierPublicKey(p * q)
-    authority = KeyAuthority(public, paillier.PaillierPrivateKey(public, p, q), min_clients=min_clients,
-                             identity_key=identity.private_bytes_raw())
-    verify = authority.public_bundle().authority_key
-    if directory.authority_key is not None and directory.authority_key != verify:
-        raise InputError(
-            f"the directory pins authority key {directory.authority_key.hex()[:16]}... but {keys_dir} holds "
-            f"{verify.hex()[:16]}...; put {keys_dir / VERIFY_FILE} into the directory (`securefkm provision directory --authority`)."
-        )
-    for cid, key in enumerate(directory.nodes):
-        authority.enroll(cid, key)
-    return authority
-
-
-# ------------------------------------------------------------------ JSON codec (no pickle on this wire)
-class _BadRequest(ValueError):
-    pass
-
-
-def _hex_bytes(value, what: str, *, size: int | None = None, max_size: int = 1 << 16) -> bytes:
-    if not isinstance(value, str):
-        raise _BadRequest(f"{what} must be a hex string")
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raise _BadRequest(f"{what} is not hex") from None
-    if (size is not None and len(raw) != size) or len(raw) > max_size:
-        raise _BadRequest(f"{what} has the wrong length")
-    return raw
-
-
-def _hex_int(value, what: str) -> int:
-    if not isinstance(value, str) or not value or len(value) > 8192:
-        raise _BadRequest(f"{what} must be a non-empty hex string")
-    try:
-        return int(value, 16)
-    except ValueError:
-        raise _BadRequest(f"{what} is not hex") from None
-
-
-def _int(value, what: str) -> int:
-    if type(value) is not int:
-        raise _BadRequest(f"{what} must be an integer")
-    return value
-
-
-def _field(obj: dict, key: str):
-    if key not in obj:
-        raise _BadRequest(f"missing field {key!r}")
-    return obj[key]
-
-
-def bundle_to_json(bundle) -> dict:
-    return {"n": format(bundle.n, "x"), "authority_key": bundle.authority_key.hex(), "signature": bundle.signature.hex()}
-
-
-def bundle_from_json(obj):
-    from protocols.paillier import PublicBundle
-
-    return PublicBundle(n=_hex_int(_field(obj, "n"), "n"),
-                        authority_key=_hex_bytes(_field(obj, "authority_key"), "authority_key", size=32),
-                        signature=_hex_bytes(_field(obj, "signature"), "signature", size=64))
-
-
-def ticket_to_json(t) -> dict:
-    return {"nonce": t.nonce.hex(), "run": t.run, "round": t.round, "digest": t.digest.hex(),
-            "n_ciphertexts": t.n_ciphertexts, "max_clients": t.max_clients}
-
-
-def ticket_from_json(obj):
-    from protocols.paillier import RoundTicket
-
-    return RoundTicket(nonce=_hex_bytes(_field(obj, "nonce"), "nonce"), run=_int(_field(obj, "run"), "run"),
-                       round=_int(_field(obj, "round"), "round"), digest=_hex_bytes(_field(obj, "digest"), "digest"),
-                       n_ciphertexts=_int(_field(obj, "n_ciphertexts"), "n_ciphertexts"),
-                       max_clients=_int(_field(obj, "max_clients"), "max_clients"))
-
-
-def contribution_to_json(c) -> dict:
-    return {"client_id": int(c.client_id), "nonce": c.nonce.hex(), "digest": c.digest.hex(),
-            "ciphertexts": [format(int(x), "x") for x in c.ciphertexts], "signature": c.signature.hex()}
-
-
-def contribution_from_json(obj, i: int):
-    from protocols.paillier import EncryptedContribution
-
-    if not isinstance(obj, dict):
-        raise _BadRequest(f"contributions[{i}] must be an object")
-    cts = _field(obj, "ciphertexts")
-    if not isinstance(cts, list) or len(cts) > 1 << 16:
-        raise _BadRequest(f"contributions[{i}].ciphertexts must be a list")
-    return EncryptedContribution(
-        client_id=_int(_field(obj, "client_id"), f"contributions[{i}].client_id"),
-        nonce=_hex_bytes(_field(obj, "nonce"), f"contributions[{i}].nonce"),
-        digest=_hex_bytes(_field(obj, "digest"), f"contributions[{i}].digest"),
-        ciphertexts=tuple(_hex_int(x, f"contributions[{i}].ciphertexts") for x in cts),
-        signature=_hex_bytes(_field(obj, "signature"), f"contributions[{i}].signature", size=64),
-    )
-
-
-# ------------------------------------------------------------------ the HTTP service
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "securefkm-authority/1"
-    sys_version = ""
-    timeout = 60  # seconds per connection: a stalled peer cannot hold a thread forever
-
-    # -- plumbing
-    def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if code == 405:
-            self.send_header("Allow", "GET" if self.path == f"{API}/bundle" else "POST")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, code: int, kind: str, message: str) -> None:
-        self._send(code, {"error": kind, "message": message})
-
-    def log_message(self, fmt, *args):  # one line per request on stderr, no bodies
-        if not self.server.quiet:
-            sys.stderr.write(f"authority {self.address_string()} {fmt % args}\n")
-
-    def _body(self) -> dict:
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            raise _BadRequest("Content-Length required") from None
-        if length < 0:
-            raise _BadRequest("bad Content-Length")
-        if length > MAX_BODY:
-            raise OverflowError(length)
-        try:
-            obj = json.loads(self.rfile.read(length))
-        except (ValueError, UnicodeDecodeError):
-            raise _BadRequest("body is not JSON") from None
-        if not isinstance(obj, dict):
-            raise _BadRequest("body must be a JSON object")
-        return obj
-
-    # -- routes
-    _GET = {"bundle"}
-    _POST = {"open_round", "close_round", "decrypt_aggregate"}
-
-    def _route(self) -> str | None:
-        if not self.path.startswith(API + "/"):
-            return None
-        name = self.path[len(API) + 1:]
-        return name if name in self._GET | self._POST else None
-
-    def do_GET(self):  # noqa: N802
-        name = self._route()
-        if name is None:
-            return self._error(404, "not_found", f"no such operation {self.path!r}")
-        if name not in self._GET:
-            return self._error(405, "method_not_allowed", f"{self.path} needs POST")
-        with self.server.lock:
-            bundle = self.server.authority.public_bundle()
-        self._send(200, bundle_to_json(bundle))
-
-    def do_POST(self):  # noqa: N802
-        from protocols.paillier import AuthorityRefusal
-
-        name = self._route()
-        if name is None:
-            return self._error(404, "not_found", f"no such operation {self.path!r}")
-        if name not in self._POST:
-            return self._error(405, "method_not_allowed", f"{self.path} needs GET")
-        try:
-            body = self._body()
-            with self.server.lock:
-                out = getattr(self, f"_op_{name}")(body, self.server.authority)
-        except OverflowError:
-            return self._error(413, "too_large", f"request body over {MAX_BODY} bytes")
-        except _BadRequest as exc:
-            return self._error(400, "bad_request", str(exc))
-        except AuthorityRefusal as exc:
-            return self._error(403, "refused", str(exc))
-        except InputError as exc:
-            return self._error(400, "bad_request", str(exc))
-        except Exception as exc:  # never leak a traceback to the peer
-            sys.stderr.write(f"authority: internal error in {name}: {type(exc).__name__}: {exc}\n")
-            return self._error(500, "internal", type(exc).__name__)
-        self._send(200, out)
-
-    def do_PUT(self):  # noqa: N802
-        self._error(405 if self._route() else 404, "method_not_allowed", "only GET /v1/bundle and POST operations")
-
-    do_DELETE = do_PATCH = do_PUT
-
-    # -- operations: KeyAuthority's own, nothing else
-    @staticmethod
-    def _op_open_round(body, authority) -> dict:
-        ticket = authority.open_round(
-            _int(_field(body, "run"), "run"), _int(_field(body, "round"), "round"),
-            _hex_bytes(_field(body, "digest"), "digest"),
-            n_ciphertexts=_int(_field(body, "n_ciphertexts"), "n_ciphertexts"),
-            max_clients=_int(_field(body, "max_clients"), "max_clients"),
-        )
-        return ticket_to_json(ticket)
-
-    @staticmethod
-    def _op_close_round(body, authority) -> dict:
-        authority.close_round(_hex_bytes(_field(body, "nonce"), "nonce"))
-        return {"ok": True}
-
-    @staticmethod
-    def _op_decrypt_aggregate(body, authority) -> dict:
-        nonce = _hex_bytes(_field(body, "nonce"), "nonce")
-        raw = _field(body, "contributions")
-        if not isinstance(raw, list):
-            raise _BadRequest("contributions must be a list")
-        try:
-            contributions = [contribution_from_json(c, i) for i, c in enumerate(raw)]
-            claimed = body.get("claimed_sum")
-            if claimed is not None:
-                if not isinstance(claimed, list):
-                    raise _BadRequest("claimed_sum must be a list of hex strings or null")
-                claimed = [_hex_int(x, "claimed_sum") for x in claimed]
-        except _BadRequest:
-            authority.close_round(nonce)  # a malformed attempt burns the ticket like any other
-            raise
-        dec = authority.decrypt_aggregate(nonce, contributions, claimed)
-        return {"plaintexts": [format(int(p), "x") for p in dec.plaintexts], "contributors": list(dec.contributors)}
-
-
-def make_server(authority, host: str = "127.0.0.1", port: int = 0, *, quiet: bool = False) -> ThreadingHTTPServer:
-    """An HTTP server answering for ``authority`` (not started: call ``serve_forever``)."""
-    server = ThreadingHTTPServer((host, port), _Handler)
-    server.daemon_threads = True
-    server.authority = authority
-    server.lock = threading.Lock()
-    server.quiet = quiet
-    return server
-
-
-def serve(keys_dir, directory_path, *, host: str = "127.0.0.1", port: int = 8471, min_clients: int = 2,
-          quiet: bool = False, out=print) -> None:
-    """Run the authority service until interrupted (``securefkm authority serve``)."""
-    directory = Directory.load(directory_path)
-    authority = load_authority(keys_dir, directory, min_clients=min_clients)
-    server = make_server(authority, host, port, quiet=quiet)
-    h, p = server.server_address[:2]
-    out(f"securefkm key authority: {authority.key_size}-bit Paillier key, {len(directory)} enrolled node(s), "
-        f"min_clients={authority.min_clients}, verify key {authority.public_bundle().authority_key.hex()}")
-    out(f"listening on http://{h}:{p}{API} (plain HTTP: loopback only; use TLS/mTLS in production)")
-    sys.stdout.flush()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-
-
-# ------------------------------------------------------------------ the ServerApp's client
-class RemoteAuthority:
-    """The ServerApp's handle on the authority service: KeyAuthority's interface over HTTP.
-
-    ``verify_key`` answers from the server's copy of the directory (public data); refusals
-    of the service raise :class:`AuthorityRefusal` exactly like an in-process authority.
-    The public bundle is checked against the directory's authority key.
+    ``identity`` is the raw Ed25519 private key every session's bundle is signed with;
+    ``directory`` enrolls client ``i`` = the directory's ``i``-th node in every session.
+    ``keygen(key_size)`` (tests) replaces ``phe.generate_paillier_keypair``. A session
+    unused for ``session_ttl`` seconds is ended like any other (a ServerApp that was
+    killed never ends its own session).
     """
 
-    def __init__(self, url: str, directory: Directory, *, timeout: float = 60.0, allow_weak_key: bool = False):
-        url = str(url or "").rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise InputError(
-                f"authority-url {url!r} must be an http(s):// address of `securefkm authority serve`, "
-                "e.g. 'http://127.0.0.1:8471'."
-            )
-        self.url = url
-        self.directory = directory
-        self.timeout = float(timeout)
-        self.allow_weak_key = bool(allow_weak_key)
-        self.n_decryptions = 0
-        self._bundle = None
+    def __init__(self, identity: bytes, directory: Directory, *, key_size: int = 2048, min_clients: int = 2,
+                 allow_weak_key: bool = False, max_sessions: int = 16, keygen=None,
+                 session_ttl: float = 6 * 3600.0, clock=time.monotonic):
+        from protocols.paillier.authority import KEY_SIZES
 
-    def _call(self, method: str, op: str, body: dict | None = None) -> dict:
+        if key_size not in KEY_SIZES and not allow_weak_key:
+            raise InputError(f"key_size must be one of {KEY_SIZES} bits, got {key_size!r}.")
+        verify = Ed25519PrivateKey.from_private_bytes(identity).public_key().public_bytes_raw()
+        if directory.authority_key is not None and directory.authority_key != verify:
+            raise InputError(
+                f"the directory pins authority key {directory.authority_key.hex()[:16]}... but this authority's "
+                f"identity is {verify.hex()[:16]}...; put its authority.pub into the directory "
+                "(`securefkm provision directory --authority`)."
+            )
+        self._identity = identity
+        self.verify_key = verify
+        self.directory = directory
+        self.key_size = int(key_size)
+        self.min_clients = int(min_clients)
+        self.allow_weak_key = bool(allow_weak_key)
+        self.max_sessions = int(max_sessions)
+        self._keygen = keygen
+        self._sessions: dict[str, object] = {}
+        self._ended: set[str] = set()
+        self._last_used: dict[str, float] = {}
+        self.session_ttl = float(session_ttl)
+        self._clock = clock
+        self.lock = threading.Lock()
+
+    @classmethod
+    def from_keys(cls, keys_dir, directory: Directory, **kwargs) -> AuthorityService:
+        return cls(load_identity(keys_dir).private_bytes_raw(), directory, **kwargs)
+
+    def begin_session(self) -> tuple[str, object]:
+        """``(session id, signed public bundle)`` of a new session with a fresh keypair."""
+        from phe import paillier
+
+        from protocols.paillier import AuthorityRefusal, KeyAuthority
+        from protocols.paillier.authority import STAGE
+
+        self.expire_idle()
+        with self.lock:
+            if len(self._sessions) >= self.max_sessions:
+                raise AuthorityRefusal(f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); "
+                                       "end finished runs first", stage=STAGE)
+        keygen = self._keygen or (lambda bits: paillier.generate_paillier_keypair(n_length=bits))
+        public, private = keygen(self.key_size)  # seconds for 2048 bits: outside the lock
+        authority = KeyAuthority(public, private, min_clients=self.min_clients, allow_weak_key=self.allow_weak_key,
+                                 identity_key=self._identity)
+        for cid, key in enumerate(self.directory.nodes):
+            authority.enroll(cid, key)
+        sid = secrets.token_hex(16)
+        with self.lock:
+            self._sessions[sid] = authority
+            self._last_used[sid] = self._clock()
+        return sid, authority.public_bundle()
+
+    def expire_idle(self) -> list[str]:
+        """End every session unused for ``session_ttl`` seconds; their ids."""
+        now = self._clock()
+        with self.lock:
+            idle = [sid for sid, t in self._last_used.items() if now - t > self.session_ttl]
+        for sid in idle:
+            self.end_session(sid)
+        return idle
+
+    def authority(self, session) -> object:
+        """The session's KeyAuthority (call with ``self.lock`` held); 403 if ended or unknown."""
         from protocols.paillier import AuthorityRefusal
         from protocols.paillier.authority import STAGE
 
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{API}/{op}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        if not isinstance(session, str):
+            raise BadRequest("session must be a string")
+        if session in self._ended:
+            raise AuthorityRefusal(f"session {session[:8]}... has ended: its private key is destroyed", stage=STAGE)
+        if session not in self._sessions:
+            raise AuthorityRefusal(f"unknown session {session[:8]}...", stage=STAGE)
+        self._last_used[session] = self._clock()
+        return self._sessions[session]
+
+    def end_session(self, session) -> None:
+        """Drop the session's keypair; its tickets are refused from now on (idempotent)."""
+        with self.lock:
+            authority = self.authority(session) if session not in self._ended else None
+            self._sessions.pop(session, None)
+            self._last_used.pop(session, None)
+            self._ended.add(session)
+        if authority is not None:
+            # Drop every reference to the private key. CPython cannot wipe the big ints
+            # themselves; the key only ever lived in this process's memory.
+            authority._private_key = None
+            authority._open.clear()
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+
+# ------------------------------------------------------------------ operations (KeyAuthority's own)
+def _op_open_round(body, authority) -> dict:
+    ticket = authority.open_round(
+        as_int(field(body, "run"), "run"), as_int(field(body, "round"), "round"),
+        hex_bytes(field(body, "digest"), "digest"),
+        n_ciphertexts=as_int(field(body, "n_ciphertexts"), "n_ciphertexts"),
+        max_clients=as_int(field(body, "max_clients"), "max_clients"),
+    )
+    return ticket_to_json(ticket)
+
+
+def _op_close_round(body, authority) -> dict:
+    authority.close_round(hex_bytes(field(body, "nonce"), "nonce"))
+    return {"ok": True}
+
+
+def _op_decrypt_aggregate(body, authority) -> dict:
+    nonce = hex_bytes(field(body, "nonce"), "nonce")
+    raw = field(body, "contributions")
+    try:
+        if not isinstance(raw, list):
+            raise BadRequest("contributions must be a list")
+        contributions = [contribution_from_json(c, i) for i, c in enumerate(raw)]
+        claimed = body.get("claimed_sum")
+        if claimed is not None:
+            if not isinstance(claimed, list):
+                raise BadRequest("claimed_sum must be a list of hex strings or null")
+            claimed = [hex_int(x, "claimed_sum") for x in claimed]
+    except BadRequest:
+        authority.close_round(nonce)  # a malformed attempt burns the ticket like any other
+        raise
+    dec = authority.decrypt_aggregate(nonce, contributions, claimed)
+    return {"plaintexts": [format(int(p), "x") for p in dec.plaintexts], "contributors": list(dec.contributors)}
+
+
+_SESSION_OPS = {"open_round": _op_open_round, "close_round": _op_close_round,
+                "decrypt_aggregate": _op_decrypt_aggregate}
+
+
+def handle(service: AuthorityService, method: str, path: str, body: bytes | None) -> tuple[int, dict]:
+    """One request -> ``(status, JSON body)``. Synchronous (runs in a worker thread)."""
+    from protocols.paillier import AuthorityRefusal
+
+    if not path.startswith(API + "/"):
+        return 404, {"error": "not_found", "message": f"no such operation {path!r}"}
+    name = path[len(API) + 1:]
+    if name not in {"identity", "session", "end_session", *_SESSION_OPS}:
+        return 404, {"error": "not_found", "message": f"no such operation {path!r}"}
+    want = "GET" if name == "identity" else "POST"
+    if method != want:
+        return 405, {"error": "method_not_allowed", "message": f"{path} needs {want}"}
+    if name == "identity":
+        return 200, {"authority_key": service.verify_key.hex()}
+    try:
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
+            obj = json.loads(body or b"")
+        except (ValueError, UnicodeDecodeError):
+            raise BadRequest("body is not JSON") from None
+        if not isinstance(obj, dict):
+            raise BadRequest("body must be a JSON object")
+        if name == "session":
+            sid, bundle = service.begin_session()
+            return 200, {"session": sid, "bundle": bundle_to_json(bundle)}
+        if name == "end_session":
+            service.end_session(field(obj, "session"))
+            return 200, {"ok": True}
+        with service.lock:
+            return 200, _SESSION_OPS[name](obj, service.authority(field(obj, "session")))
+    except BadRequest as exc:
+        return 400, {"error": "bad_request", "message": str(exc)}
+    except AuthorityRefusal as exc:
+        return 403, {"error": "refused", "message": str(exc)}
+    except InputError as exc:
+        return 400, {"error": "bad_request", "message": str(exc)}
+    except Exception as exc:  # never leak a traceback to the peer
+        sys.stderr.write(f"authority: internal error in {name}: {type(exc).__name__}: {exc}\n")
+        return 500, {"error": "internal", "message": type(exc).__name__}
+
+
+# ------------------------------------------------------------------ the ASGI app + uvicorn
+class AuthorityApp:
+    """A minimal ASGI app around :func:`handle` (bounded bodies; work off the event loop)."""
+
+    def __init__(self, service: AuthorityService, *, max_body: int = MAX_BODY):
+        self.service = service
+        self.max_body = int(max_body)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        status, out = await self._respond(scope, receive)
+        data = json.dumps(out).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _respond(self, scope, receive) -> tuple[int, dict]:
+        too_large = 413, {"error": "too_large", "message": f"request body over {self.max_body} bytes"}
+        headers = dict(scope.get("headers") or ())
+        length = headers.get(b"content-length")
+        if length is not None:
             try:
-                err = json.loads(exc.read())
-                message = str(err.get("message", ""))
+                if int(length) > self.max_body:
+                    return too_large  # refused before reading; the server closes the connection
             except ValueError:
-                message = exc.reason
-            if exc.code == 403:
-                raise AuthorityRefusal(message, stage=STAGE) from None
-            raise AuthorityUnavailable(f"key authority at {self.url} answered {exc.code} to {op}: {message}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise AuthorityUnavailable(
-                f"key authority at {self.url} is unreachable ({exc}); start it with `securefkm authority serve` "
-                "and set the run config 'authority-url' to its address."
-            ) from None
-
-    # -- KeyAuthority's interface
-    def public_bundle(self):
-        if self._bundle is None:
-            try:
-                bundle = bundle_from_json(self._call("GET", "bundle"))
-            except _BadRequest as exc:
-                raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed bundle: {exc}") from None
-            if self.directory.authority_key is None:
-                raise InputError(
-                    "the directory has no authority key; add the authority's verify key "
-                    "(`securefkm provision directory --authority KEYS/authority.pub`)."
-                )
-            try:
-                bundle.verify(self.directory.authority_key)
-            except ValueError as exc:
-                raise InputError(f"key authority at {self.url}: {exc} (its key is not the directory's authority key).") from None
-            self._bundle = bundle
-        return self._bundle
-
-    @property
-    def key_size(self) -> int:
-        return self.public_bundle().n.bit_length()
-
-    @property
-    def public_key(self):
-        return self.public_bundle().public_key()
-
-    def verify_key(self, client_id: int) -> bytes | None:
-        return self.directory.as_dict().get(int(client_id))
-
-    def enroll(self, client_id: int, verify_key: bytes) -> None:
-        raise InputError("enrollment is out of band in a deployment: add the node's key to the directory.")
-
-    def open_round(self, run: int, round: int, digest: bytes, *, n_ciphertexts: int, max_clients: int):
-        out = self._call("POST", "open_round", {"run": int(run), "round": int(round), "digest": bytes(digest).hex(),
-                                                "n_ciphertexts": int(n_ciphertexts), "max_clients": int(max_clients)})
-        try:
-            return ticket_from_json(out)
-        except _BadRequest as exc:
-            raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed ticket: {exc}") from None
-
-    def close_round(self, nonce: bytes) -> None:
-        self._call("POST", "close_round", {"nonce": bytes(nonce).hex()})
-
-    def decrypt_aggregate(self, nonce: bytes, contributions, claimed_sum=None):
-        from protocols.paillier import DecryptedAggregate
-
-        out = self._call("POST", "decrypt_aggregate", {
-            "nonce": bytes(nonce).hex(),
-            "contributions": [contribution_to_json(c) for c in contributions],
-            "claimed_sum": None if claimed_sum is None else [format(int(c), "x") for c in claimed_sum],
-        })
-        try:
-            plaintexts = tuple(_hex_int(p, "plaintexts") for p in out["plaintexts"])
-            contributors = tuple(_int(c, "contributors") for c in out["contributors"])
-        except (_BadRequest, KeyError, TypeError) as exc:
-            raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed result: {exc}") from None
-        self.n_decryptions += 1
-        return DecryptedAggregate(plaintexts=plaintexts, contributors=contributors)
+                return 400, {"error": "bad_request", "message": "bad Content-Length"}
+        chunks, size, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return 400, {"error": "bad_request", "message": "client disconnected"}
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return too_large
+            chunks.append(chunk)
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, handle, self.service, scope["method"], scope["path"], body)
 
 
-class BundleView:
-    """A client node's read-only view of the authority: the signed public bundle it verified.
+def _pinned_protocol(allowed_names):
+    """uvicorn's h11 protocol, closing TLS connections whose client CN is not admitted."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    Built from the bundle the server relayed in the ``identify`` message; the bundle is
-    verified against the authority key in the node's *own* directory, so a server cannot
-    substitute a key it can decrypt.
+    allowed = frozenset(allowed_names)
+
+    class PinnedH11Protocol(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            ssl_object = transport.get_extra_info("ssl_object")
+            if ssl_object is not None and peer_common_name(ssl_object.getpeercert()) not in allowed:
+                # the handshake verified the chain; the name is not one we admit
+                transport.abort()
+
+    return PinnedH11Protocol
+
+
+def make_server(service: AuthorityService, host: str = "127.0.0.1", port: int = 0, *, cert=None, key=None,
+                client_ca=None, client_names=(SERVERAPP_NAME,), insecure: bool = False, quiet: bool = False,
+                max_body: int = MAX_BODY):
+    """A ``uvicorn.Server`` for ``service`` (not started: ``run()`` it, or in a thread).
+
+    TLS with a required client certificate unless ``insecure`` (loopback only).
     """
+    import uvicorn
 
-    n_decryptions = 0
+    if insecure:
+        if not is_loopback(host):
+            raise InputError(f"--insecure serves plain HTTP and is refused on {host!r}: only on a loopback "
+                             "address (127.0.0.1, ::1, localhost). Give --cert, --key and --client-ca instead.")
+        ssl_context = None
+    else:
+        ssl_context = server_context(cert, key, client_ca)
+    config = uvicorn.Config(
+        AuthorityApp(service, max_body=max_body), host=host, port=port,
+        http=_pinned_protocol(client_names) if ssl_context else "h11",
+        lifespan="on", access_log=not quiet, log_level="warning" if quiet else "info",
+        ws="none", limit_concurrency=64, timeout_keep_alive=5, server_header=False,
+    )
+    config.load()
+    config.ssl = ssl_context  # ours (TLS >= 1.2, CERT_REQUIRED), not uvicorn's defaults
+    return uvicorn.Server(config)
 
-    def __init__(self, bundle, directory: Directory):
-        if directory.authority_key is None:
-            raise InputError(
-                "this node's directory has no authority key, so it cannot check the Paillier public key; "
-                "add the authority's verify key to the directory file."
-            )
-        bundle.verify(directory.authority_key)  # ValueError if not signed by the pinned authority
-        self._bundle = bundle
-        self._directory = directory
 
-    def public_bundle(self):
-        return self._bundle
+def start_in_thread(server, timeout: float = 10.0) -> tuple[threading.Thread, int]:
+    """Start a :func:`make_server` server in a daemon thread; ``(thread, bound port)``."""
+    import time
 
-    @property
-    def key_size(self) -> int:
-        return self._bundle.n.bit_length()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the key authority service did not start")
+        time.sleep(0.02)
+    return thread, server.servers[0].sockets[0].getsockname()[1]
 
-    def verify_key(self, client_id: int) -> bytes | None:
-        return self._directory.as_dict().get(int(client_id))
 
-    def _never(self, *args, **kwargs):
-        raise RuntimeError("a client node never talks to the key authority")
-
-    open_round = close_round = decrypt_aggregate = enroll = _never
+def serve(keys_dir, directory_path, *, host: str = "127.0.0.1", port: int = 8471, min_clients: int = 2,
+          key_size: int = 2048, cert=None, key=None, client_ca=None, client_names=(SERVERAPP_NAME,),
+          insecure: bool = False, quiet: bool = False, session_ttl: float = 6 * 3600.0, out=print) -> None:
+    """Run the authority service until interrupted (``securefkm authority serve``)."""
+    directory = Directory.load(directory_path)
+    service = AuthorityService.from_keys(keys_dir, directory, key_size=key_size, min_clients=min_clients,
+                                         session_ttl=session_ttl)
+    server = make_server(service, host, port, cert=cert, key=key, client_ca=client_ca, client_names=client_names,
+                         insecure=insecure, quiet=quiet)
+    scheme = "http" if insecure else "https"
+    out(f"securefkm key authority: {key_size}-bit Paillier keys per session, {len(directory)} enrolled node(s), "
+        f"min_clients={min_clients}, verify key {service.verify_key.hex()}")
+    out(f"listening on {scheme}://{host}:{port}{API}" + (
+        " (plain HTTP, loopback only: --insecure)" if insecure else f" (TLS; admitting client certificates of "
+        f"{client_ca} named {', '.join(client_names)})"))
+    sys.stdout.flush()
+    server.run()
 
 
 # ------------------------------------------------------------------ CLI (securefkm authority ...)
 def add_cli(sub) -> None:
     p = sub.add_parser("authority", help="the Paillier key authority service (a separate process from the server)")
     ps = p.add_subparsers(dest="authority", required=True)
-    i = ps.add_parser("init", help="create the Paillier keypair and Ed25519 identity in --keys DIR; prints the verify key")
+    i = ps.add_parser("init", help="create the authority's Ed25519 identity in --keys DIR; prints the verify key")
     i.add_argument("--keys", required=True, metavar="DIR", help="directory to create the keys in")
-    i.add_argument("--key-size", type=int, default=2048, choices=(2048, 3072), help="Paillier modulus bits")
-    s = ps.add_parser("serve", help="serve the authority over HTTP (loopback without TLS: tests only)")
+    i.add_argument("--key-size", type=int, default=2048, choices=(2048, 3072), help=argparse.SUPPRESS)
+    s = ps.add_parser("serve", help="serve the authority over HTTPS with client certificates (mTLS)")
     s.add_argument("--keys", required=True, metavar="DIR", help="the directory written by 'authority init'")
     s.add_argument("--directory", required=True, help="the public directory JSON (enrolled node keys)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=8471, help="TCP port")
     s.add_argument("--min-clients", type=int, default=2, help="fewest distinct signers per decryption")
+    s.add_argument("--key-size", type=int, default=2048, choices=(2048, 3072), help="Paillier modulus bits per session")
+    s.add_argument("--cert", help="this service's TLS certificate (PEM)")
+    s.add_argument("--key", dest="tls_key", help="its private key (PEM)")
+    s.add_argument("--client-ca", help="the CA that signs the certificates of admitted clients (the ServerApp's)")
+    s.add_argument("--client-name", action="append", default=None, metavar="CN",
+                   help=f"admitted client certificate common name (repeatable; default {SERVERAPP_NAME!r})")
+    s.add_argument("--session-ttl", type=float, default=6 * 3600.0,
+                   help="seconds after which an unused session (a run's keypair) is ended")
+    s.add_argument("--insecure", action="store_true", help="plain HTTP, loopback addresses only (debugging)")
     s.add_argument("--quiet", action="store_true", help="no per-request log lines")
 
 
@@ -542,5 +462,9 @@ def run_cli(args, out=print) -> None:
     if args.authority == "init":
         out(init_authority_keys(args.keys, key_size=args.key_size).hex())
     elif args.authority == "serve":
+        if args.insecure and (args.cert or args.tls_key or args.client_ca):
+            raise InputError("--insecure and --cert/--key/--client-ca contradict each other; drop one.")
         serve(args.keys, args.directory, host=args.host, port=args.port, min_clients=args.min_clients,
-              quiet=args.quiet, out=out)
+              key_size=args.key_size, cert=args.cert, key=args.tls_key, client_ca=args.client_ca,
+              client_names=tuple(args.client_name or (SERVERAPP_NAME,)), insecure=args.insecure,
+              quiet=args.quiet, session_ttl=args.session_ttl, out=out)

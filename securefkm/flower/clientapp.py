@@ -226,7 +226,7 @@ def identify(context: Context, message, saved: dict) -> tuple[dict, dict]:
     if bundle is not None:
         from protocols.paillier import PublicBundle
 
-        from .authority_service import BundleView
+        from .authority_client import BundleView
 
         if not isinstance(bundle, PublicBundle):
             raise ProtocolRefusal("identify request carries a malformed Paillier bundle")

@@ -19,6 +19,13 @@ identity key and the public directory (``workdir/pki``, :func:`securefkm.flower.
 in its node config; a Paillier run additionally starts the key authority service
 (``securefkm authority serve``) as its own process on loopback for the duration of that
 run, stopped by PID like the others.
+
+Secure by default (``secure=True``; ``securefkm deploy --insecure`` turns it off for
+debugging): a run CA and certificates in ``workdir/tls`` (:func:`securefkm.flower.tls.create_run_pki`),
+the SuperLink serves TLS and admits only SuperNodes whose P-384 authentication keys were
+registered with it (``--enable-supernode-auth`` + ``flwr supernode register``), every
+SuperNode verifies the SuperLink against the run CA, and the key authority serves HTTPS
+admitting only the ServerApp's client certificate.
 """
 
 from __future__ import annotations
@@ -215,6 +222,8 @@ class DeploymentResult:
     protection_report: dict = field(default_factory=dict)
     federated_score: float | None = None
     workdir: Path | None = None
+    #: rounds a crashed ServerApp had completed before this run resumed them (None: fresh run)
+    resumed_from: int | None = None
 
     @property
     def n_rounds(self) -> int:
@@ -259,7 +268,7 @@ class LocalDeployment:
 
     def __init__(self, csv_paths: Sequence, *, workdir=None, startup_timeout: float = 60.0,
                  env: dict | None = None, fast_poll: bool = True, provision: bool = True,
-                 poll_interval: float | None = None, database=None):
+                 poll_interval: float | None = None, database=None, secure: bool = True):
         if not csv_paths:
             raise InputError("csv_paths is empty; give one CSV per SuperNode.")
         self.csv_paths = [Path(p).resolve() for p in csv_paths]
@@ -291,6 +300,9 @@ class LocalDeployment:
         self.pki = None
         self.authority: subprocess.Popen | None = None
         self._last_node_ids: list[int] | None = None
+        #: TLS + SuperNode authentication (the run CA and certificates: ``self.tls``)
+        self.secure = bool(secure)
+        self.tls = None
 
     # ---------------------------------------------------------------- env
     @property
@@ -340,19 +352,30 @@ class LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        if self.secure:
+            from .tls import create_run_pki
+
+            self.tls = create_run_pki(self.workdir / "tls", hosts=(HOST, "localhost"))
+            connection = f"root-certificates = {_toml_str(str(self.tls.ca.cert))}\n"
+            link_tls = ["--ssl-certfile", str(self.tls.superlink.cert), "--ssl-keyfile", str(self.tls.superlink.key),
+                        "--ssl-ca-certfile", str(self.tls.ca.cert), "--enable-supernode-auth"]
+        else:
+            connection, link_tls = "insecure = true\n", ["--insecure"]
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "local-deployment"\n\n'
-            f'[superlink.local-deployment]\naddress = "{HOST}:{self.port}"\ninsecure = true\n'
+            f'[superlink.local-deployment]\naddress = "{HOST}:{self.port}"\n{connection}'
         )
         exe = _entry_point("flower-superlink")
         database = [] if self.database is None else ["--database", str(self.database)]
         self.superlink = self._spawn(
-            [exe, "--insecure", "--host", HOST, "--port", str(self.port), *database,
+            [exe, *link_tls, "--host", HOST, "--port", str(self.port), *database,
              "--disable-runtime-dependency-installation"],
             "superlink.log",
         )
         self._wait(lambda: _port_open(self.port), "the SuperLink to listen on "
                    f"{HOST}:{self.port}", self.superlink, "superlink.log")
+        if self.secure:
+            self._register_nodes()
         if self.provision:
             from .provision import provision_local
 
@@ -365,14 +388,44 @@ class LocalDeployment:
             self._wait(lambda i=i: self._read_node_id(i) is not None,
                        f"SuperNode {i} to register", self.supernodes[i], f"supernode_{i}.log")
 
+    def _node_auth_key(self, i: int) -> Path:
+        return self.workdir / "tls" / "supernodes" / f"supernode_{i}"
+
+    def _register_nodes(self) -> None:
+        """One P-384 authentication key per SuperNode, registered with the SuperLink (Flower's
+        SuperNode authentication: an unregistered node cannot join)."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        exe = _entry_point("flwr")
+        for i in range(len(self.csv_paths)):
+            path = self._node_auth_key(i)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            key = ec.generate_private_key(ec.SECP384R1())
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                           serialization.NoEncryption()))
+            pub = path.with_suffix(".pub")
+            pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                          serialization.PublicFormat.OpenSSH))
+            out = subprocess.run([exe, "supernode", "register", str(pub), "local-deployment"], env=self.environ(),
+                                 cwd=self.workdir, capture_output=True, text=True, timeout=self.startup_timeout,
+                                 stdin=subprocess.DEVNULL)
+            if out.returncode != 0:
+                raise DeploymentError(f"registering SuperNode {i}'s authentication key failed: "
+                                      f"{(out.stdout + out.stderr)[-2000:]}")
+
     def _start_node(self, i: int) -> None:
         exe = _entry_point("flower-supernode")
         path = str(self.csv_paths[i])
         if "'" in path:
             raise InputError(f"CSV path {path!r} contains a single quote; Flower's --node-config cannot carry it.")
         launcher = [sys.executable, "-m", "securefkm.flower._supernode"] if self.fast_poll else [exe]
+        node_tls = (["--root-certificates", str(self.tls.ca.cert), "--auth-supernode-private-key",
+                     str(self._node_auth_key(i))] if self.secure else ["--insecure"])
         self.supernodes[i] = self._spawn(
-            [*launcher, "--insecure", "--superlink", f"{HOST}:{self.port}", "--host", HOST,
+            [*launcher, *node_tls, "--superlink", f"{HOST}:{self.port}", "--host", HOST,
              "--port", str(free_port()), "--node-config", self._node_config(i)],
             f"supernode_{i}.log",
         )
@@ -395,14 +448,26 @@ class LocalDeployment:
         self.stop_authority()
         self.pki.ensure_authority(key_size)
         port = free_port()
+        if self.secure:
+            tls = ["--cert", str(self.tls.authority.cert), "--key", str(self.tls.authority.key),
+                   "--client-ca", str(self.tls.client_ca.cert)]
+        else:
+            tls = ["--insecure"]
         self.authority = self._spawn(
             [sys.executable, "-m", "securefkm.cli", "authority", "serve", "--keys", str(self.pki.authority_dir),
              "--directory", str(self.pki.directory_path), "--host", HOST, "--port", str(port),
-             "--min-clients", str(int(min_clients))],
+             "--min-clients", str(int(min_clients)), "--key-size", str(int(key_size)), *tls],
             "authority.log",
         )
         self._wait(lambda: _port_open(port), f"the key authority to listen on {HOST}:{port}", self.authority, "authority.log")
-        return f"http://{HOST}:{port}"
+        return f"{'https' if self.secure else 'http'}://{HOST}:{port}"
+
+    def authority_run_config(self) -> dict:
+        """The ServerApp's run config for reaching the authority over mutual TLS."""
+        if not self.secure:
+            return {}
+        return {"authority-ca": str(self.tls.ca.cert), "authority-cert": str(self.tls.serverapp.cert),
+                "authority-key": str(self.tls.serverapp.key)}
 
     def stop_authority(self) -> None:
         """Stop the key authority process (by PID), if running."""
@@ -449,6 +514,22 @@ class LocalDeployment:
             pass
         proc.wait(timeout=10)
 
+    def kill_serverapp(self) -> list[int]:
+        """SIGKILL the running ServerApp process(es) (a crashed server; fault injection).
+
+        The ServerApp runs in a process the SuperLink's SuperExec launched (``flwr-serverapp``
+        in its command line); returns the PIDs killed."""
+        killed = []
+        for pid in descendants(self.superlink.pid) if self.superlink is not None else []:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"flwr-serverapp" in cmd:
+                _signal(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
     def stop(self) -> None:
         """Stop every process this deployment started (SuperNodes first), by PID."""
         self.stop_authority()
@@ -481,11 +562,13 @@ class LocalDeployment:
     # ---------------------------------------------------------------- runs
     def run(self, spec: RunSpec, *, n_features: int | None = None, num_nodes: int | None = None,
             stage_timeout: float = 60.0, suspect_timeout: float = 3.0, poll_interval: float = 0.05,
-            timeout: float = 600.0, progress_path=None, on_progress=None) -> DeploymentResult:
+            timeout: float = 600.0, progress_path=None, on_progress=None, checkpoint_path=None) -> DeploymentResult:
         """One ``flwr run`` of ``spec`` on this deployment; returns the ServerApp's result.
 
         ``on_progress(event_dict)`` is called for each line of the progress log while the
         run is going on (the tests use it to kill a node in the middle of a round).
+        ``checkpoint_path``: the ServerApp checkpoints every round there and, if the file
+        exists (a previous run crashed), resumes from it (:mod:`securefkm.flower.checkpoint`).
         """
         if not isinstance(spec, RunSpec):
             raise InputError("spec must be a securefkm.flower.spec.RunSpec.")
@@ -513,6 +596,7 @@ class LocalDeployment:
             "poll-interval": float(poll_interval),
             "result-path": str(result_path),
             "progress-path": str(progress_path),
+            "checkpoint-path": "" if checkpoint_path is None else str(Path(checkpoint_path).resolve()),
         }
         needs = spec.requirements()
         if needs.identity:
@@ -524,6 +608,7 @@ class LocalDeployment:
             paillier = paillier if isinstance(paillier, dict) else {}
             config["authority-url"] = self.start_authority(key_size=int(paillier.get("key_size", 2048)),
                                                            min_clients=int(paillier.get("min_clients", 2)))
+            config.update(self.authority_run_config())
         cfg_path = run_dir / "run_config.toml"
         cfg_path.write_text("".join(
             f"{k} = {_toml_str(v) if isinstance(v, str) else repr(v)}\n" for k, v in config.items()
@@ -579,6 +664,7 @@ class LocalDeployment:
             protection_report=raw["protection_report"],
             federated_score=raw["federated_score"],
             workdir=self.workdir,
+            resumed_from=raw.get("resumed_from"),
         )
 
 
@@ -619,7 +705,8 @@ def _preflight(spec: RunSpec, data, paths) -> None:
 
 def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | None = None,
            protection=None, random_state: int | None = None, stage_timeout: float = 60.0,
-           timeout: float = 900.0, workdir=None, verbose: bool = False, progress=None) -> DeploymentResult:
+           timeout: float = 900.0, workdir=None, verbose: bool = False, progress=None,
+           secure: bool = True) -> DeploymentResult:
     """Run securefkm on a fresh local Flower deployment and return the result.
 
     Give either ``data`` (a FederatedDataset or a list of client arrays: one CSV per client
@@ -630,7 +717,8 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
     result and stops every process. ``random_state=None`` draws a seed (reported in the
     transcript meta). ``result.client_paths[i]`` says which CSV became client ``i``.
     ``progress``: a callable taking one message per step (files written, processes up, run
-    finished), e.g. ``print``; the CLI prints them with the elapsed time.
+    finished), e.g. ``print``; the CLI prints them with the elapsed time. ``secure=False``
+    starts every process without TLS and without SuperNode authentication (debugging only).
     """
     say = progress or (lambda message: None)
     if (data is None) == (csv_dir is None):
@@ -649,7 +737,12 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
                 raise InputError(f"csv_dir {str(csv_dir)!r} holds no *.csv files; put one CSV per client there.")
         _preflight(spec, data, paths)
         say(f"starting a SuperLink and {len(paths)} SuperNodes on 127.0.0.1 (one per client CSV)")
-        with LocalDeployment(paths, workdir=workdir / "flower") as dep:
+        with LocalDeployment(paths, workdir=workdir / "flower", secure=secure) as dep:
+            if dep.tls is not None:
+                say(f"TLS on: run CA {dep.tls.ca.cert}, certificates and SuperNode authentication keys in "
+                    f"{dep.tls.root} (SuperLink, SuperNodes and key authority authenticated)")
+            else:
+                say("INSECURE: no TLS, no SuperNode authentication (--insecure; debugging only)")
             say(f"deployment up; running {algorithm} with protection {spec.protection or 'none'} "
                 f"(each round waits up to {stage_timeout:g} s per stage)")
             result = dep.run(spec, stage_timeout=stage_timeout, timeout=timeout)

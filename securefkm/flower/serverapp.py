@@ -23,6 +23,11 @@ Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 ``progress-path``    JSON-lines progress log ("" = none)
 ``directory``        provisioned node directory: a path or the JSON text ("" = none)
 ``authority-url``    address of the Paillier key authority service ("" = none)
+``authority-ca``     CA that signed the authority's TLS certificate (https)
+``authority-cert``   the ServerApp's client certificate the authority admits
+``authority-key``    its private key
+``min-nodes``        fewest nodes that must identify (0 = 2 or Paillier min_clients)
+``checkpoint-path``  atomic checkpoint after every round; resume from it ("" = none)
 ===================  ==========================================================
 
 Paillier and masking with ``sign_keys=True`` need provisioned node identities
@@ -30,7 +35,7 @@ Paillier and masking with ``sign_keys=True`` need provisioned node identities
 which every SuperNode proves which directory key it holds (and, for Paillier, receives the
 authority's signed public bundle), then maps client ``i`` to the node holding the
 directory's ``i``-th key; Paillier decryptions go to the separate authority service
-(:class:`~securefkm.flower.authority_service.RemoteAuthority`).
+(:class:`~securefkm.flower.authority_client.RemoteAuthority`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..exceptions import InputError
+from ..federation import ServerPolicy
 from ..protection_report import ProtectionReport
 from .spec import RunSpec, build_federation
 from .transport import FlowerTransport
@@ -76,13 +82,19 @@ def wait_for_nodes(grid, n_nodes: int, timeout: float, poll: float = 0.2) -> lis
 
 
 def identify_nodes(grid, node_ids, directory, *, bundle=None, stage_timeout: float = 60.0,
-                   suspect_timeout: float = 3.0, poll_interval: float = 0.05, progress_path: str | None = None):
+                   suspect_timeout: float = 3.0, poll_interval: float = 0.05, progress_path: str | None = None,
+                   min_nodes: int | None = None):
     """One ``identify`` exchange: ``(client_nodes, timings)``, ``client_nodes[i]`` = node holding key ``i``.
 
     Each node gets a fresh challenge, its node id, the directory digest and (Paillier) the
     authority's signed bundle, and answers with the client id of its key in its own
-    directory and an Ed25519 signature over all of it. Raises :class:`InputError` naming
-    every directory entry no node proved to hold (and why), or a node claiming a taken id.
+    directory and an Ed25519 signature over all of it.
+
+    Enrolment dropouts: a node that does not answer in time (it disappeared) is left out --
+    ``client_nodes[i]`` is ``None`` for each directory entry no node proved to hold -- as
+    long as at least ``min_nodes`` (default: all) identified; otherwise :class:`InputError`
+    names the missing entries. A node that *answers* wrongly (refusal, bad signature, a
+    taken client id) always stops the run: that is misconfiguration or an attack, not a dropout.
     """
     from .provision import IDENTIFY_STAGE, identify_payload, new_challenge, verify_identify
 
@@ -97,12 +109,13 @@ def identify_nodes(grid, node_ids, directory, *, bundle=None, stage_timeout: flo
     replies, refused = probe.exchange(IDENTIFY_STAGE, messages)
     owner: dict[int, int] = {}
     problems: list[str] = []
+    silent: list[int] = []
     for c, nid in probe.node_of.items():
         if c in refused:
             problems.append(f"node {nid} refused: {refused[c]}")
             continue
         if c not in replies:
-            problems.append(f"node {nid} did not answer within {stage_timeout:.0f} s")
+            silent.append(nid)
             continue
         r = replies[c]
         cid = r.get("client_id") if isinstance(r, dict) else None
@@ -116,18 +129,44 @@ def identify_nodes(grid, node_ids, directory, *, bundle=None, stage_timeout: flo
         else:
             owner[cid] = nid
     missing = [i for i in range(len(directory)) if i not in owner]
-    if missing or problems:
+    need = len(directory) if min_nodes is None else int(min_nodes)
+    if problems or len(owner) < need:
         raise InputError(
             "node identification failed: "
+            + (f"only {len(owner)} of {len(directory)} nodes identified, the run needs at least {need} "
+               f"(run config 'min-nodes'); " if len(owner) < need else "")
             + (f"no node proved to hold the key of {[directory.names[i] for i in missing]}; " if missing else "")
-            + "; ".join(problems)
+            + "; ".join(problems + [f"node {n} did not answer within {stage_timeout:.0f} s" for n in silent])
             + ". Check every SuperNode's node config 'identity-key' / 'directory' (the same directory as "
             "the run config's) and that num-nodes equals the number of directory nodes."
         )
-    return [owner[i] for i in range(len(directory))], list(probe.timings)
+    if missing:
+        log.warning("enrolment: %s did not identify (nodes %s silent); left out of the run, %d of %d remain",
+                    [directory.names[i] for i in missing], silent, len(owner), len(directory))
+    return [owner.get(i) for i in range(len(directory))], list(probe.timings)
 
 
-def server_provisioning(spec: RunSpec, directory, authority_url):
+class LeftOutPolicy(ServerPolicy):
+    """The honest policy, minus the clients left out at enrolment: they are never sampled,
+    so each round's protocol (e.g. the masking threshold) is planned for the nodes present."""
+
+    def __init__(self, left_out):
+        self.left_out = frozenset(left_out)
+
+    def plan(self, state, round, broadcast, sampled, n_clients):
+        return super().plan(state, round, broadcast, tuple(c for c in sampled if c not in self.left_out), n_clients)
+
+
+def default_min_nodes(spec: RunSpec) -> int:
+    """The fewest identified nodes a run starts with: 2, or Paillier's ``min_clients`` if larger."""
+    need = 2
+    for layer in spec.protection or []:
+        if isinstance(layer, dict) and layer.get("name") == "paillier":
+            need = max(need, int(layer.get("min_clients", 2)))
+    return need
+
+
+def server_provisioning(spec: RunSpec, directory, authority_url, tls: dict | None = None):
     """The ServerApp's :class:`ServerProvisioning` for ``spec`` (None if it needs none)."""
     needs = spec.requirements()
     if not needs.identity:
@@ -153,9 +192,10 @@ def server_provisioning(spec: RunSpec, directory, authority_url):
                 f"protection 'paillier' needs the key authority service: set the run config {RUN_AUTHORITY_URL!r} "
                 "to its address, e.g. 'http://127.0.0.1:8471' (`securefkm authority serve`, docs/deployment.md)."
             )
-        from .authority_service import RemoteAuthority
+        from .authority_client import RemoteAuthority
 
-        authority = RemoteAuthority(authority_url, d)
+        tls = tls or {}
+        authority = RemoteAuthority(authority_url, d, ca=tls.get("ca"), cert=tls.get("cert"), key=tls.get("key"))
         authority.public_bundle()  # fail now, with the reason, if unreachable or not the pinned authority
     return ServerProvisioning(d, authority)
 
@@ -163,10 +203,30 @@ def server_provisioning(spec: RunSpec, directory, authority_url):
 def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_timeout: float = 60.0,
                    suspect_timeout: float = 3.0, node_wait_timeout: float = 120.0,
                    poll_interval: float = 0.05, progress_path: str | None = None,
-                   directory=None, authority_url: str | None = None) -> dict:
-    """Run the spec's fit over the Grid and return the result dict (see module docstring)."""
+                   directory=None, authority_url: str | None = None, authority_tls: dict | None = None,
+                   min_nodes: int | None = None, checkpoint_path: str | None = None) -> dict:
+    """Run the spec's fit over the Grid and return the result dict (see module docstring).
+
+    A Paillier run holds one session of the key authority (fresh keys); it is ended --
+    the authority destroys that private key -- when the run ends, however it ends.
+    """
+    provisioning = server_provisioning(spec, directory, authority_url, authority_tls)
+    try:
+        return _run_federation(grid, spec, provisioning, n_nodes=n_nodes, n_features=n_features,
+                               stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
+                               node_wait_timeout=node_wait_timeout, poll_interval=poll_interval,
+                               progress_path=progress_path, min_nodes=min_nodes, checkpoint_path=checkpoint_path)
+    finally:
+        if provisioning is not None and provisioning.authority is not None:
+            try:
+                provisioning.authority.end_session()
+            except Exception as exc:  # the run's outcome matters more; the authority logs it too
+                log.warning("could not end the key authority session: %s", exc)
+
+
+def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_timeout, suspect_timeout,
+                    node_wait_timeout, poll_interval, progress_path, min_nodes, checkpoint_path) -> dict:
     t0 = time.perf_counter()
-    provisioning = server_provisioning(spec, directory, authority_url)
     node_ids = wait_for_nodes(grid, n_nodes, node_wait_timeout)
     timings: list = []
     ordered = False
@@ -179,16 +239,26 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
         bundle = provisioning.authority.public_bundle() if provisioning.authority is not None else None
         node_ids, timings = identify_nodes(grid, node_ids, provisioning.directory, bundle=bundle,
                                            stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
-                                           poll_interval=poll_interval, progress_path=progress_path)
+                                           poll_interval=poll_interval, progress_path=progress_path,
+                                           min_nodes=default_min_nodes(spec) if min_nodes is None else min_nodes)
         ordered = True
     transport = FlowerTransport(
         grid, node_ids, stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
         poll_interval=poll_interval, progress_path=progress_path, ordered=ordered,
     )
     transport.timings[:0] = timings
-    est, federation = build_federation(spec, len(node_ids), n_features, transport, provisioning=provisioning)
+    policy = LeftOutPolicy(transport.left_out) if transport.left_out else None
+    est, federation = build_federation(spec, len(node_ids), n_features, transport, provisioning=provisioning,
+                                       server_policy=policy)
     t_rounds = time.perf_counter()
-    states = [federation.run(r) for r in range(est._n_runs())]
+    if checkpoint_path:
+        from .checkpoint import Checkpoint, run_rounds
+
+        checkpoint = Checkpoint(checkpoint_path, spec.to_json())
+        states = run_rounds(federation, checkpoint)
+    else:
+        checkpoint = None
+        states = [federation.run(r) for r in range(est._n_runs())]
     best = states[est._select_run(states)] if len(states) > 1 else states[0]
     return {
         "ok": True,
@@ -207,6 +277,8 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
         "rounds_seconds": time.perf_counter() - t_rounds,
         "total_seconds": time.perf_counter() - t0,
         "spec": spec.to_json(),
+        "run_id": None if checkpoint is None else checkpoint.run_id,
+        "resumed_from": None if checkpoint is None else checkpoint.resumed_from,  # rounds done before a restart
     }
 
 
@@ -234,6 +306,9 @@ def main(grid: Grid, context: Context) -> None:
             progress_path=str(cfg.get("progress-path", "") or "") or None,
             directory=str(cfg.get("directory", "") or "") or None,
             authority_url=str(cfg.get("authority-url", "") or "") or None,
+            authority_tls={k: str(cfg.get(f"authority-{k}", "") or "") or None for k in ("ca", "cert", "key")},
+            min_nodes=int(cfg["min-nodes"]) if int(cfg.get("min-nodes", 0) or 0) > 0 else None,
+            checkpoint_path=str(cfg.get("checkpoint-path", "") or "") or None,
         )
     except Exception as exc:
         log.error("securefkm run failed: %s: %s", type(exc).__name__, exc)

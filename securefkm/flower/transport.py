@@ -48,7 +48,9 @@ class FlowerTransport(Transport):
     grid : flwr.serverapp.Grid
     node_ids : iterable of int
         The SuperNodes taking part; client ``i`` is ``sorted(node_ids)[i]`` (``node_ids[i]``
-        with ``ordered=True``).
+        with ``ordered=True``, where ``None`` marks a client *left out* of the run: its node
+        disappeared during enrolment, so it is never sent a message and is a dropout of
+        every stage at no cost in waiting).
     stage_timeout : float
         Seconds to wait for the replies of one stage before treating the silent clients as
         dropouts.
@@ -79,17 +81,23 @@ class FlowerTransport(Transport):
         ordered: bool = False,
         fuse_stages: bool = True,
     ):
-        node_ids = [int(n) for n in node_ids] if ordered else sorted(int(n) for n in node_ids)
-        if not node_ids:
+        if ordered:
+            node_ids = [None if n is None else int(n) for n in node_ids]
+        else:
+            node_ids = sorted(int(n) for n in node_ids)
+        present = [n for n in node_ids if n is not None]
+        if not present:
             raise InputError("FlowerTransport needs at least one node id; no SuperNode is connected.")
-        if len(set(node_ids)) != len(node_ids):
+        if len(set(present)) != len(present):
             raise InputError(f"node_ids contains duplicates: {node_ids}.")
         for name, value in (("stage_timeout", stage_timeout), ("suspect_timeout", suspect_timeout), ("poll_interval", poll_interval)):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InputError(f"{name} must be a positive number of seconds, got {value!r}.")
         self.grid = grid
         self.node_ids = node_ids
-        self.node_of = dict(enumerate(node_ids))
+        self.node_of = {c: n for c, n in enumerate(node_ids) if n is not None}
+        #: clients left out at enrolment (no node): dropouts of every stage, never messaged
+        self.left_out = frozenset(c for c, n in enumerate(node_ids) if n is None)
         self.stage_timeout = float(stage_timeout)
         self.suspect_timeout = float(suspect_timeout)
         self.poll_interval = float(poll_interval)
@@ -105,7 +113,7 @@ class FlowerTransport(Transport):
 
     # ------------------------------------------------------------ Transport
     def client_ids(self):
-        return list(self.node_of)
+        return list(range(len(self.node_ids)))
 
     def begin_round(self, ctx, stages):
         self._ctx = ctx
@@ -117,6 +125,8 @@ class FlowerTransport(Transport):
         self._progress("start", stage, n=len(messages))
         out: list[Message] = []
         for c, payload in messages.items():
+            if c in self.left_out:
+                continue  # no node: a dropout without waiting
             if c not in self.node_of:
                 raise InputError(f"client id {c} has no Flower node (known: 0..{len(self.node_of) - 1}).")
             record = ConfigRecord(

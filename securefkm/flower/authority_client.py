@@ -1,0 +1,217 @@
+"""The two views of the key authority outside its own process.
+
+* :class:`RemoteAuthority` -- the ServerApp's handle on ``securefkm authority serve``:
+  :class:`~protocols.paillier.KeyAuthority`'s interface over HTTPS with a client
+  certificate (mutual TLS). One instance is one *session* of the long-lived service: the
+  first :meth:`~RemoteAuthority.public_bundle` call opens it (the service makes a fresh
+  Paillier keypair for it), :meth:`~RemoteAuthority.end_session` has the service destroy
+  that private key; tickets of an ended session are refused.
+* :class:`BundleView` -- a client node's read-only view: the signed public bundle it
+  verified against the authority key in its *own* directory file.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+
+from ..exceptions import InputError, SecureFKMError
+from .authority_wire import (
+    API,
+    BadRequest,
+    as_int,
+    bundle_from_json,
+    contribution_to_json,
+    hex_int,
+    ticket_from_json,
+)
+from .directory import Directory
+from .tls import client_context
+
+
+class AuthorityUnavailable(SecureFKMError, RuntimeError):
+    """The key authority service could not be reached or answered something unexpected."""
+
+
+class RemoteAuthority:
+    """The ServerApp's handle on the authority service (one session = one run's keys).
+
+    ``verify_key`` answers from the server's copy of the directory (public data); refusals
+    of the service raise :class:`AuthorityRefusal` exactly like an in-process authority.
+    The session's public bundle is checked against the directory's authority key.
+
+    ``https://`` URLs need ``ca`` (the CA that signed the authority's certificate) and the
+    ServerApp's client certificate ``cert`` / ``key``; ``http://`` is for an authority
+    started with ``--insecure`` on loopback.
+    """
+
+    def __init__(self, url: str, directory: Directory, *, timeout: float = 60.0, allow_weak_key: bool = False,
+                 ca=None, cert=None, key=None):
+        url = str(url or "").rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise InputError(
+                f"authority-url {url!r} must be an http(s):// address of `securefkm authority serve`, "
+                "e.g. 'https://127.0.0.1:8471'."
+            )
+        self._tls = (ca, cert, key)
+        self._ssl: ssl.SSLContext | None = None
+        if url.startswith("https://"):
+            self._ssl = client_context(ca, cert, key)  # checks the files now
+        elif ca or cert or key:
+            raise InputError(f"authority-url {url!r} is plain http but TLS files were given; use https://.")
+        self.url = url
+        self.directory = directory
+        self.timeout = float(timeout)
+        self.allow_weak_key = bool(allow_weak_key)
+        self.n_decryptions = 0
+        self.session: str | None = None
+        self._bundle = None
+
+    def __deepcopy__(self, memo):
+        # a handle on an external service: copies of the layers share it (one session per run)
+        return self
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_ssl"] = None  # SSLContext does not pickle; rebuilt from the file paths
+        return state
+
+    def _call(self, method: str, op: str, body: dict | None = None) -> dict:
+        from protocols.paillier import AuthorityRefusal
+        from protocols.paillier.authority import STAGE
+
+        if self._ssl is None and self.url.startswith("https://"):
+            self._ssl = client_context(*self._tls)
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}{API}/{op}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                err = json.loads(exc.read())
+                message = str(err.get("message", ""))
+            except ValueError:
+                message = exc.reason
+            if exc.code == 403:
+                raise AuthorityRefusal(message, stage=STAGE) from None
+            raise AuthorityUnavailable(f"key authority at {self.url} answered {exc.code} to {op}: {message}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise AuthorityUnavailable(
+                f"key authority at {self.url} is unreachable or refused the TLS handshake ({exc}); start it with "
+                "`securefkm authority serve`, set the run config 'authority-url' to its address and give the "
+                "ServerApp the certificate the authority admits ('authority-cert' / 'authority-key' / 'authority-ca')."
+            ) from None
+
+    def _session_call(self, op: str, body: dict) -> dict:
+        self.public_bundle()  # opens the session if needed
+        return self._call("POST", op, {"session": self.session, **body})
+
+    # -- the session
+    def public_bundle(self):
+        if self._bundle is None:
+            out = self._call("POST", "session", {})
+            try:
+                session = out["session"]
+                bundle = bundle_from_json(out["bundle"])
+            except (BadRequest, KeyError, TypeError) as exc:
+                raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed session: {exc}") from None
+            if self.directory.authority_key is None:
+                raise InputError(
+                    "the directory has no authority key; add the authority's verify key "
+                    "(`securefkm provision directory --authority KEYS/authority.pub`)."
+                )
+            try:
+                bundle.verify(self.directory.authority_key)
+            except ValueError as exc:
+                raise InputError(f"key authority at {self.url}: {exc} (its key is not the directory's authority key).") from None
+            self.session, self._bundle = str(session), bundle
+        return self._bundle
+
+    def end_session(self) -> None:
+        """Have the service destroy this session's private key (idempotent; best effort)."""
+        if self.session is not None:
+            session, self.session, self._bundle = self.session, None, None
+            self._call("POST", "end_session", {"session": session})
+
+    # -- KeyAuthority's interface
+    @property
+    def key_size(self) -> int:
+        return self.public_bundle().n.bit_length()
+
+    @property
+    def public_key(self):
+        return self.public_bundle().public_key()
+
+    def verify_key(self, client_id: int) -> bytes | None:
+        return self.directory.as_dict().get(int(client_id))
+
+    def enroll(self, client_id: int, verify_key: bytes) -> None:
+        raise InputError("enrollment is out of band in a deployment: add the node's key to the directory.")
+
+    def open_round(self, run: int, round: int, digest: bytes, *, n_ciphertexts: int, max_clients: int):
+        out = self._session_call("open_round", {"run": int(run), "round": int(round), "digest": bytes(digest).hex(),
+                                                "n_ciphertexts": int(n_ciphertexts), "max_clients": int(max_clients)})
+        try:
+            return ticket_from_json(out)
+        except BadRequest as exc:
+            raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed ticket: {exc}") from None
+
+    def close_round(self, nonce: bytes) -> None:
+        self._session_call("close_round", {"nonce": bytes(nonce).hex()})
+
+    def decrypt_aggregate(self, nonce: bytes, contributions, claimed_sum=None):
+        from protocols.paillier import DecryptedAggregate
+
+        out = self._session_call("decrypt_aggregate", {
+            "nonce": bytes(nonce).hex(),
+            "contributions": [contribution_to_json(c) for c in contributions],
+            "claimed_sum": None if claimed_sum is None else [format(int(c), "x") for c in claimed_sum],
+        })
+        try:
+            plaintexts = tuple(hex_int(p, "plaintexts") for p in out["plaintexts"])
+            contributors = tuple(as_int(c, "contributors") for c in out["contributors"])
+        except (BadRequest, KeyError, TypeError) as exc:
+            raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed result: {exc}") from None
+        self.n_decryptions += 1
+        return DecryptedAggregate(plaintexts=plaintexts, contributors=contributors)
+
+
+class BundleView:
+    """A client node's read-only view of the authority: the signed public bundle it verified.
+
+    Built from the bundle the server relayed in the ``identify`` message; the bundle is
+    verified against the authority key in the node's *own* directory, so a server cannot
+    substitute a key it can decrypt.
+    """
+
+    n_decryptions = 0
+
+    def __init__(self, bundle, directory: Directory):
+        if directory.authority_key is None:
+            raise InputError(
+                "this node's directory has no authority key, so it cannot check the Paillier public key; "
+                "add the authority's verify key to the directory file."
+            )
+        bundle.verify(directory.authority_key)  # ValueError if not signed by the pinned authority
+        self._bundle = bundle
+        self._directory = directory
+
+    def public_bundle(self):
+        return self._bundle
+
+    @property
+    def key_size(self) -> int:
+        return self._bundle.n.bit_length()
+
+    def verify_key(self, client_id: int) -> bytes | None:
+        return self._directory.as_dict().get(int(client_id))
+
+    def _never(self, *args, **kwargs):
+        raise RuntimeError("a client node never talks to the key authority")
+
+    open_round = close_round = decrypt_aggregate = enroll = _never
