@@ -73,8 +73,11 @@ needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 @needs_proc
-def test_killed_worker_between_rounds_drops_its_clients(caplog):
-    """Plain sums recover from dropouts: the fit goes on without the dead worker's clients."""
+@pytest.mark.parametrize("settle", [0.0, 1.0], ids=["at-once", "pool-noticed"])
+def test_killed_worker_between_rounds_drops_its_clients(caplog, settle):
+    """Plain sums recover from dropouts: the fit goes on without the dead worker's clients,
+    whether the next round starts at once or after the pool has noticed the death (then
+    submitting to it raises instead of the call failing)."""
     clients = make_clients()
     with _federation(clients, n_workers=3) as fed:
         algo = fed.algorithm
@@ -83,6 +86,7 @@ def test_killed_worker_between_rounds_drops_its_clients(caplog):
         victim = fed.transport.worker_pids()[1]
         os.kill(victim, signal.SIGKILL)
         assert _dead(victim)
+        time.sleep(settle)
         with caplog.at_level(logging.WARNING, logger="securefkm"):
             state = fed.run_round(state, round=1)
             state = fed.run_round(state, round=2)

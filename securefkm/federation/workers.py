@@ -42,7 +42,7 @@ import signal
 import socket
 import sys
 import weakref
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -171,7 +171,17 @@ class ProcessPool:
         # ``if __name__ == "__main__"`` guard needed, unlike spawn/forkserver) and that
         # report a dead worker as a broken pool instead of hanging
         self.executors = [ProcessPoolExecutor(max_workers=1, initializer=_ignore_sigint) for _ in payloads]
-        self.pids = self._gather([ex.submit(_load, p) for ex, p in zip(self.executors, payloads)], timeout, "start")
+        self.pids = self._gather([self._submit(w, _load, p) for w, p in enumerate(payloads)], timeout, "start")
+
+    def _submit(self, w: int, fn, *args) -> Future:
+        # once loky has noticed a dead worker, submit itself raises: the same loss as a
+        # future that fails, so it is reported the same way (_gather)
+        try:
+            return self.executors[w].submit(fn, *args)
+        except BrokenProcessPool as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            return failed
 
     def _gather(self, futures, timeout, what):
         done, _ = wait(futures, timeout=timeout)
@@ -189,7 +199,7 @@ class ProcessPool:
 
     def call(self, calls: dict[int, tuple[str, tuple]], timeout: float) -> dict[int, Any]:
         workers = list(calls)
-        futures = [self.executors[w].submit(_call, method, *args) for w, (method, args) in calls.items()]
+        futures = [self._submit(w, _call, method, *args) for w, (method, args) in calls.items()]
         return dict(zip(workers, self._gather(futures, timeout, "a stage")))
 
     def kill(self, w: int) -> None:
