@@ -213,6 +213,18 @@ class Aggregator(Layer):
     #: explicit opt-in (constructor argument of the secure aggregators) to run on an
     #: algorithm whose set-fields reach the server in plain; reports then say so
     allow_plain_set_fields: bool = False
+    #: the class of this aggregator's ideal functionality, registered by that class itself
+    #: (``class IdealX(X, ideal_of=X)``) so the real protocol's module never imports it
+    _ideal_functionality: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, ideal_of: type[Aggregator] | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if ideal_of is not None:
+            if not (isinstance(ideal_of, type) and issubclass(cls, ideal_of)):
+                raise TypeError(f"{cls.__name__}: ideal_of= must be a class it derives from, got {ideal_of!r}")
+            if not hasattr(cls, "of"):
+                raise TypeError(f"{cls.__name__} needs a classmethod of(real) building it from a configured {ideal_of.__name__}")
+            ideal_of._ideal_functionality = cls
 
     @abstractmethod
     def server_session(self, ctx: RoundContext) -> ServerSession: ...
@@ -221,9 +233,12 @@ class Aggregator(Layer):
         """This aggregator's ideal functionality (``crypto="ideal"``): a layer that releases
         exactly what this one releases for the same dropouts, with the same aborts, without
         the cryptography. Aggregators without one cannot run under ``crypto="ideal"``."""
-        raise ProtectionConfigError(
-            f"{self.name} has no ideal functionality; run it with crypto='real'."
-        )
+        impl = self._ideal_functionality
+        if impl is None:
+            raise ProtectionConfigError(
+                f"{self.name} has no ideal functionality; run it with crypto='real'."
+            )
+        return self if isinstance(self, impl) else impl.of(self)
 
     @abstractmethod
     def client_session(

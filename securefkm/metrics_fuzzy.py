@@ -33,7 +33,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from ._validation import check_array, check_float
-from .algorithms._fcm import check_fuzzifier, exact_sq_distances, memberships_from_sq_distances
+from .algorithms._fcm import check_fuzzifier, exact_sq_distances, fuzzy_db_from_parts
+from .algorithms._fcm import fedfuzzdb_terms as _terms
 from .exceptions import InputError
 
 #: names of the sum-fields one client sends for FedFuzzDB (sec. 2.2.2)
@@ -76,17 +77,6 @@ def federated_fuzzy_davies_bouldin_terms(
     return _terms(X, C, m, q)
 
 
-def _terms(X, C, m, q):
-    D = exact_sq_distances(X, C)
-    U = memberships_from_sq_distances(D, m)
-    dist_q = D if q == 2.0 else (np.sqrt(D) if q == 1.0 else np.sqrt(D) ** q)
-    return {
-        "n": np.array([float(len(X))]),
-        "memberships": U.sum(axis=0),
-        "spread": dist_q.sum(axis=0),
-    }
-
-
 def federated_fuzzy_davies_bouldin(
     summed_terms: dict, centres, p: float = 2.0, q: float = 1.0
 ) -> float:
@@ -114,21 +104,7 @@ def federated_fuzzy_davies_bouldin(
         )
     if not n > 0:
         raise InputError(f"summed_terms['n'] must be a positive record count, got {n}.")
-    return _db_from_parts(n, u, s, C, p, q)
-
-
-def _db_from_parts(n, membership_sums, spread_sums, C, p, q) -> float:
-    """Eqs. 7-13 from N, sum_j u_ij and sum_j ||x_j - c_i||^q (shared by both versions)."""
-    U_i = membership_sums / n  # eq. 13 / 16
-    mean_dist = np.maximum(spread_sums / n, 0.0)  # DP noise may push a sum below 0
-    S = U_i * mean_dist ** (1.0 / q)  # eq. 12 / 14-15
-    diff = np.abs(C[:, None, :] - C[None, :, :])
-    M = diff.max(axis=-1) if np.isinf(p) else (diff**p).sum(axis=-1) ** (1.0 / p)  # eq. 11
-    with np.errstate(divide="ignore", invalid="ignore"):
-        R = (S[:, None] + S[None, :]) / M  # eq. 9
-    R[M == 0] = np.inf
-    np.fill_diagonal(R, -np.inf)
-    return float(np.mean(R.max(axis=1)))  # eqs. 7-8
+    return fuzzy_db_from_parts(n, u, s, C, p, q)
 
 
 def fuzzy_davies_bouldin(
@@ -146,7 +122,7 @@ def fuzzy_davies_bouldin(
     p, q = _check_pq(p, q)
     if memberships is None:
         t = _terms(X, C, m, q)
-        return _db_from_parts(t["n"][0], t["memberships"], t["spread"], C, p, q)
+        return fuzzy_db_from_parts(t["n"][0], t["memberships"], t["spread"], C, p, q)
     U = check_array(memberships, "memberships")
     if U.shape != (len(X), len(C)):
         raise InputError(
@@ -154,7 +130,7 @@ def fuzzy_davies_bouldin(
         )
     D = exact_sq_distances(X, C)
     dist_q = D if q == 2.0 else np.sqrt(D) ** q
-    return _db_from_parts(float(len(X)), U.sum(axis=0), dist_q.sum(axis=0), C, p, q)
+    return fuzzy_db_from_parts(float(len(X)), U.sum(axis=0), dist_q.sum(axis=0), C, p, q)
 
 
 def knowledge_gap(centres, reference_centres, X=None, *, variance=None) -> float:

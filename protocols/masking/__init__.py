@@ -2,12 +2,14 @@
 
 from .client import MaskingClient
 from .graph import Graph, RoundPlan, default_neighbours, make_plan, resolve_threshold
+from .ideal import IdealMasking  # also registers it as PairwiseMasking's ideal functionality
 from .layer import PairwiseMasking
 from .prg import MaskExpander, expand, keystream_bytes
 from .server import MaskingServer
 
 __all__ = [
     "Graph",
+    "IdealMasking",
     "MaskExpander",
     "MaskingClient",
     "MaskingServer",

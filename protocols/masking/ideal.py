@@ -85,7 +85,7 @@ class Sealed:
         self._value, self.digest = state["_value"], state["digest"]
 
 
-class IdealMasking(PairwiseMasking):
+class IdealMasking(PairwiseMasking, ideal_of=PairwiseMasking):
     """``PairwiseMasking``'s ideal functionality: same configuration, same release, no cryptography.
 
     Built by :meth:`PairwiseMasking.ideal` (``crypto="ideal"``); its name and repr are the real
@@ -103,9 +103,6 @@ class IdealMasking(PairwiseMasking):
     @property
     def name(self) -> str:
         return "PairwiseMasking"
-
-    def ideal(self):
-        return self
 
     def setup(self, info):
         registry, self.registry = self.registry, None

@@ -202,11 +202,6 @@ class PairwiseMasking(Aggregator):
         if self.allow_plain_set_fields:
             self._repr_params["allow_plain_set_fields"] = True
 
-    def ideal(self):
-        from .ideal import IdealMasking
-
-        return IdealMasking.of(self)
-
     # ------------------------------------------------------------------ hooks
     def server_view(self, algorithm, aggregator):
         sees = ("one masked vector per client (uniformly random without the other clients' masks), the "

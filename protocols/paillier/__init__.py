@@ -18,6 +18,7 @@ from .authority import (
     sign_contribution,
     verify_contribution,
 )
+from .ideal import IdealPaillier  # also registers it as Paillier's ideal functionality
 from .layer import Paillier, PaillierClientSession, value_bits_for_codec
 from .packing import SlotLayout, headroom_bits, layout_for_key
 
@@ -27,6 +28,7 @@ __all__ = [
     "DecryptedAggregate",
     "EncryptRequest",
     "EncryptedContribution",
+    "IdealPaillier",
     "KeyAuthority",
     "Paillier",
     "PaillierClientSession",

@@ -268,11 +268,6 @@ class Paillier(Aggregator):
             "decryptions": self.authority.n_decryptions,
         }
 
-    def ideal(self):
-        from .ideal import IdealPaillier
-
-        return IdealPaillier.of(self)
-
     # ------------------------------------------------------------------ sessions
     def server_view(self, algorithm, aggregator):
         sees = ("one Paillier ciphertext bundle per client and the sum of the survivors' sum-fields (exact unless a client-side layer, e.g. distributed GaussianDP, noised them), "

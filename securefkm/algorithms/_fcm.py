@@ -194,3 +194,31 @@ def fuzzy_cmeans(
                 f"init array has shape {C0.shape}, expected (n_clusters, n_features) = ({c}, {X.shape[1]})."
             )
     return local_fcm(X, C0, m, tol, max_iter)
+
+
+def fedfuzzdb_terms(X: np.ndarray, C: np.ndarray, m: float, q: float) -> dict[str, np.ndarray]:
+    """One client's FedFuzzDB sum-fields (Stallmann & Wilbik 2022, sec. 2.2.2): N_l,
+    sum_j u_ij and sum_j ||x_j - c_i||^q; ``securefkm.metrics_fuzzy`` checks the inputs."""
+    D = exact_sq_distances(X, C)
+    U = memberships_from_sq_distances(D, m)
+    dist_q = D if q == 2.0 else (np.sqrt(D) if q == 1.0 else np.sqrt(D) ** q)
+    return {
+        "n": np.array([float(len(X))]),
+        "memberships": U.sum(axis=0),
+        "spread": dist_q.sum(axis=0),
+    }
+
+
+def fuzzy_db_from_parts(n, membership_sums, spread_sums, C, p, q) -> float:
+    """Eqs. 7-13 from N, sum_j u_ij and sum_j ||x_j - c_i||^q (Stallmann & Wilbik 2022; shared by
+    the central and the federated index, ``securefkm.metrics_fuzzy``)."""
+    U_i = membership_sums / n  # eq. 13 / 16
+    mean_dist = np.maximum(spread_sums / n, 0.0)  # DP noise may push a sum below 0
+    S = U_i * mean_dist ** (1.0 / q)  # eq. 12 / 14-15
+    diff = np.abs(C[:, None, :] - C[None, :, :])
+    M = diff.max(axis=-1) if np.isinf(p) else (diff**p).sum(axis=-1) ** (1.0 / p)  # eq. 11
+    with np.errstate(divide="ignore", invalid="ignore"):
+        R = (S[:, None] + S[None, :]) / M  # eq. 9
+    R[M == 0] = np.inf
+    np.fill_diagonal(R, -np.inf)
+    return float(np.mean(R.max(axis=1)))  # eqs. 7-8

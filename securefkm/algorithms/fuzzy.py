@@ -69,7 +69,14 @@ from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
 from . import secure_centres as sc
-from ._fcm import centres_from_sums, check_fuzzifier, fuzzy_memberships, local_fcm
+from ._fcm import (
+    centres_from_sums,
+    check_fuzzifier,
+    fedfuzzdb_terms,
+    fuzzy_db_from_parts,
+    fuzzy_memberships,
+    local_fcm,
+)
 from ._kmeans import map_blocks, weighted_kmeans
 from .base import Algorithm, AlgorithmState
 
@@ -91,13 +98,6 @@ def match_to(previous: np.ndarray, new: np.ndarray) -> np.ndarray:
     out = np.empty_like(new)
     out[rows] = new[cols]
     return out
-
-
-def fedfuzzdb_terms(X: np.ndarray, C: np.ndarray, m: float, q: float) -> dict[str, np.ndarray]:
-    """One client's FedFuzzDB sum-fields (sec. 2.2.2); see ``securefkm.metrics_fuzzy``."""
-    from ..metrics_fuzzy import _terms
-
-    return _terms(X, C, m, q)
 
 
 class FederatedFuzzyCMeansAlgorithm(Algorithm):
@@ -301,12 +301,10 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         return match_to(C, new)
 
     def _validity_aggregate(self, state, agg):
-        from ..metrics_fuzzy import _db_from_parts
-
         s = agg.sums
         n = float(s["n"][0])
         score = (
-            _db_from_parts(n, s["memberships"], s["spread"], state.centres, self.p, self.q)
+            fuzzy_db_from_parts(n, s["memberships"], s["spread"], state.centres, self.p, self.q)
             if n > 0
             else float("inf")
         )

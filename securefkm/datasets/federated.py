@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import check_array, check_int
+from .._validation import check_array
 from ..exceptions import InputError
 
 __all__ = ["FederatedDataset", "as_federated", "from_groups"]
@@ -454,12 +454,3 @@ def as_federated(data, name: str = "X", *, groups=None, allow_pooled: bool = Fal
     if isinstance(data, np.ndarray):
         raise InputError(f"{name} is a single array of shape {data.shape}; {advice}.")
     raise InputError(f"{name} of type {type(data).__name__} is not federated data; {advice}.")
-
-
-def _check_n_clients(n_clients, n: int, name: str = "n_clients") -> int:
-    n_clients = check_int(n_clients, name, minimum=1)
-    if n_clients > n:
-        raise InputError(
-            f"{name}={n_clients} exceeds the number of records ({n}); every client needs a record."
-        )
-    return n_clients

@@ -17,7 +17,6 @@ from sklearn.cluster import KMeans
 
 from .._validation import check_array, check_float, check_int, check_random_state
 from ..exceptions import InputError
-from .federated import _check_n_clients
 
 __all__ = [
     "SPLITTERS",
@@ -30,6 +29,15 @@ __all__ = [
     "split_column",
     "default_location_box",
 ]
+
+
+def _check_n_clients(n_clients, n: int, name: str = "n_clients") -> int:
+    n_clients = check_int(n_clients, name, minimum=1)
+    if n_clients > n:
+        raise InputError(
+            f"{name}={n_clients} exceeds the number of records ({n}); every client needs a record."
+        )
+    return n_clients
 
 
 def _sk_seed(random_state, rng: np.random.Generator) -> int:

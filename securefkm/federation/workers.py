@@ -51,7 +51,7 @@ from joblib.externals.loky import ProcessPoolExecutor
 from ..exceptions import InputError
 from ..layers import ClientContext
 from .client import ClientRuntime, serve
-from .runtime import SimulatedTransport
+from .transport import SimulatedTransport
 
 log = logging.getLogger("securefkm")
 

@@ -1,0 +1,100 @@
+"""How a round's stage messages reach the clients: the :class:`Transport` interface and the
+simulated transports.
+
+:class:`SimulatedTransport` decides the simulated dropouts in the driver, so every simulation
+backend (in process here, worker processes and Ray actors in :mod:`.workers`) draws them from
+the same generator in the same order and the backends agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..layers import RoundContext
+from .client import ClientRuntime, serve
+from .sampling import Dropouts
+
+
+class Transport:
+    """Carries one stage's messages to clients and returns the replies of those that answered.
+
+    ``fuse_first_stage``: a transport that pays per message exchange (a network round trip,
+    a process start) sets it, and the runtime then sends the aggregator's first stage
+    message inside the ``update`` request (one exchange fewer per round). The protocol is
+    unchanged: every aggregator's first stage message depends only on the round's public
+    facts, and the transcript records both stages as usual.
+    """
+
+    fuse_first_stage: bool = False
+
+    def client_ids(self) -> list[int]:
+        raise NotImplementedError
+
+    def begin_round(self, ctx: RoundContext, stages: tuple[str, ...]) -> None:
+        """Called before the first stage of a round."""
+
+    def exchange(self, stage: str, messages: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
+        """Send ``messages`` and return (replies, refusals); a client missing from both dropped."""
+        raise NotImplementedError
+
+    def abort_note(self) -> str:
+        """Why clients were lost beyond the protocol's own dropouts (added to an abort's message)."""
+        return ""
+
+    def close(self) -> None:
+        """Release the transport's workers (idempotent)."""
+
+
+class SimulatedTransport(Transport):
+    """A transport whose clients are simulated: dropouts are decided here, in the driver.
+
+    Every simulation backend (in process, worker processes, Ray actors) draws the round's
+    dropouts from the same generator in the same order, so the backends agree exactly.
+    ``_live`` filters a stage's messages down to the clients that still answer and
+    ``_refused`` removes clients that refused from the rest of the round.
+    """
+
+    def __init__(self, dropouts: Dropouts, rng: np.random.Generator):
+        self.dropouts = dropouts
+        self.rng = rng
+        self._drop_at: dict[int, str] = {}
+        self._gone: set[int] = set()
+
+    def begin_round(self, ctx, stages):
+        self._drop_at = self.dropouts.plan(self.rng, ctx.round, ctx.sampled, stages)
+        self._gone = set()
+
+    def _drops(self, client: int, stage: str) -> bool:
+        if client in self._gone:
+            return True
+        if self._drop_at.get(client) == stage:
+            self._gone.add(client)
+            return True
+        return False
+
+    def _live(self, stage: str, messages: dict[int, Any]) -> dict[int, Any]:
+        if not (self._drop_at or self._gone):  # no simulated dropouts this round
+            return messages
+        return {c: m for c, m in messages.items() if not self._drops(c, stage)}
+
+    def _refused(self, refused: dict[int, str]) -> None:
+        self._gone.update(refused)
+
+
+class LocalTransport(SimulatedTransport):
+    """In-process simulation: clients are :class:`ClientRuntime` objects in this process."""
+
+    def __init__(self, clients: Sequence[ClientRuntime], dropouts: Dropouts, rng: np.random.Generator):
+        super().__init__(dropouts, rng)
+        self.clients = {c.client_id: c for c in clients}
+
+    def client_ids(self):
+        return list(self.clients)
+
+    def exchange(self, stage, messages):
+        replies, refused = serve(self.clients, stage, self._live(stage, messages))
+        self._refused(refused)
+        return replies, refused
