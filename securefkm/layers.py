@@ -139,6 +139,15 @@ class Layer:
     def client_update(self, update: Update, client: ClientContext, ctx: RoundContext) -> Update | None:
         return update
 
+    def client_updates(
+        self, updates: list[Update], clients: list[ClientContext], ctx: RoundContext
+    ) -> list[Update | None]:
+        """:meth:`client_update` for several simulated clients of one round that share this
+        layer object (the simulation transports batch them). Must return, client by client,
+        exactly what :meth:`client_update` returns; a layer overrides it only to vectorise
+        (e.g. one pass of the noise sampler for every client's share)."""
+        return [self.client_update(u, c, ctx) for u, c in zip(updates, clients)]
+
     def server_aggregate(self, agg: AggregatedUpdate, ctx: RoundContext) -> AggregatedUpdate:
         return agg
 

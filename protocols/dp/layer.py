@@ -167,7 +167,7 @@ from .accounting import (
     noise_multiplier_for_schedule,
 )
 from .calibration import Calibration
-from .noise import RNGS, keystream, kls21_tau, lattice_noise, noise_on_lattice
+from .noise import RNGS, keystream, kls21_tau, lattice_noise_batch, noise_on_lattice
 from .postprocessing import PostProcessing
 from .radius import RadiusBounded
 from .sampler import round_up_variance
@@ -476,30 +476,21 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             )
         return self._keep_within_radius(X, ctx)
 
+    def _refuse_plain_items(self, update: Update, ctx) -> None:
+        if update.items and self.mode != "local" and not self.allow_plain_set_fields:
+            raise ProtectionConfigError(
+                f"GaussianDP(mode={self.mode!r}): round action {ctx.action!r} sends set-fields "
+                f"{sorted(update.items)} that this mode cannot noise. Use an init that sends no data "
+                "(init_bounds / init='uniform' / an array / init='private'), GaussianDP(mode='local'), or "
+                "pass allow_plain_set_fields=True to accept the leak (privacy_spent becomes infinite)."
+            )
+
     def client_update(self, update: Update, client, ctx):
-        if update.items and self.mode != "local":
-            if not self.allow_plain_set_fields:
-                raise ProtectionConfigError(
-                    f"GaussianDP(mode={self.mode!r}): round action {ctx.action!r} sends set-fields "
-                    f"{sorted(update.items)} that this mode cannot noise. Use an init that sends no data "
-                    "(init_bounds / init='uniform' / an array / init='private'), GaussianDP(mode='local'), or "
-                    "pass allow_plain_set_fields=True to accept the leak (privacy_spent becomes infinite)."
-                )
+        self._refuse_plain_items(update, ctx)
         if self.mode == "central":
             return update
         if self.mode == "distributed":
-            if ctx.specs and len(ctx.sampled) < self.min_clients:
-                return None  # the share would be too small: decline (KLS21, dropout-robust sizing)
-            sigmas = self.field_sigmas(ctx.specs, action=ctx.action, ctx=ctx)  # a 'value' field raises here too
-            pairs = self.centred_pairs(ctx.specs)
-            sums = self._translate(update.sums, pairs, -1, ctx)
-            for s in ctx.specs:
-                sigma, step, _ = sigmas[s.name]
-                share = round_up_variance(self._share_variance(sigma, step))
-                lattice = np.rint(np.asarray(sums[s.name], dtype=np.float64) / step)
-                noise = lattice_noise(share, s.size, self._source(ctx, client.client_id, s.name)).reshape(s.shape)
-                sums[s.name] = (lattice + noise) * step
-            return Update(sums=self._translate(sums, pairs, +1, ctx), items=update.items)
+            return self._distributed_shares([update], [client], ctx)[0]
         # local mode
         d = self._d
         extra = {}
@@ -530,6 +521,38 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 self._project_rows(items[name], d), *sigmas[name][:2], self._source(ctx, client.client_id, name)
             )
         return Update(sums=self._translate(sums, pairs, +1, ctx), items=items)
+
+    def client_updates(self, updates, clients, ctx):
+        if self.mode != "distributed":
+            return super().client_updates(updates, clients, ctx)
+        for update in updates:
+            self._refuse_plain_items(update, ctx)
+        return self._distributed_shares(updates, clients, ctx)
+
+    def _distributed_shares(self, updates, clients, ctx):
+        """Every client's update plus its noise share N_Z(0, s^2) per field on the lattice
+        (KLS21), all shares drawn in one pass of the sampler; each client's share still comes
+        from its own byte source, so it is what that client alone would draw."""
+        if ctx.specs and len(ctx.sampled) < self.min_clients:
+            return [None] * len(updates)  # the share would be too small: decline (KLS21, dropout-robust sizing)
+        sigmas = self.field_sigmas(ctx.specs, action=ctx.action, ctx=ctx)  # a 'value' field raises here too
+        pairs = self.centred_pairs(ctx.specs)
+        steps = {s.name: sigmas[s.name][1] for s in ctx.specs}
+        shares = {s.name: round_up_variance(self._share_variance(*sigmas[s.name][:2])) for s in ctx.specs}
+        lattices = []
+        for update in updates:
+            sums = self._translate(update.sums, pairs, -1, ctx)
+            lattices.append({s.name: np.rint(np.asarray(sums[s.name], dtype=np.float64) / steps[s.name])
+                             for s in ctx.specs})
+        requests = [(c, s) for c in clients for s in ctx.specs]
+        noise = iter(lattice_noise_batch(
+            [shares[s.name] for _, s in requests], [s.size for _, s in requests],
+            [self._source(ctx, c.client_id, s.name) for c, s in requests]))
+        out = []
+        for update, lattice in zip(updates, lattices):
+            sums = {s.name: (lattice[s.name] + next(noise).reshape(s.shape)) * steps[s.name] for s in ctx.specs}
+            out.append(Update(sums=self._translate(sums, pairs, +1, ctx), items=update.items))
+        return out
 
     _noise_fine = staticmethod(noise_on_lattice)
 

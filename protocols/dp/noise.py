@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .sampler import round_up_variance, sample_discrete_gaussian
+from .sampler import round_up_variance, sample_discrete_gaussian, sample_discrete_gaussian_batch
 
 FINE = 2.0**-20  # lattice step relative to sigma in central/local modes
 
@@ -44,6 +44,12 @@ def lattice_noise(sigma2_lattice: Fraction, size: int, source=None) -> np.ndarra
     """``size`` draws of N_Z(0, sigma2_lattice) as floats (lattice units); ``source`` as in
     :func:`~protocols.dp.sampler.sample_discrete_gaussian` (None: the OS CSPRNG)."""
     return sample_discrete_gaussian(sigma2_lattice, size, source=source).astype(np.float64)
+
+
+def lattice_noise_batch(sigma2s: list[Fraction], sizes: list[int], sources: list) -> list[np.ndarray]:
+    """:func:`lattice_noise` for many requests in one pass of the sampler (request i reads only
+    ``sources[i]`` and gets what it would get alone)."""
+    return [x.astype(np.float64) for x in sample_discrete_gaussian_batch(sigma2s, sizes, sources)]
 
 
 def noise_on_lattice(val: np.ndarray, sigma: float, step: float, source=None) -> np.ndarray:

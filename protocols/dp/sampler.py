@@ -13,29 +13,35 @@ Privacy" (NeurIPS 2020; arXiv:2004.00010):
 * Algorithm 3 -- discrete Gaussian N_Z(0, sigma^2): Y ~ DLap(t) with t = floor(sigma) + 1,
   accepted with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).
 
-Exactness. Every coin is Bernoulli(num/den) for integers num <= den, decided *exactly*:
-the coin compares a uniform real U in [0, 1), revealed 64 bits at a time from
-``os.urandom``, with the binary expansion of num/den (computed with Python integers); a
-64-bit tie (probability 2^-64) reveals the next 64 bits. Uniform integers below m are drawn
-by rejection from 64-bit words (no modulo bias). No floating point enters a decision, so the
-output law is exactly the discrete Gaussian with the requested (rational) variance
-parameter -- the floating-point attacks on textbook samplers (Mironov 2012; Jin et al. 2022)
-do not apply.
+Exactness. Every coin is Bernoulli(num/den) for integers num <= den, decided *exactly*: the
+coin compares a uniform real U in [0, 1), revealed 64 bits at a time, with num/den and is 1
+iff U < num/den. The first 64 bits w place U in [w 2^-64, (w+1) 2^-64). When a float64
+estimate of num/den (relative error below 2^-51) lies more than 2^-52 away from w 2^-64
+(beyond the estimates' error bounds), the side U falls on is certain and decided in numpy;
+otherwise (probability about 2^-47 per coin) the binary expansion of num/den is computed
+with Python integers and compared digit by digit, a 64-bit tie revealing the next 64 bits.
+The decision never depends on a rounding, so the output law is exactly the discrete Gaussian
+with the requested (rational) variance parameter -- the floating-point attacks on textbook
+samplers (Mironov 2012; Jin et al. 2022) do not apply. ``tests/test_dp_sampler_fast.py``
+checks the fast decisions against the digit-by-digit reference (``tests/_reference_sampler.py``)
+on the same random words: every output is identical.
 
-Speed. The loops of Algorithms 1-3 run *vectorised*: all samples that still need a coin
-draw it in one numpy operation; only the rational digits are Python integers (object
-arrays). ``python -m protocols.dp.sampler`` prints timings; on the development machine
-(2 cores) 5,000 draws take ~0.1 s for any sigma^2 in [1, 1e12] when idle, ~1 s under load 12.
+Randomness comes from ``os.urandom`` (the OS CSPRNG), or from caller-given byte sources (a
+keyed ChaCha20 stream per client and field for reproducible studies,
+:func:`protocols.dp.noise.keystream`), never from numpy's generator.
 
-Randomness comes from ``os.urandom`` (the OS CSPRNG), or from a caller-given byte source (a
-keyed ChaCha20 stream for reproducible studies, :func:`protocols.dp.noise.keystream`), never from
-numpy's generator.
+Batches. :func:`sample_discrete_gaussian_batch` draws many requests -- e.g. every client's noise
+share of a round, each with its own variance and byte source -- in one vectorised pass: the
+loops of Algorithms 1-3 run over all pending draws at once, and each request reads its own
+source in exactly the order a request drawn on its own would, so a seeded request gives the
+same numbers alone or in any batch. ``python -m protocols.dp.sampler`` prints timings.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -43,6 +49,16 @@ import numpy as np
 from securefkm.exceptions import InputError
 
 _TWO64 = 1 << 64
+_INV64 = 2.0**-64
+#: |estimate of num/den - num/den| <= 2^-51 relative (int->float conversions and one
+#: division, each correctly rounded); U's estimate w 2^-64 is within 2^-53 of w 2^-64 and U
+#: itself within 2^-64 of it: decisions at a distance beyond these bounds are certain
+_P_SLACK = 2.0**-49
+_U_SLACK = 2.0**-52
+#: Laplace scales (and so values) stay in int64 below this; larger ones use Python ints
+_SMALL_T = 1 << 40
+
+Source = Callable[[int], bytes]
 
 
 # ---------------------------------------------------------------- uniform randomness
@@ -53,124 +69,219 @@ def _words(n: int, source=None) -> np.ndarray:
     return np.frombuffer((source or os.urandom)(8 * n), dtype="<u8").astype(np.uint64)
 
 
-def uniform_below(m: np.ndarray, source=None) -> np.ndarray:
-    """Exactly uniform integers in [0, m_i) for each m_i (1 <= m_i < 2^63), by rejection.
+class _Words:
+    """Random words for pending draws, each read from its request's own byte source.
 
-    A word w is accepted iff w < 2^64 - (2^64 mod m), so w mod m is exactly uniform.
-    """
+    ``starts[g]`` is the first global draw index of request ``g``. Called with ascending
+    global indices, a request's words come from its source in the order of its draws, so
+    what a request reads does not depend on what else is in the batch."""
+
+    def __init__(self, sources: Sequence, starts: np.ndarray):
+        self.sources = list(sources)
+        self.starts = starts
+        self.shared = len(set(map(id, self.sources))) == 1  # one stream for all (e.g. the OS CSPRNG)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        if self.shared:
+            return _words(ids.size, self.sources[0])
+        counts = np.bincount(np.searchsorted(self.starts, ids, side="right") - 1, minlength=len(self.sources))
+        return np.concatenate([_words(int(c), self.sources[g]) for g, c in enumerate(counts) if c] or [_words(0)])
+
+
+def _single(n: int, source=None) -> tuple[np.ndarray, _Words]:
+    return np.arange(n), _Words([source], np.zeros(1, dtype=np.int64))
+
+
+def _uniform_below(m: np.ndarray, ids: np.ndarray, words: _Words) -> np.ndarray:
+    """Exactly uniform integers in [0, m_i) (1 <= m_i < 2^63) by rejection: a word w is
+    accepted iff w < 2^64 - (2^64 mod m), so w mod m is exactly uniform."""
     m = np.asarray(m, dtype=np.uint64)
-    if np.any(m == 0):
-        raise InputError("uniform_below needs every bound m >= 1.")
-    limit = np.array([_TWO64 - (_TWO64 % int(v)) for v in m.tolist()], dtype=object)
+    r = (np.uint64(0) - m) % m  # 2^64 mod m, in wrapping uint64 arithmetic
+    cut = np.uint64(0) - r  # 2^64 - r, except that r = 0 (accept every word) wraps to 0
     out = np.zeros(m.shape, dtype=np.uint64)
     todo = np.arange(m.size)
     while todo.size:
-        w = _words(todo.size, source)
-        ok = np.array([int(a) < int(b) for a, b in zip(w.tolist(), limit[todo])], dtype=bool)
+        w = words(ids[todo])
+        ok = (r[todo] == 0) | (w < cut[todo])
         out[todo[ok]] = w[ok] % m[todo[ok]]
         todo = todo[~ok]
     return out
 
 
-def bernoulli_rational(num, den, source=None) -> np.ndarray:
-    """Exact Bernoulli(num_i / den_i) coins for integers 0 <= num_i <= den_i, den_i >= 1.
+def uniform_below(m: np.ndarray, source=None) -> np.ndarray:
+    """Exactly uniform integers in [0, m_i) for each m_i (1 <= m_i < 2^63), by rejection."""
+    m = np.asarray(m, dtype=np.uint64)
+    if np.any(m == 0):
+        raise InputError("uniform_below needs every bound m >= 1.")
+    ids, words = _single(m.size, source)
+    return _uniform_below(m, ids, words)
 
-    Compares a uniform U in [0,1), revealed 64 bits per step, with the binary expansion
-    of p = num/den: the coin is 1 iff U < p. Digit L of p is floor(p 2^(64 L)) mod 2^64.
-    """
-    num = [int(v) for v in np.asarray(num, dtype=object).ravel()]
-    den = [int(v) for v in np.asarray(den, dtype=object).ravel()]
+
+def _ints(x) -> np.ndarray:
+    """Integers as int64 when they fit comfortably, else as Python ints (object array)."""
+    arr = np.asarray(x)
+    if arr.dtype.kind in "iu" and (arr.size == 0 or int(np.abs(arr).max()) < (1 << 62)):
+        return arr.astype(np.int64)
+    obj = arr.ravel() if arr.dtype == object else np.array([int(v) for v in arr.ravel()], dtype=object)
+    if obj.size and int(np.abs(obj).max()) < (1 << 62):
+        return obj.astype(np.int64)
+    return obj
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """float64 estimate of num/den, relative error below 2^-51 (Python's int / int is
+    correctly rounded; so are numpy's int64 -> float64 conversion and division)."""
+    if num.dtype == object or den.dtype == object:
+        return np.true_divide(num.astype(object), den.astype(object)).astype(np.float64)  # int / int per element
+    return num.astype(np.float64) / den.astype(np.float64)
+
+
+def _bernoulli_rational(num, den, p, ids, words) -> np.ndarray:
+    """Coins Bernoulli(num_i / den_i) (0 <= num_i <= den_i) with ``p`` ~ num/den (see module doc)."""
     n = len(num)
     out = np.zeros(n, dtype=bool)
-    rem = list(num)  # rem / den = fractional part still to compare, scaled
-    todo = []
-    for i in range(n):
-        if den[i] <= 0 or num[i] < 0 or num[i] > den[i]:
-            raise InputError(f"bernoulli_rational needs 0 <= num <= den, den >= 1; got {num[i]}/{den[i]}.")
-        if num[i] == den[i]:
-            out[i] = True
-        elif num[i] > 0:
-            todo.append(i)
+    one = num == den
+    out[one] = True
+    todo = np.flatnonzero(~one & (num != 0))
+    if not todo.size:
+        return out
+    w = words(ids[todo])
+    u = w.astype(np.float64) * _INV64
+    pt = p[todo]
+    yes = u + _U_SLACK < pt * (1.0 - _P_SLACK)
+    no = u - _U_SLACK > pt * (1.0 + _P_SLACK)
+    out[todo[yes]] = True
+    close = ~(yes | no)
+    if close.any():
+        out[todo[close]] = _digit_by_digit(num[todo[close]], den[todo[close]], w[close], ids[todo[close]], words)
+    return out
+
+
+def _digit_by_digit(num, den, first: np.ndarray, ids, words) -> np.ndarray:
+    """U < num/den decided on the exact binary expansion: digit L of num/den is
+    floor(num/den 2^(64 L)) mod 2^64; ``first`` holds U's first 64 bits."""
+    rem = [int(v) for v in num]
+    den = [int(v) for v in den]
+    out = np.zeros(len(rem), dtype=bool)
+    todo, w = list(range(len(rem))), [int(v) for v in first]
     while todo:
-        w = _words(len(todo), source).tolist()
         nxt = []
         for i, word in zip(todo, w):
-            scaled = rem[i] << 64
-            digit, rem[i] = divmod(scaled, den[i])
+            digit, rem[i] = divmod(rem[i] << 64, den[i])
             if word < digit:
                 out[i] = True
             elif word == digit and rem[i] > 0:
                 nxt.append(i)  # tie on these 64 bits: look at the next 64
         todo = nxt
+        if todo:
+            w = [int(v) for v in words(ids[np.array(todo)])]
     return out
 
 
-def bernoulli_exp_neg(num, den, source=None) -> np.ndarray:
-    """Exact Bernoulli(exp(-num_i/den_i)) coins (CKS20 Algorithm 1), vectorised."""
-    num = np.array([int(v) for v in np.asarray(num, dtype=object).ravel()], dtype=object)
-    den = np.array([int(v) for v in np.asarray(den, dtype=object).ravel()], dtype=object)
-    n = num.size
+def bernoulli_rational(num, den, source=None) -> np.ndarray:
+    """Exact Bernoulli(num_i / den_i) coins for integers 0 <= num_i <= den_i, den_i >= 1."""
+    num, den = _ints(np.asarray(num, dtype=object).ravel()), _ints(np.asarray(den, dtype=object).ravel())
+    bad = (den <= 0) | (num < 0) | (num > den)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"bernoulli_rational needs 0 <= num <= den, den >= 1; got {num[i]}/{den[i]}.")
+    ids, words = _single(len(num), source)
+    return _bernoulli_rational(num, den, _ratio(num, den), ids, words)
+
+
+def _times(den: np.ndarray, k: int) -> np.ndarray:
+    if den.dtype != object and den.size and int(den.max()) > (1 << 62) // k:
+        den = den.astype(object)
+    return den * k
+
+
+def _bernoulli_exp_neg_frac(num, den, p, ids, words) -> np.ndarray:
+    """Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1] (``p`` ~ gamma): CKS20 Algorithm 1,
+    first case -- coins Bernoulli(gamma / K), K = 1, 2, ..., until the first 0; 1 iff K odd."""
+    out = np.zeros(len(num), dtype=bool)
+    k = 1
+    idx = np.arange(len(num))
+    while idx.size:
+        a = _bernoulli_rational(num[idx], _times(den[idx], k), p[idx] / k, ids[idx], words)
+        out[idx[~a]] = (k % 2) == 1
+        idx = idx[a]
+        k += 1
+    return out
+
+
+def _bernoulli_exp_neg_one(ids, words) -> np.ndarray:
+    """Bernoulli(exp(-1)): gamma = 1 is one whole coin and a zero fraction (which draws nothing)."""
+    n = ids.size
+    ones = np.ones(n, dtype=np.int64)
+    return _bernoulli_exp_neg_frac(ones, ones, np.ones(n), ids, words)
+
+
+def _bernoulli_exp_neg(num, den, ids, words) -> np.ndarray:
+    """Bernoulli(exp(-num_i/den_i)) (CKS20 Algorithm 1): floor(gamma) coins Bernoulli(exp(-1)),
+    all 1, and then one Bernoulli(exp(-frac(gamma)))."""
+    n = len(num)
     if n == 0:
         return np.zeros(0, dtype=bool)
     whole = num // den
     frac_num = num - whole * den
+    remaining = whole.astype(np.int64)  # gamma is never astronomically large here
     alive = np.ones(n, dtype=bool)
-    # floor(gamma) coins Bernoulli(exp(-1)): all must come up 1.
-    remaining = whole.copy()
     idx = np.flatnonzero(remaining > 0)
     while idx.size:
-        coins = _bernoulli_exp_neg_frac(np.ones(idx.size, dtype=object), np.ones(idx.size, dtype=object), source)
+        coins = _bernoulli_exp_neg_one(ids[idx], words)
         alive[idx[~coins]] = False
         remaining[idx] -= 1
         idx = idx[coins]
         idx = idx[remaining[idx] > 0]
     idx = np.flatnonzero(alive)
     if idx.size:
-        alive[idx] = _bernoulli_exp_neg_frac(frac_num[idx], den[idx], source)
+        fn, fd = frac_num[idx], den[idx]
+        alive[idx] = _bernoulli_exp_neg_frac(fn, fd, _ratio(fn, fd), ids[idx], words)
     return alive
 
 
-def _bernoulli_exp_neg_frac(num: np.ndarray, den: np.ndarray, source=None) -> np.ndarray:
-    """Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1]: CKS20 Algorithm 1, first case."""
-    n = num.size
-    out = np.zeros(n, dtype=bool)
-    k = 1
-    idx = np.arange(n)
-    while idx.size:
-        a = bernoulli_rational(num[idx], den[idx] * k, source)
-        stopped = idx[~a]
-        out[stopped] = (k % 2) == 1
-        idx = idx[a]
-        k += 1
-    return out
+def bernoulli_exp_neg(num, den, source=None) -> np.ndarray:
+    """Exact Bernoulli(exp(-num_i/den_i)) coins (CKS20 Algorithm 1), vectorised."""
+    num, den = _ints(np.asarray(num, dtype=object).ravel()), _ints(np.asarray(den, dtype=object).ravel())
+    ids, words = _single(len(num), source)
+    return _bernoulli_exp_neg(num, den, ids, words)
 
 
 # ---------------------------------------------------------------- distributions
-def sample_discrete_laplace(t: int, size: int, source=None) -> np.ndarray:
-    """``size`` draws of the discrete Laplace P(x) ∝ exp(-|x|/t) on Z (CKS20 Algorithm 2, s=1)."""
-    t = int(t)
-    if t < 1:
-        raise InputError(f"discrete Laplace scale t must be an int >= 1, got {t}.")
-    out = np.zeros(size, dtype=object)
-    todo = np.arange(size)
+def _discrete_laplace(t: np.ndarray, ids: np.ndarray, words: _Words) -> np.ndarray:
+    """Draws of DLap(t_i): P(x) ∝ exp(-|x|/t_i) on Z (CKS20 Algorithm 2, s = 1)."""
+    big = bool(t.size) and int(t.max()) >= _SMALL_T
+    out = np.zeros(t.size, dtype=object if big else np.int64)
+    todo = np.arange(t.size)
     while todo.size:
-        m = todo.size
-        u = uniform_below(np.full(m, t, dtype=np.uint64), source).astype(object)
-        d = bernoulli_exp_neg(u, np.full(m, t, dtype=object), source)
-        # geometric V: count successes of Bernoulli(exp(-1)) before the first failure
-        v = np.zeros(m, dtype=object)
+        m, tt, gid = todo.size, t[todo], ids[todo]
+        u = _uniform_below(tt.astype(np.uint64), gid, words).astype(np.int64)
+        if big:
+            u, tt = u.astype(object), tt.astype(object)
+        d = _bernoulli_exp_neg_frac(u, tt, _ratio(u, tt), gid, words)  # gamma = u/t < 1
+        # geometric V: successes of Bernoulli(exp(-1)) before the first failure
+        v = np.zeros(m, dtype=np.int64)
         idx = np.arange(m)
         while idx.size:
-            a = bernoulli_exp_neg(np.ones(idx.size, dtype=object), np.ones(idx.size, dtype=object), source)
+            a = _bernoulli_exp_neg_one(gid[idx], words)
             v[idx[a]] += 1
             idx = idx[a]
-        x = u + t * v
-        b = uniform_below(np.full(m, 2, dtype=np.uint64), source).astype(bool)
+        x = u + tt * (v.astype(object) if big else v)
+        b = _uniform_below(np.full(m, 2, dtype=np.uint64), gid, words).astype(bool)
         ok = d & ~(b & (x == 0))
         y = np.where(b, -x, x)
         out[todo[ok]] = y[ok]
         todo = todo[~ok]
     return out
+
+
+def sample_discrete_laplace(t: int, size: int, source=None) -> np.ndarray:
+    """``size`` draws of the discrete Laplace P(x) ∝ exp(-|x|/t) on Z (CKS20 Algorithm 2, s=1)."""
+    t = int(t)
+    if t < 1:
+        raise InputError(f"discrete Laplace scale t must be an int >= 1, got {t}.")
+    ids, words = _single(int(size), source)
+    return _discrete_laplace(np.full(int(size), t, dtype=object if t >= _SMALL_T else np.int64), ids, words)
 
 
 def _as_fraction(sigma2) -> Fraction:
@@ -183,6 +294,49 @@ def _as_fraction(sigma2) -> Fraction:
     return f
 
 
+def sample_discrete_gaussian_batch(
+    sigma2s: Sequence, sizes: Sequence[int], sources: Sequence[Source | None] | None = None, *, as_int: bool = False
+) -> list[np.ndarray]:
+    """Exact draws of N_Z(0, sigma2s[g]), ``sizes[g]`` of them, for every request g at once.
+
+    Request g reads only ``sources[g]`` (a callable n_bytes -> uniform bytes; None: the OS
+    CSPRNG) and, for a seeded source, gets exactly what
+    ``sample_discrete_gaussian(sigma2s[g], sizes[g], source=sources[g])`` gives on its own.
+    One vectorised pass over all requests: a round's noise shares of many clients cost
+    little more than one client's.
+    """
+    n_req = len(sizes)
+    if len(sigma2s) != n_req or (sources is not None and len(sources) != n_req):
+        raise InputError("sample_discrete_gaussian_batch: sigma2s, sizes and sources need one entry per request.")
+    sizes = [int(z) for z in sizes]
+    if any(z < 0 for z in sizes):
+        raise InputError(f"sizes must be >= 0, got {sizes}.")
+    fracs = [_as_fraction(s2) for s2 in sigma2s]
+    ab = [(f.numerator, f.denominator) for f in fracs]
+    ts = [math.isqrt(a * b) // b + 1 for a, b in ab]  # floor(sigma) + 1, exactly
+    starts = np.cumsum([0] + sizes[:-1]).astype(np.int64) if n_req else np.zeros(0, dtype=np.int64)
+    total = sum(sizes)
+    req = np.repeat(np.arange(n_req), sizes)
+    big = any(t >= _SMALL_T for t in ts)
+    t_e = np.array(ts, dtype=object if big else np.int64)[req]
+    # acceptance: gamma = (|Y| - sigma2/t)^2 / (2 sigma2) = (|Y| b t - a)^2 / (2 a b t^2)
+    bt_e = np.array([b * t for (a, b), t in zip(ab, ts)], dtype=object)[req]
+    a_e = np.array([a for a, _ in ab], dtype=object)[req]
+    den_e = np.array([2 * a * b * t * t for (a, b), t in zip(ab, ts)], dtype=object)[req]
+    words = _Words(sources if sources is not None else [None] * n_req, starts) if n_req else None
+    out = np.zeros(total, dtype=object if (big or as_int) else np.int64)
+    todo = np.arange(total)
+    while todo.size:
+        y = _discrete_laplace(t_e[todo], todo, words)
+        num = (np.abs(y).astype(object) * bt_e[todo] - a_e[todo]) ** 2
+        ok = _bernoulli_exp_neg(_ints(num), _ints(den_e[todo]), todo, words)
+        out[todo[ok]] = y[ok]
+        todo = todo[~ok]
+    if not as_int and out.dtype == object:
+        out = out.astype(np.int64)
+    return np.split(out, np.cumsum(sizes)[:-1]) if n_req else []
+
+
 def sample_discrete_gaussian(sigma2, size: int, *, as_int: bool = False, source=None) -> np.ndarray:
     """``size`` exact draws of N_Z(0, sigma2): P(x) ∝ exp(-x^2 / (2 sigma2)) on the integers.
 
@@ -192,26 +346,9 @@ def sample_discrete_gaussian(sigma2, size: int, *, as_int: bool = False, source=
     n_bytes -> uniform bytes (default ``os.urandom``; :func:`protocols.dp.noise.keystream` gives a
     seeded CSPRNG stream for reproducible studies).
     """
-    s2 = _as_fraction(sigma2)
-    size = int(size)
-    if size < 0:
+    if int(size) < 0:
         raise InputError(f"size must be >= 0, got {size}.")
-    a, b = s2.numerator, s2.denominator
-    t = math.isqrt(a * b) // b + 1  # floor(sigma) + 1, exactly
-    out = np.zeros(size, dtype=object)
-    todo = np.arange(size)
-    while todo.size:
-        y = sample_discrete_laplace(t, todo.size, source)
-        absy = np.abs(y)
-        # gamma = (|Y| - sigma2/t)^2 / (2 sigma2) = (|Y| b t - a)^2 / (2 a b t^2)
-        num = (absy * (b * t) - a) ** 2
-        den = np.full(todo.size, 2 * a * b * t * t, dtype=object)
-        ok = bernoulli_exp_neg(num, den, source)
-        out[todo[ok]] = y[ok]
-        todo = todo[~ok]
-    if as_int:
-        return out
-    return out.astype(np.int64)
+    return sample_discrete_gaussian_batch([sigma2], [int(size)], [source], as_int=as_int)[0]
 
 
 def discrete_gaussian_pmf(sigma2, support: np.ndarray) -> np.ndarray:

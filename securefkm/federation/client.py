@@ -148,8 +148,15 @@ class ClientRuntime:
                 continue
             update = layer.client_update(update, self.context, ctx)
             if update is None:
-                self.session = None
-                return UpdateReply(declined=f"{layer.name} declined")
+                return self.decline(layer)
+        return self.open_session(update, ctx)
+
+    def decline(self, layer: Layer) -> UpdateReply:
+        self.session = None
+        return UpdateReply(declined=f"{layer.name} declined")
+
+    def open_session(self, update, ctx: RoundContext) -> UpdateReply:
+        """Hand the (layered) update's sum-fields to the aggregator; reply with its set-fields."""
         check_sums(update.sums, ctx.specs)
         self.session = self.aggregator.client_session(self.context, ctx, update.sums) if ctx.specs else None
         if not ctx.specs:  # no aggregator stage: the update reply itself is the input
@@ -206,7 +213,30 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
     datas = [c.prepared_data(ctx) for c in clients]
     rngs = [c.rng(request) for c in clients]
     updates = algorithm.client_updates(datas, request.broadcast, rngs, [c.memory for c in clients])
-    return [c.finish_update(u, ctx) for c, u in zip(clients, updates)]
+    return finish_updates(clients, updates, ctx)
+
+
+def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContext) -> list[UpdateReply]:
+    """:meth:`ClientRuntime.finish_update` for many clients: each client-side layer sees the
+    round's live updates at once (:meth:`Layer.client_updates`, so e.g. DP noise shares are
+    drawn in one pass) when the clients share their layer objects, as simulated clients do."""
+    if any(c.layers is not clients[0].layers for c in clients):
+        return [c.finish_update(u, ctx) for c, u in zip(clients, updates)]
+    updates = list(updates)
+    declined: dict[int, Layer] = {}
+    for layer in clients[0].layers:
+        if layer.side != "client":
+            continue
+        live = [i for i in range(len(clients)) if i not in declined]
+        if not live:
+            break
+        results = layer.client_updates([updates[i] for i in live], [clients[i].context for i in live], ctx)
+        for i, update in zip(live, results):
+            if update is None:
+                declined[i] = layer
+            updates[i] = update
+    return [c.decline(declined[i]) if i in declined else c.open_session(updates[i], ctx)
+            for i, c in enumerate(clients)]
 
 
 def serve(
