@@ -1,4 +1,7 @@
-"""Exact discrete Gaussian sampling from the OS CSPRNG.
+"""REFERENCE for tests/test_dp_sampler_fast.py: the sampler as first written (every coin decided
+digit by digit with Python integers, one request at a time). Not used by the library.
+
+Exact discrete Gaussian sampling from the OS CSPRNG.
 
 Implements Canonne, Kamath & Steinke (2020), "The Discrete Gaussian for Differential
 Privacy" (NeurIPS 2020; arXiv:2004.00010):
@@ -212,41 +215,3 @@ def sample_discrete_gaussian(sigma2, size: int, *, as_int: bool = False, source=
     if as_int:
         return out
     return out.astype(np.int64)
-
-
-def discrete_gaussian_pmf(sigma2, support: np.ndarray) -> np.ndarray:
-    """Exact-up-to-float pmf of N_Z(0, sigma2) on ``support`` (for tests and error bounds)."""
-    s2 = float(sigma2)
-    half = int(math.ceil(40 * math.sqrt(s2))) + 1
-    grid = np.arange(-half, half + 1, dtype=np.float64)
-    norm = np.exp(-(grid**2) / (2 * s2)).sum()
-    return np.exp(-(np.asarray(support, dtype=np.float64) ** 2) / (2 * s2)) / norm
-
-
-def lattice_gaussian(sigma: float, size: int, step: float) -> np.ndarray:
-    """Noise ``step * N_Z(0, (sigma/step)^2)``: a Gaussian on the lattice ``step * Z``.
-
-    Used for floating-point ("central") noise: the variance parameter is rounded *up* to
-    a multiple of 2^-16 in lattice units, so the noise is never smaller than asked for.
-    """
-    if not (sigma > 0 and step > 0 and math.isfinite(sigma) and math.isfinite(step)):
-        raise InputError(f"lattice_gaussian needs finite sigma > 0 and step > 0, got {sigma}, {step}.")
-    s2 = round_up_variance((sigma / step) ** 2)
-    return sample_discrete_gaussian(s2, size).astype(np.float64) * step
-
-
-def round_up_variance(v: float, bits: int = 16) -> Fraction:
-    """Smallest multiple of 2^-bits that is >= v (exact rational; keeps digits short)."""
-    f = Fraction(v)
-    scale = 1 << bits
-    return Fraction(-((-f.numerator * scale) // f.denominator), scale)
-
-
-if __name__ == "__main__":  # pragma: no cover - timing helper
-    import time
-
-    for s2 in (1.0, 100.0, 1e8, 1e12):
-        t0 = time.perf_counter()
-        x = sample_discrete_gaussian(s2, 5000)
-        dt = time.perf_counter() - t0
-        print(f"sigma^2={s2:g}: 5000 draws in {dt:.3f} s, var/sigma^2={x.astype(float).var() / s2:.3f}")

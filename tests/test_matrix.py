@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import phe
 import pytest
+from _algos import ALGOS
 from sklearn.datasets import make_blobs
 from sklearn.metrics import adjusted_rand_score
 
@@ -22,20 +23,6 @@ from protocols import (
 from securefkm.exceptions import NoParticipantsError, ProtectionConfigError
 from securefkm.registry import make_estimator
 
-ALGOS = {
-    "dwf": ("dwf", {}),
-    "ewf": ("ewf", {}),
-    "minibatch": ("minibatch", {}),
-    "aligning": ("aligning", {}),
-    "aligning-secure": ("aligning", {"secure_mode": True}),
-    "kfed": ("kfed", {}),
-    "kfed-secure": ("kfed", {"secure_mode": True}),
-    "child-parent": ("child-parent", {}),
-    "child-parent-secure": ("child-parent", {"secure_mode": True}),
-    "fcm": ("fcm", {}),
-    "fcm-secure": ("fcm", {"secure_mode": True}),
-    "fcm-fedavg": ("fcm-fedavg", {}),
-}
 SUM_ONLY = {"dwf", "minibatch", "fcm-fedavg"}
 SET_FIELD_PLAIN = {"aligning", "kfed", "child-parent", "fcm"}
 

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import phe
 import pytest
+from _algos import ALGOS
 from sklearn.datasets import make_blobs
 
 from protocols import (
@@ -29,20 +30,6 @@ from protocols import (
 from securefkm.exceptions import NoParticipantsError, ProtectionConfigError
 from securefkm.registry import make_estimator
 
-ALGOS = {
-    "dwf": ("dwf", {}),
-    "ewf": ("ewf", {}),
-    "minibatch": ("minibatch", {}),
-    "aligning": ("aligning", {}),
-    "aligning-secure": ("aligning", {"secure_mode": True}),
-    "kfed": ("kfed", {}),
-    "kfed-secure": ("kfed", {"secure_mode": True}),
-    "child-parent": ("child-parent", {}),
-    "child-parent-secure": ("child-parent", {"secure_mode": True}),
-    "fcm": ("fcm", {}),
-    "fcm-secure": ("fcm", {"secure_mode": True}),
-    "fcm-fedavg": ("fcm-fedavg", {}),
-}
 SET_FIELDS = {"aligning", "kfed", "child-parent", "fcm"}  # local centres sent per client
 SECURE_AGGREGATION = {"masking", "paillier", "dp-distributed", "masking-allow-plain", "paillier-allow-plain"}
 BOX = (-2.0, 7.0)

@@ -150,7 +150,7 @@ from collections import Counter
 
 import numpy as np
 
-from securefkm._validation import check_choice, check_float, check_int
+from securefkm._validation import check_bounds, check_choice, check_float, check_int
 from securefkm.exceptions import (
     InputError,
     PrivacyBudgetExceededError,
@@ -277,19 +277,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 "bounds=(low, high) (records must lie in this box); e.g. GaussianDP(epsilon=1, delta=1e-5, clip=2.0)."
             )
         self.clip = None if clip is None else check_float(clip, "clip", minimum=0.0, min_inclusive=False)
-        self.bounds = None
-        if bounds is not None:
-            try:
-                low, high = bounds
-                low = np.asarray(low, dtype=np.float64)
-                high = np.asarray(high, dtype=np.float64)
-            except (TypeError, ValueError):
-                raise InputError(f"bounds must be a pair (low, high) of numbers or arrays, got {bounds!r}.") from None
-            if low.ndim > 1 or high.ndim > 1 or not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
-                raise InputError("bounds=(low, high) must be finite scalars or 1-D arrays of length n_features.")
-            if np.any(low >= high):
-                raise InputError(f"bounds: every low must be < high, got low={low}, high={high}.")
-            self.bounds = (low, high)
+        self.bounds = check_bounds(bounds, "bounds")
         self.min_clients = None if min_clients is None else check_int(min_clients, "min_clients", minimum=1)
         self.noise_multiplier = (
             None if noise_multiplier is None else check_float(noise_multiplier, "noise_multiplier", minimum=0.0, min_inclusive=False)
