@@ -157,3 +157,27 @@ def test_fastlloyd_baseline_pieces():
     assert X.min() == -1.0 and X.max() == 1.0 and len(clients) == 2
     ratio = np.mean([loss(X, fl.fastlloyd_fit(clients, k, 1.0, s)) / reference_loss(X, k) for s in range(5)])
     assert ratio < 2.5  # the paper's setting gives about 1.6 (issue 20's table)
+
+
+def test_clip_only_dp_plans_its_rounds_instead_of_300():
+    """GaussianDP(clip=...) has no box for the full plan; the fit still runs the rule's number
+    of rounds (not 300 rounds at 1/300 of the budget) with its own start, within the budget."""
+    from protocols import GaussianDP, PairwiseMasking
+    from protocols.dp.planning import lloyd_rounds, noise_level
+    from securefkm import WeightedFederatedKMeans, load_dataset
+
+    data = load_dataset("dwf-blobs", split="non-iid", n_clients=20, random_state=0)
+    model = WeightedFederatedKMeans(
+        n_clusters=5, init_bounds=(-2, 2), random_state=0, crypto="ideal",
+        protection=[GaussianDP(epsilon=1.0, delta=1e-5, clip=2.0, mode="distributed"), PairwiseMasking()],
+    ).fit(data)
+    e, _ = noise_level(5, 2, 1.0, 1e-5, data.n_samples)
+    assert model.dp_plan_ is not None and model.dp_plan_.start is None
+    assert model.dp_plan_.rounds == lloyd_rounds(e) <= 6
+    assert model.n_iter_ <= model.dp_plan_.rounds
+    assert model.privacy_spent_[0] <= 1.0 + 1e-9
+    # a fixed per-round noise keeps the estimator's own default: nothing to plan
+    fixed = WeightedFederatedKMeans(n_clusters=5, init_bounds=(-2, 2), random_state=0, crypto="ideal", max_rounds=None,
+                                    protection=[GaussianDP(1.0, 1e-5, noise_multiplier=5.0, clip=2.0, mode="distributed"),
+                                                PairwiseMasking()])
+    assert fixed.make_federation(data)[0].max_rounds == 300

@@ -49,7 +49,7 @@ class DPPlan:
     """What the estimator runs: Lloyd rounds, the start, and the facts the rule used."""
 
     rounds: int
-    start: np.ndarray
+    start: np.ndarray | None  # None: the estimator's own init (a rounds-only plan)
     noise_level: float  # e above
     one_release_z: float
     n_records: int
@@ -57,7 +57,8 @@ class DPPlan:
     def describe(self) -> dict:
         return {
             "rounds": self.rounds,
-            "start": "spread (data-independent maximin points in the inner half of the box)",
+            "start": ("the estimator's init (rounds-only plan)" if self.start is None
+                      else "spread (data-independent maximin points in the inner half of the box)"),
             "noise_level": self.noise_level,
             "one_release_noise_multiplier": self.one_release_z,
             "records_declared_public": self.n_records,
@@ -88,14 +89,43 @@ def lloyd_rounds(noise_level: float) -> int:
 
 def plan(k: int, d: int, epsilon: float, delta: float, low, high, n_records: int, seed, accountant: str = "prv") -> DPPlan:
     """The default DP plan for k-means on n_records records in the box [low, high]^d."""
-    from .accounting import noise_multiplier_for
 
     low = np.broadcast_to(np.asarray(low, dtype=np.float64), (d,))
     high = np.broadcast_to(np.asarray(high, dtype=np.float64), (d,))
+    e, z1 = noise_level(k, d, epsilon, delta, n_records, accountant)
+    return DPPlan(lloyd_rounds(e), spread_start(k, low, high, seed), e, z1, int(n_records))
+
+
+def noise_level(k: int, d: int, epsilon: float, delta: float, n_records: int, accountant: str = "prv"):
+    """(e, z_1) of the rule above: the relative noise of one cluster mean when the whole
+    budget goes to one Lloyd round, and that round's noise multiplier."""
+    from .accounting import noise_multiplier_for
+
     z1 = noise_multiplier_for(epsilon, delta, 1, 1.0, accountant=accountant)
     c = 1.0 / (1.0 + math.sqrt(d))
-    e = z1 * math.sqrt(d) * k / (max(n_records, 1) * math.sqrt(1.0 - c))
-    return DPPlan(lloyd_rounds(e), spread_start(k, low, high, seed), e, z1, int(n_records))
+    return z1 * math.sqrt(d) * k / (max(n_records, 1) * math.sqrt(1.0 - c)), z1
+
+
+def rounds_plan_for_estimator(est, data, layers) -> DPPlan | None:
+    """Rounds for the budget when the full plan does not apply (e.g. ``GaussianDP(clip=...)``
+    without ``bounds``, an explicit ``init``, or non-default DWF steps): the same rule for R
+    from the noise level e (the clip ball's radius takes the half-diagonal's place), the
+    estimator's own start and options. Applies when ``max_rounds`` is unset, the stack holds
+    one ``GaussianDP`` and the per-round noise is not fixed by ``noise_multiplier`` or
+    ``round_weights``; else None (the estimator's own ``max_rounds`` default)."""
+    from .layer import GaussianDP
+
+    dps = [la for la in layers if isinstance(la, GaussianDP)]
+    if est.max_rounds is not None or len(dps) != 1:
+        return None
+    dp = dps[0]
+    if dp.noise_multiplier is not None or dp.round_weights is not None:
+        return None
+    n = int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
+    e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, n, dp.accountant_name)
+    p = DPPlan(lloyd_rounds(e), None, e, z1, n)
+    dp.plan = p.describe()
+    return p
 
 
 def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:

@@ -28,11 +28,14 @@ class WeightedFederatedKMeans(FederatedClusterer):
     clients_per_round : int or float
         Clients sampled per round: a count or a fraction of all clients.
     max_rounds : int or None
-        Maximal global rounds per run (max_global). None (default): 300, or -- with a
-        ``GaussianDP(bounds=...)`` layer, ``init="auto"`` and one-step DWF -- the rounds of the
+        Maximal global rounds per run (max_global). None (default): 300 without DP. With a
+        ``GaussianDP(bounds=...)`` layer, ``init="auto"`` and one-step DWF: the rounds of the
         DP plan (:mod:`protocols.dp.planning`: rounds, start, radius and shrinkage chosen from
         k, d, epsilon, delta, the box and the number of records, declared public; see
-        ``dp_plan_`` and the layer's ``report()["plan"]``). Pass a number to opt out.
+        ``dp_plan_`` and the layer's ``report()["plan"]``). With any other GaussianDP layer
+        (``clip=`` instead of ``bounds``, an explicit ``init``, other steps) whose per-round
+        noise is not fixed: the plan's number of rounds only, with the estimator's own start.
+        Pass a number to opt out.
     tol : float
         Stop when the Frobenius movement of the centres is below tol.
     patience : int or None
@@ -110,14 +113,14 @@ class WeightedFederatedKMeans(FederatedClusterer):
         return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
 
     def _plan_dp(self, data, layers, seed):
-        from protocols.dp.planning import plan_for_estimator
+        from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
 
-        return plan_for_estimator(self, data, layers, seed)
+        return plan_for_estimator(self, data, layers, seed) or rounds_plan_for_estimator(self, data, layers)
 
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)
         init_bounds = self._declared_bounds(n_features)  # init_bounds or the DP layer's box (one declaration)
-        init = plan.start if plan is not None else resolve_init(
+        init = plan.start if plan is not None and plan.start is not None else resolve_init(
             self.init, self.protection, init_bounds, n_clusters=self.n_clusters, n_features=n_features,
             default_plain="kfed", default_protected="private",
         )
