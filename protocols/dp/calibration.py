@@ -19,8 +19,14 @@ class Calibration:
 
     # ------------------------------------------------------------------ geometry
     def _box(self, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """The declared ``bounds`` as two length-``d`` vectors."""
-        return tuple(np.broadcast_to(b, (d,)) for b in self.bounds)
+        """The declared ``bounds`` as two length-``d`` vectors (asked by every client twice a
+        round: kept per (d, bounds object))."""
+        key = (d, id(self.bounds))
+        cached = self.__dict__.get("_box_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, tuple(np.broadcast_to(b, (d,)) for b in self.bounds))
+            self.__dict__["_box_cache"] = cached
+        return cached[1]
 
     def _radius(self, d: int) -> float:
         if self.clip is not None:
@@ -33,8 +39,15 @@ class Calibration:
         return float(np.linalg.norm((high - low) / 2))
 
     def _box_centre(self, d: int) -> np.ndarray:
-        low, high = self._box(d)
-        return (low + high) / 2
+        key = (d, id(self.bounds))
+        cached = self.__dict__.get("_centre_cache")
+        if cached is None or cached[0] != key:
+            low, high = self._box(d)
+            centre = (low + high) / 2
+            centre.setflags(write=False)
+            cached = (key, centre)
+            self.__dict__["_centre_cache"] = cached
+        return cached[1]
 
     def centred_pairs(self, specs) -> dict[str, str]:
         """{sum field: its weights field} noised translated by the box centre (see "Centred sums")."""

@@ -286,7 +286,12 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         # distributed noise only makes sense under a secure aggregator (instance attribute
         # shadows the base-class ClassVar; the runtime reads it per instance).
         self.requires_secure_aggregator = self.mode == "distributed"
-        self._repr_params = {"epsilon": self.epsilon, "delta": self.delta, "clip": clip, "mode": self.mode}
+        self._repr_params = {"epsilon": self.epsilon, "delta": self.delta}
+        if bounds is not None:  # the data domain the sensitivity assumes: part of what was declared
+            self._repr_params["bounds"] = tuple(v.tolist() if v.ndim else float(v) for v in self.bounds)
+        if clip is not None or bounds is None:
+            self._repr_params["clip"] = clip
+        self._repr_params["mode"] = self.mode
         if self.rng != "system":
             self._repr_params["rng"] = self.rng
         self._seed = None
