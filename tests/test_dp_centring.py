@@ -74,7 +74,9 @@ def test_what_is_noised_is_the_translated_sum_and_the_fit_is_unchanged_without_n
         seen.append(np.array(val, dtype=np.float64))
         return np.array(val, dtype=np.float64)
 
-    monkeypatch.setattr(GaussianDP, "_noise_fine", staticmethod(no_noise))
+    monkeypatch.setattr(GaussianDP, "_noise_fine", staticmethod(no_noise))  # central: the server noises
+    monkeypatch.setattr(GaussianDP, "_noise_fine_many",  # local: every client's values in one batch
+                        staticmethod(lambda vals, sigmas, steps, sources: [no_noise(v, s, t) for v, s, t in zip(vals, sigmas, steps)]))
     kw = dict(init_bounds=(LOW, HIGH), init="uniform", max_rounds=4, max_local_steps=1, tol=0, random_state=0)
     dp = WeightedFederatedKMeans(3, protection=[GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), mode=mode)], **kw).fit(clients)
     plain = WeightedFederatedKMeans(3, **kw).fit(clients)

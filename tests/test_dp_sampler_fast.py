@@ -64,14 +64,16 @@ def test_batch_arguments_must_line_up():
         sampler.sample_discrete_gaussian_batch([1.0, 2.0], [3])
 
 
-def test_layer_batch_equals_client_by_client():
+@pytest.mark.parametrize("mode", ["distributed", "local"])
+def test_layer_batch_equals_client_by_client(mode):
     """GaussianDP.client_updates (one sampler pass for all clients) returns, client by client,
     what client_update returns: the batched simulation path and a deployed client agree."""
     rng = np.random.default_rng(0)
     clients = [rng.normal(2.5, 1.0, size=(40, 2)).clip(-2, 7) for _ in range(8)]
     est = make_estimator("dwf", n_clusters=3, random_state=4, init_bounds=(-2.0, 7.0), max_rounds=2,
-                         protection=[GaussianDP(1.0, 1e-5, bounds=(-2.0, 7.0), mode="distributed", rng="seeded",
-                                                min_clients=4), PairwiseMasking()])
+                         protection=[GaussianDP(1.0, 1e-5, bounds=(-2.0, 7.0), mode=mode, rng="seeded",
+                                                **({"min_clients": 4} if mode == "distributed" else {}))]
+                         + ([PairwiseMasking()] if mode == "distributed" else []))
     fed, _ = est.make_federation(clients)
     fed.run_round(fed.algorithm.init(fed.n_clients, 2, np.random.default_rng(0)), round=0)  # sets the layers up
     runtimes = list(fed.transport.clients.values())

@@ -484,43 +484,62 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             return update
         if self.mode == "distributed":
             return self._distributed_shares([update], [client], ctx)[0]
-        # local mode
-        d = self._d
-        extra = {}
-        items = dict(update.items)
-        for name, arr in items.items():
-            arr = np.asarray(arr)
-            if name not in SET_FIELDS_BOUNDED or arr.size == 0:
-                if name == "sizes" or arr.size:
-                    raise ProtectionConfigError(
-                        f"GaussianDP(mode='local') cannot bound the set-field {name!r} per record "
-                        f"(only {SET_FIELDS_BOUNDED} are bounded by projection); remove it from the algorithm's "
-                        "messages or use the algorithm's secure (sum-only) mode."
-                    )
-                continue
-            rows = arr.size // d
-            extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
-        noised = self._noised_specs(ctx.specs)
-        sigmas = self.field_sigmas(noised, extra, action=ctx.action, ctx=ctx)
-        pairs = self.centred_pairs(noised)
-        sums = self._translate(update.sums, pairs, -1, ctx)
-        for s in ctx.specs:
-            val = np.asarray(sums[s.name], dtype=np.float64)
-            if s.kind == "value":
-                val = self._project_rows(val, d)
-            sums[s.name] = self._noise_fine(val, *sigmas[s.name][:2], self._source(ctx, client.client_id, s.name))
-        for name in extra:
-            items[name] = self._noise_fine(
-                self._project_rows(items[name], d), *sigmas[name][:2], self._source(ctx, client.client_id, name)
-            )
-        return Update(sums=self._translate(sums, pairs, +1, ctx), items=items)
+        return self._local_noise([update], [client], ctx)[0]
 
     def client_updates(self, updates, clients, ctx):
-        if self.mode != "distributed":
+        if self.mode == "central":
             return super().client_updates(updates, clients, ctx)
         for update in updates:
             self._refuse_plain_items(update, ctx)
+        if self.mode == "local":
+            return self._local_noise(updates, clients, ctx)
         return self._distributed_shares(updates, clients, ctx)
+
+    def _local_noise(self, updates, clients, ctx):
+        """Local mode: every client noises its own sums (projected values) and bounded set-fields
+        to the full sigma; all clients' draws in one pass of the sampler (:meth:`_noise_fine_many`)."""
+        d = self._d
+        tasks, staged = [], []  # tasks: (dict to write, key, value, sigma, step, source)
+        for update, client in zip(updates, clients):
+            extra = {}
+            items = dict(update.items)
+            for name, arr in items.items():
+                arr = np.asarray(arr)
+                if name not in SET_FIELDS_BOUNDED or arr.size == 0:
+                    if name == "sizes" or arr.size:
+                        raise ProtectionConfigError(
+                            f"GaussianDP(mode='local') cannot bound the set-field {name!r} per record "
+                            f"(only {SET_FIELDS_BOUNDED} are bounded by projection); remove it from the algorithm's "
+                            "messages or use the algorithm's secure (sum-only) mode."
+                        )
+                    continue
+                rows = arr.size // d
+                extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
+            noised = self._noised_specs(ctx.specs)
+            sigmas = self.field_sigmas(noised, extra, action=ctx.action, ctx=ctx)
+            pairs = self.centred_pairs(noised)
+            sums = self._translate(update.sums, pairs, -1, ctx)
+            for s in ctx.specs:
+                val = np.asarray(sums[s.name], dtype=np.float64)
+                if s.kind == "value":
+                    val = self._project_rows(val, d)
+                tasks.append((sums, s.name, val, *sigmas[s.name][:2], self._source(ctx, client.client_id, s.name)))
+            for name in extra:
+                tasks.append((items, name, self._project_rows(items[name], d), *sigmas[name][:2],
+                              self._source(ctx, client.client_id, name)))
+            staged.append((sums, items, pairs))
+        noisy = self._noise_fine_many(*[list(col) for col in zip(*tasks)][2:]) if tasks else []
+        for (target, key, *_), value in zip(tasks, noisy):
+            target[key] = value
+        return [Update(sums=self._translate(sums, pairs, +1, ctx), items=items) for sums, items, pairs in staged]
+
+    @staticmethod
+    def _noise_fine_many(values, sigmas, steps, sources) -> list[np.ndarray]:
+        """:func:`~protocols.dp.noise.noise_on_lattice` of every (value, sigma, step, source) at once."""
+        lattices = [np.rint(np.asarray(v, dtype=np.float64) / step) for v, step in zip(values, steps)]
+        noise = lattice_noise_batch([round_up_variance((sig / step) ** 2) for sig, step in zip(sigmas, steps)],
+                                    [x.size for x in lattices], sources)
+        return [(x + z.reshape(x.shape)) * step for x, z, step in zip(lattices, noise, steps)]
 
     def _distributed_shares(self, updates, clients, ctx):
         """Every client's update plus its noise share N_Z(0, s^2) per field on the lattice
