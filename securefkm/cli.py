@@ -2,7 +2,7 @@
 
     securefkm demo                      one DWF fit unprotected and protected, side by side, no server
     securefkm run DIR --algorithm dwf   cluster a directory of client CSV files (one per client)
-    securefkm bench quality|speed|protocols|attacks [--quick]
+    securefkm bench quality|speed|protocols|attacks|scaling [--quick]
     securefkm deploy ...                the same run between real processes over Flower
     securefkm provision node-key|directory|local   node identity keys and the public directory
     securefkm authority init|serve      the Paillier key authority as its own process
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quick", action="store_true", help="fewer runs and smaller data (minutes, for CI)")
     q.add_argument("--runs", type=int, default=None, help="runs per configuration (default: the papers')")
     q.add_argument("--part", choices=["dwf", "triebe", "fuzzy", "all"], default="all", help="which comparison")
-    s = bsub.add_parser("speed", help="one DWF round (100 clients) / one scikit-learn Lloyd iteration")
+    s = bsub.add_parser("speed", help="rounds (DWF, mini-batch, fuzzy; 100 and 10,000 clients) / one scikit-learn "
+                                      "Lloyd iteration; masked / plain round and / its cryptography; ideal vs real crypto")
     s.add_argument("--repeats", type=int, default=50, help="timed repeats per figure (medians are reported)")
     pr = bsub.add_parser("protocols", help="masking, Paillier and DP costs and utility")
     pr.add_argument("--quick", action="store_true", help="fewer sizes and seeds")
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "at a fraction of the cost); 'real': run their cryptography")
     for b in (q, pr, a):
         _add_sweep(b)
+    sc = bsub.add_parser("scaling", help="worker processes and Ray vs one process: masked rounds at 1,000 and 10,000 "
+                                         "clients, a 100,000-client fit, cost against clients / records / workers")
+    sc.add_argument("--quick", action="store_true", help="1,000 clients only, no scale and growth tables")
 
     d = sub.add_parser("deploy", help="run over Flower: a local SuperLink and one SuperNode per client CSV")
     d.add_argument("directory", nargs="?", default=None, help="directory of client CSVs (default: demo data)")

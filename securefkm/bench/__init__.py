@@ -44,6 +44,10 @@ def main(args) -> None:
             from .deployment_secagg import run as run_deployment
 
             run_deployment(rounds=2 if args.quick else 4, repeats=1 if args.quick else 4)
+    elif args.bench == "scaling":
+        from .scaling import run
+
+        run(sizes=(1_000,) if args.quick else (1_000, 10_000), with_scale=not args.quick, with_growth=not args.quick)
     elif args.bench == "attacks":
         from attacks.bench import cli_run
 

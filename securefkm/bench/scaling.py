@@ -1,0 +1,170 @@
+"""``securefkm bench scaling``: the worker backends against one process (issue 15).
+
+Every figure comes from this one run; speedups are ratios of medians of rounds timed side by
+side with the backends alternated (A B C, then C B A, ...). Three tables:
+
+1. *Backends*: one real-crypto masked DWF round (default ``PairwiseMasking()``, i.e. the
+   SecAgg+ graph of Bell et al. at these sizes; 100 records per client, d = 2, k = 5) with the
+   clients in this process (``backend="local"``), on 2 worker processes and on 2 Ray actors;
+   speedup = local / backend (target 1.7 on a 2-core machine).
+2. *Scale*: a 100,000-client DWF fit under masking with ``crypto="ideal"`` and one
+   10,000-client real-crypto masked round, both on 2 worker processes, each in a fresh
+   process: wall time, peak RSS of the driver and of every worker.
+3. *Growth*: an ideal-crypto masked DWF round against clients, records per client and
+   workers.
+
+Each worker holds its shard's records, keys and client state for the whole fit; only
+protocol messages cross between driver and workers (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+K, D = 5, 2
+BOX = (-6.0, 6.0)
+
+
+def make_clients(n_clients: int, per_client: int = 100, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-4, 4, size=(K, D))
+    X = centres[rng.integers(0, K, n_clients * per_client)] + rng.normal(scale=0.5, size=(n_clients * per_client, D))
+    return np.array_split(np.clip(X, *BOX), n_clients)
+
+
+def _federation(clients, backend: str, n_workers: int | None, crypto: str = "real", max_rounds: int = 50):
+    from protocols import PairwiseMasking
+
+    from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
+    from ..federation import Federation
+
+    algo = WeightedFederatedKMeansAlgorithm(K, init="uniform", init_bounds=BOX, tol=0.0)
+    kw = {} if backend == "local" else {"backend": backend, "n_workers": n_workers}
+    return Federation(algo, clients, protection=[PairwiseMasking()], max_rounds=max_rounds, random_state=0,
+                      record="aggregates", crypto=crypto, **kw)
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def backends(n_clients: int, repeats: int = 3, kinds=("local", "processes", "ray"), workers: int = 2, out=print) -> dict:
+    """Median seconds of one real-crypto masked round per backend, rounds alternated."""
+    clients = make_clients(n_clients)
+    feds = {}
+    for kind in kinds:
+        try:
+            feds[kind] = _federation(clients, kind, workers)
+        except Exception as exc:  # e.g. Ray not installed: say so, measure the others
+            out(f"  ({kind}: not measured: {exc})")
+    times: dict[str, list[float]] = {k: [] for k in feds}
+    try:
+        states = {k: f.algorithm.init(f.n_clients, D, np.random.default_rng(0)) for k, f in feds.items()}
+        for k, f in feds.items():  # warm-up: worker start, imports, first key generation
+            states[k] = f.run_round(states[k], round=0)
+        for r in range(1, repeats + 1):
+            order = list(feds) if r % 2 else list(reversed(feds))
+            for k in order:
+                t = time.perf_counter()
+                states[k] = feds[k].run_round(states[k], round=r)
+                times[k].append(time.perf_counter() - t)
+    finally:
+        for f in feds.values():
+            f.close()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _scale_case(case: str, workers: int) -> dict:
+    """Run in a fresh process so the peak RSS is this case's."""
+    if case == "fit-100k-ideal":
+        clients = make_clients(100_000, per_client=10)
+        fed = _federation(clients, "processes", workers, crypto="ideal", max_rounds=10)
+        t = time.perf_counter()
+        with fed:
+            state = fed.run(0)
+            stats = fed.transport.worker_stats()
+        return {"wall": time.perf_counter() - t, "rounds": int(state.round), "driver_mib": _peak_mib(),
+                "workers_mib": [round(s["peak_mib"]) for s in stats], "records": 1_000_000}
+    if case == "round-10k-real":
+        clients = make_clients(10_000)
+        fed = _federation(clients, "processes", workers, crypto="real", max_rounds=3)
+        with fed:
+            state = fed.algorithm.init(fed.n_clients, D, np.random.default_rng(0))
+            t = time.perf_counter()
+            fed.run_round(state, round=0)
+            wall = time.perf_counter() - t
+            stats = fed.transport.worker_stats()
+        return {"wall": wall, "rounds": 1, "driver_mib": _peak_mib(), "workers_mib": [round(s["peak_mib"]) for s in stats],
+                "records": 1_000_000}
+    raise ValueError(case)
+
+
+def scale(workers: int = 2, cases=("fit-100k-ideal", "round-10k-real")) -> dict:
+    out = {}
+    for case in cases:
+        with ProcessPoolExecutor(max_workers=1) as ex:
+            out[case] = ex.submit(_scale_case, case, workers).result()
+    return out
+
+
+def growth(repeats: int = 3) -> list[tuple]:
+    """(clients, records per client, workers, ms per ideal masked round)."""
+    rows = []
+    for n, per, w in ((1_000, 100, 1), (1_000, 100, 2), (10_000, 100, 2), (10_000, 10, 2), (1_000, 1_000, 2)):
+        clients = make_clients(n, per_client=per)
+        fed = _federation(clients, "processes", w, crypto="ideal")
+        with fed:
+            state = fed.algorithm.init(fed.n_clients, D, np.random.default_rng(0))
+            state = fed.run_round(state, round=0)
+            ts = []
+            for r in range(1, repeats + 1):
+                t = time.perf_counter()
+                state = fed.run_round(state, round=r)
+                ts.append(time.perf_counter() - t)
+        rows.append((n, per, w, 1000 * statistics.median(ts)))
+    return rows
+
+
+def _cell(t: dict, kind: str) -> str:
+    return f"{t[kind]:.2f} | {t['local'] / t[kind]:.2f}" if kind in t else "- | -"
+
+
+def run(sizes=(1_000, 10_000), repeats: int = 3, with_scale: bool = True, with_growth: bool = True, out=print) -> dict:
+    import os
+
+    out(f"\nBackends: one real-crypto masked DWF round (100 records/client, d={D}, k={K}), median of {repeats} "
+        f"alternated rounds after a warm-up; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n")
+    out("| clients | local (s) | processes x2 (s) | speedup | ray x2 (s) | speedup |")
+    out("|---:|---:|---:|---:|---:|---:|")
+    result = {"backends": {}}
+    for n in sizes:
+        t = backends(n, repeats=repeats if n <= 1_000 else 1, out=out)
+        result["backends"][n] = t
+
+        out(f"| {n:,} | {t['local']:.2f} | {_cell(t, 'processes')} | {_cell(t, 'ray')} |")
+    if with_scale:
+        out("\nScale, 2 worker processes, each case in a fresh process:\n")
+        out("| case | records | wall (s) | rounds | driver peak (MiB) | worker peaks (MiB) |")
+        out("|---|---:|---:|---:|---:|---|")
+        result["scale"] = scale()
+        for case, r in result["scale"].items():
+            out(f"| {case} | {r['records']:,} | {r['wall']:.1f} | {r['rounds']} | {r['driver_mib']:.0f} | "
+                f"{', '.join(map(str, r['workers_mib']))} |")
+    if with_growth:
+        out("\nGrowth: one ideal-crypto masked DWF round on worker processes (median of 3):\n")
+        out("| clients | records/client | workers | ms / round |")
+        out("|---:|---:|---:|---:|")
+        result["growth"] = growth()
+        for n, per, w, ms in result["growth"]:
+            out(f"| {n:,} | {per:,} | {w} | {ms:.0f} |")
+    out(f"\nload after: {os.getloadavg()[0]:.2f}")
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()
