@@ -20,7 +20,7 @@ Every row is one (dataset, algorithm, stack, attack, seed):
 The DP audit is one row per (DP stack, seed) with ``attack = "dp-audit"``: the empirical
 epsilon lower bound of the stack's Gaussian mechanism next to the accounted epsilon.
 
-Resumable and parallel: the cells run through :func:`securefkm.bench.sweep.run_sweep`, cached
+Resumable and parallel: the cells run through :func:`securefkm.sweep.run_sweep`, cached
 in ``<out>/cache/`` by a hash of the cell, so an interrupted run re-run with the same ``--out``
 computes only what is missing (and retries cells that ended in an error), and ``--jobs 2``
 gives the same CSV as ``--jobs 1``. Written at
@@ -179,7 +179,7 @@ def _fit_cells(cfg: BenchConfig, central: dict) -> list[dict]:
 def run_benchmark(config) -> list[dict]:
     """Run (or read from the cache) every cell; write ``attacks.csv``, ``summary.csv`` and
     ``report.html`` in ``config.out``; return the rows."""
-    from securefkm.bench.sweep import run_sweep
+    from securefkm.sweep import run_sweep
 
     cfg = _check_config(config)
     out = Path(cfg.out)

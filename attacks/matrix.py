@@ -1,7 +1,7 @@
 """The benchmark matrix: what is run, and the pure cell functions that run it.
 
 A *cell* is a JSON-able dict; the functions here turn one cell into JSON-able rows, read
-nothing but the cell and write nothing, so :func:`securefkm.bench.sweep.run_sweep` can run
+nothing but the cell and write nothing, so :func:`securefkm.sweep.run_sweep` can run
 them in any process, in any order, and cache them by the cell's hash. Three kinds:
 
 * ``central_cell``: best inertia of ``central_runs`` scikit-learn k-means runs on the pooled

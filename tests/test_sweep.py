@@ -1,10 +1,10 @@
-"""securefkm.bench.sweep: parallel output equals serial, resume skips cached cells, bad input."""
+"""securefkm.sweep: parallel output equals serial, resume skips cached cells, bad input."""
 
 import pytest
 from _sweep_cells import logged, noisy_mean
 
-from securefkm.bench.sweep import cell_key, run_sweep
 from securefkm.exceptions import InputError
+from securefkm.sweep import cell_key, run_sweep
 
 
 def test_parallel_equals_serial_and_order(tmp_path):

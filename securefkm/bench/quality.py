@@ -18,7 +18,7 @@ from sklearn.cluster import KMeans
 from .. import metrics
 from ..datasets import load_dataset
 from ..registry import make_estimator
-from .sweep import run_sweep
+from ..sweep import run_sweep
 
 METHODS = ("k-means", "EWF", "DWF", "k-FED")
 

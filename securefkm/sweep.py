@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import InputError
+from .exceptions import InputError
 
 BACKENDS = ("processes", "ray")
 RAY_HINT = 'Ray is an optional extra: pip install -e ".[ray]" (or pip install ray), or use backend="processes".'
