@@ -63,7 +63,7 @@ def test_cell_sums_match_definition_and_thread_count():
         labels, _ = _kmeans.assign(X, C) if len(X) else (np.zeros(0, dtype=int), None)
         assert np.array_equal(cnt1[i], np.bincount(labels, minlength=7))
         for j in range(7):
-            np.testing.assert_allclose(one[i, j], X[labels == j].sum(axis=0), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(one[i][j], X[labels == j].sum(axis=0), rtol=1e-12, atol=1e-12)
 
 
 def test_blocks_cut_each_client_from_its_own_first_row():
