@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = bsub.add_parser("speed", help="rounds (DWF, mini-batch, fuzzy; 100 and 10,000 clients) / one scikit-learn "
                                       "Lloyd iteration; masked / plain round and / its cryptography; ideal vs real crypto")
     s.add_argument("--repeats", type=int, default=50, help="timed repeats per figure (medians are reported)")
+    s.add_argument("--part", choices=["rounds", "masked", "ideal", "all"], default="all",
+                   help="rounds: table 1 (vs scikit-learn's Lloyd kernel; 100 and 10,000 clients); masked: tables "
+                        "2-3 (real crypto, 1,000 and 10,000 clients: minutes); ideal: crypto='ideal' vs real vs plain")
     pr = bsub.add_parser("protocols", help="masking, Paillier and DP costs and utility")
     pr.add_argument("--quick", action="store_true", help="fewer sizes and seeds")
     pr.add_argument("--part", choices=["masking", "paillier", "dp", "deployment", "all"], default="all",

@@ -63,7 +63,7 @@ def test_cell_sums_match_definition_and_thread_count():
         labels, _ = _kmeans.assign(X, C) if len(X) else (np.zeros(0, dtype=int), None)
         assert np.array_equal(cnt1[i], np.bincount(labels, minlength=7))
         for j in range(7):
-            np.testing.assert_allclose(one[i, j], X[labels == j].sum(axis=0), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(one[i][j], X[labels == j].sum(axis=0), rtol=1e-12, atol=1e-12)
 
 
 def test_blocks_cut_each_client_from_its_own_first_row():
@@ -99,3 +99,25 @@ def test_federation_transcript_identical_batched_or_not(name, make, monkeypatch)
             for c in sx.received:
                 for key, v in sx.received[c].items():
                     assert np.array_equal(v, sy.received[c][key])
+
+
+def test_round_pauses_cyclic_gc_and_restores_it():
+    """Rounds run with the cyclic collector paused (its full collections traversed the
+    transcript at 10,000 clients) and leave it as they found it."""
+    import gc
+
+    datas = [X for X in _clients(7) if len(X)]
+    algo = WeightedFederatedKMeansAlgorithm(4)
+    _broadcast(algo, datas, 4)
+    seen = []
+    one = type(algo).client_updates
+    algo.client_updates = lambda ds, bc, rs, ms: seen.append(gc.isenabled()) or one(algo, ds, bc, rs, ms)
+    assert gc.isenabled()
+    Federation(algo, datas, max_rounds=2, random_state=0).run()
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:  # a caller that disabled it keeps it disabled
+        Federation(algo, datas, max_rounds=1, random_state=0).run()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

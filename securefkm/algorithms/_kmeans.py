@@ -8,6 +8,7 @@ processed in one pass by offsetting their labels (``segment`` ids ``client * k +
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -85,19 +86,41 @@ def _client_pieces(sizes, chunk: int):
         yield block
 
 
-def labels_only(X: np.ndarray, C: np.ndarray, C2T: np.ndarray | None = None, cc: np.ndarray | None = None) -> np.ndarray:
-    """Nearest centre of each record, as :func:`assign` (same ties), without the distances."""
-    d = X @ (-2.0 * C.T if C2T is None else C2T)
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
+    """A per-thread reusable float buffer of at least ``shape`` (a view of that shape).
+
+    The pooled kernel's per-block temporaries (the block's records, its distances: MBs)
+    would otherwise be fresh allocations each block; while the round's messages stay alive
+    the allocator keeps mapping new pages for them, and the page faults cost more than the
+    distance product itself (measured at 10,000 clients of 1M x 32, k=50)."""
+    size = shape[0] * shape[1]
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(max(size, 1))
+        setattr(_SCRATCH, name, buf)
+    return buf[:size].reshape(shape)
+
+
+def labels_only(X: np.ndarray, C: np.ndarray, C2T: np.ndarray | None = None, cc: np.ndarray | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """Nearest centre of each record, as :func:`assign` (same ties), without the distances
+    (``out``: an (n, k) buffer for them, else a fresh one)."""
+    d = np.matmul(X, -2.0 * C.T if C2T is None else C2T, out=out)
     d += np.einsum("ij,ij->i", C, C)[None, :] if cc is None else cc[None, :]
     return np.argmin(d, axis=1)
 
 
 def _block_sums(datas, block, C, C2T, cc):
-    """Per-(client, cell) sums and counts of one block (clients local to the block)."""
+    """Per-(client, cell) sums and counts of one block: (first client, sums of shape
+    (n block clients * k, d), float counts), rows ordered by (local client, cell)."""
     k = len(C)
     parts = [datas[c][a:b] for c, a, b in block]
-    Xb = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    labels = labels_only(Xb, C, C2T, cc)
+    n = sum(len(p) for p in parts)
+    Xb = parts[0] if len(parts) == 1 else np.concatenate(parts, out=_scratch("records", (n, C.shape[1])))
+    labels = labels_only(Xb, C, C2T, cc, out=_scratch("distances", (n, k)))
     first, last = block[0][0], block[-1][0]
     rows = (last - first + 1) * k
     seg = np.repeat(np.array([(c - first) * k for c, _, _ in block], dtype=np.int64), [b - a for _, a, b in block])
@@ -105,7 +128,7 @@ def _block_sums(datas, block, C, C2T, cc):
     m = sparse.csc_matrix(
         (np.ones(len(Xb)), seg.astype(np.int32), np.arange(len(Xb) + 1, dtype=np.int32)), shape=(rows, len(Xb))
     )
-    return first * k, m @ Xb, np.bincount(seg, minlength=rows)
+    return first, m @ Xb, np.bincount(seg, minlength=rows).astype(np.float64)
 
 
 _BLAS = None
@@ -123,28 +146,41 @@ def _single_threaded_blas():
 
 
 def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threads: int | None = None):
-    """For several clients at once: each client's per-cell coordinate sums (n_clients, k, d)
-    and counts (n_clients, k) w.r.t. the same centres ``C``.
+    """For several clients at once: each client's per-cell coordinate sums (a list of
+    (k, d) arrays) and counts (a list of (k,) float arrays) w.r.t. the same centres ``C``.
 
     One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`), computed by
     ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
     single-threaded BLAS, as scikit-learn's Lloyd kernel does: per block one distance
     product and one argmin, and the per-(client, cell) sums as one sparse product whose CSC
     matrix is built without sorting (each record is one column holding a 1 in row
-    ``local client * k + label``). scipy adds each row's records in record order and the
-    blocks are added in order, so a client's result equals the one it gets alone
-    (``client_updates([X])``) bit for bit. No copy of the pooled records is made.
+    ``local client * k + label``). scipy adds each row's records in record order and a
+    client cut over several blocks adds its blocks' partial sums in block order, so a
+    client's result equals the one it gets alone (``client_updates([X])``) bit for bit. No
+    copy of the pooled records is made.
+
+    A client that lies in one block (every client of at most ``chunk`` records) gets a view
+    of its rows of the block's result: no (n_clients, k, d) array is allocated and filled.
+    At 10,000 clients the round's messages are 128 MB (k=50, d=32) of new memory; writing
+    them once more into a fresh array of that size cost more than the distance products.
     """
     k, d = C.shape
     n_clients = len(datas)
-    sums = np.zeros((n_clients * k, d))
-    counts = np.zeros(n_clients * k)
+    sums: list = [None] * n_clients
+    counts: list = [None] * n_clients
     C = np.ascontiguousarray(C, dtype=np.float64)
     C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
-    for lo, s, c in map_blocks(datas, lambda b: _block_sums(datas, b, C, C2T, cc), chunk, n_threads):
-        sums[lo : lo + len(c)] += s
-        counts[lo : lo + len(c)] += c
-    return sums.reshape(n_clients, k, d), counts.reshape(n_clients, k)
+    for first, s, c in map_blocks(datas, lambda b: _block_sums(datas, b, C, C2T, cc), chunk, n_threads):
+        for j in range(len(c) // k):
+            i, rows = first + j, slice(j * k, (j + 1) * k)
+            if sums[i] is None:
+                sums[i], counts[i] = s[rows], c[rows]
+            else:  # a client cut over blocks: its partial sums, in block order
+                sums[i], counts[i] = sums[i] + s[rows], counts[i] + c[rows]
+    for i in range(n_clients):
+        if sums[i] is None:  # no records: in no block
+            sums[i], counts[i] = np.zeros((k, d)), np.zeros(k)
+    return sums, counts
 
 
 def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None):

@@ -7,10 +7,13 @@ def main(args) -> None:
     if args.bench == "speed":
         from .speed import run
 
-        run(repeats=args.repeats)
-        from .speed_ideal import run as run_ideal
+        part = getattr(args, "part", "all")
+        if part in ("rounds", "masked", "all"):
+            run(repeats=args.repeats, parts=("rounds", "masked") if part == "all" else (part,))
+        if part in ("ideal", "all"):
+            from .speed_ideal import run as run_ideal
 
-        run_ideal()  # crypto="ideal" vs real vs plain, 100 and 1,000 clients
+            run_ideal()  # crypto="ideal" vs real vs plain, 100 and 1,000 clients
     elif args.bench == "quality":
         if args.part in ("dwf", "all"):
             from .quality import run

@@ -264,11 +264,25 @@ def _degree(n):
     return resolve_graph(n, "auto", None)[1]
 
 
-def run(repeats: int = 10, out=print, big_masked: bool = True):
+def _uptime() -> str:
+    with open("/proc/loadavg") as f:
+        return "load average " + ", ".join(f.read().split()[:3])
+
+
+def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", "masked")):
+    """Print the tables of ``parts`` ("rounds": table 1; "masked": tables 2 and 3)."""
+    out(f"securefkm bench speed: medians of {repeats} alternated repeats, {os.cpu_count()} CPUs, same threads "
+        f"for both sides (scikit-learn's OpenMP threads; ours: one thread per block of records); {_uptime()}\n")
+    rows = _rounds_table(repeats, out) if "rounds" in parts else []
+    if "masked" in parts:
+        rows += _masked_tables(out, big_masked)
+    out(f"\n(end: {_uptime()})")
+    return rows
+
+
+def _rounds_table(repeats, out):
     from ..datasets import load_dataset
 
-    out(f"securefkm bench speed: medians of {repeats} alternated repeats, {os.cpu_count()} CPUs, same threads "
-        "for both sides (scikit-learn's OpenMP threads; ours: one thread per block of records)\n")
     rng = np.random.default_rng(1)
     blobs = load_dataset("dwf-blobs", split="iid", n_clients=100, random_state=0).pooled()
     rows = []
@@ -293,7 +307,11 @@ def run(repeats: int = 10, out=print, big_masked: bool = True):
             out(f"| {name} | {X.shape[0]} x {X.shape[1]}, {k} | {n_clients} | {a} | {m[a] * 1e3:.1f} | "
                 f"{m['kernel'] * 1e3:.1f} | {ratio:.2f} | {tgt} | {m['peak'][a] / m['data_bytes']:.2f} |")
     del X
+    return rows
 
+
+def _masked_tables(out, big_masked):
+    rows = []
     out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519/HKDF/ChaCha20, graph='auto'), 100 records "
         "x 2 features per client, no dropouts")
     out("| clients | graph degree | time | plain (ms) | masked (s) | masked / plain | target | keygen+agree+HKDF | "

@@ -22,7 +22,9 @@ have drawn had the aborted attempts never happened.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import logging
 import time
 import warnings
@@ -84,6 +86,24 @@ def _generator_states(state) -> list:
     deep copy of the state would do too, at ~10x the cost of a plain round's bookkeeping)."""
     extra = getattr(state, "extra", None) or {}
     return [(g, g.bit_generator.state) for g in extra.values() if isinstance(g, np.random.Generator)]
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Pause Python's cyclic garbage collector for one round. A round allocates a few objects
+    per client (requests, replies, sessions, transcript entries: ~10^5 at 10,000 clients),
+    which triggers several collections, and each full one traverses everything alive -- the
+    growing transcript included: profiled at 10,000 clients, one in two rounds spent 70 ms
+    (half the scikit-learn Lloyd iteration) in a collection. The round's garbage is freed
+    by reference counting as usual; cycles, if any, are collected after the round."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _copy_payload(x):
@@ -340,6 +360,10 @@ class Federation:
         generators ``configure`` may have drawn from). ``attempt`` > 0 retries
         round index ``round`` after aborted attempts: a fresh sample from the retry stream and
         fresh protocol round ids (``RoundContext.attempt``)."""
+        with _cyclic_gc_paused():
+            return self._run_round(state, run=run, round=round, attempt=attempt)
+
+    def _run_round(self, state, *, run: int, round: int, attempt: int):
         algorithm = self.algorithm
         broadcast = algorithm.configure(state, round)
         count = resolve_sample(broadcast.sample, self.clients_per_round, self.n_clients)
