@@ -182,10 +182,13 @@ def _fmt(values) -> str:
 GRID_EPSILONS = (0.1, 0.25, 0.5, 1.0)
 
 
-def default_fit(clients, k: int, box, epsilon: float, delta: float, seed: int, mode: str = "central"):
+def default_fit(clients, k: int, box, epsilon: float, delta: float, seed: int, mode: str = "central",
+                crypto: str = "real"):
     """What a user writes: ``WeightedFederatedKMeans(k, protection=[GaussianDP(eps, delta,
-    bounds=box)])`` (+ ``PairwiseMasking()`` in distributed mode, real cryptography); every
-    other choice is the estimator's DP plan. Returns (centres, privacy_spent_, plan)."""
+    bounds=box)])`` (+ ``PairwiseMasking()`` in distributed mode); every other choice is the
+    estimator's DP plan. ``crypto="ideal"`` runs the masking's ideal functionality (the same
+    release, tests/test_ideal.py): the quality grid uses it, :func:`dwf_target` does not.
+    Returns (centres, privacy_spent_, plan)."""
     from protocols.dp import GaussianDP
 
     from ..estimators.dwf import WeightedFederatedKMeans
@@ -200,7 +203,7 @@ def default_fit(clients, k: int, box, epsilon: float, delta: float, seed: int, m
         layers.append(PairwiseMasking())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CentralDPWarning: central mode is the trusted-server row by design
-        est = WeightedFederatedKMeans(k, protection=layers, random_state=seed).fit(clients)
+        est = WeightedFederatedKMeans(k, protection=layers, random_state=seed, crypto=crypto).fit(clients)
     return est.cluster_centers_, tuple(float(v) for v in est.privacy_spent_), est.dp_plan_
 
 
@@ -241,7 +244,7 @@ def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None,
         cell["fastlloyd"].append(loss(X, fl.fastlloyd_fit(clients, k, eps, s)) / refs[name])
         cell["diffprivlib"].append(loss(X, diffprivlib_fit(X, k, (-1.0, 1.0), eps, s)) / refs[name])
         for mode in ("central", "distributed"):
-            centres, spent, plan = default_fit(clients, k, (-1.0, 1.0), eps, delta, s, mode)
+            centres, spent, plan = default_fit(clients, k, (-1.0, 1.0), eps, delta, s, mode, crypto="ideal")
             cell[mode].append(loss(X, centres) / refs[name])
             rounds[(name, eps)] = plan.rounds
             if not _spent_ok(spent, eps, delta):
@@ -273,7 +276,7 @@ def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None,
         X = data.pooled()
         cell = results.setdefault((name, eps), {"central": [], "distributed": [], "tuned": [], "diffprivlib": []})
         for mode in ("central", "distributed"):
-            centres, spent, plan = default_fit(data.clients, k, box, eps, DELTA, s, mode)
+            centres, spent, plan = default_fit(data.clients, k, box, eps, DELTA, s, mode, crypto="ideal")
             cell[mode].append(loss(X, centres) / blob_refs[name])
             rounds[(name, eps)] = plan.rounds
             if not _spent_ok(spent, eps, DELTA):
@@ -324,3 +327,9 @@ def dwf_target(out=print, fits: int = 5, n_clients: int = 100, epsilon: float = 
         f"privacy_spent_ epsilon max {max(e for e, _ in spent):.4f}")
     assert all(_spent_ok(sp, epsilon, delta) for sp in spent), spent
     return {"seconds": secs, "ratios": ratios, "spent": spent}
+
+
+if __name__ == "__main__":  # python -m securefkm.bench.protocols_dp [grid|target] (grid = --part dp)
+    import sys
+
+    dwf_target() if sys.argv[1:] == ["target"] else run(quick="--quick" in sys.argv)
