@@ -186,7 +186,7 @@ class DeltaWarning(UserWarning):
     with probability delta and still meet the guarantee (Dwork & Roth 2014, sec. 2.3)."""
 
 SET_FIELDS_BOUNDED = ("centres",)
-SHRINKS = ("coordinate", "vector", "hierarchical")
+SHRINKS = ("coordinate", "vector", "hierarchical", "step")
 
 
 class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
@@ -600,7 +600,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                     round=ctx.round,
                     stage="server_aggregate",
                 )
-            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action), specs, ctx.action, ctx)
+            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx.action, ctx)
             return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
         if self.mode == "local":
             return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action, ctx), items=agg.items,
@@ -610,7 +610,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step, self._source(ctx, "server", s.name))
-        sums = self._shrunk(self._translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action)
+        sums = self._shrunk(self._translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx)
         return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx), items=agg.items, contributors=agg.contributors,
                                 specs=agg.specs)
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NOISE_ONE_ROUND = 0.25  # E1: above it, one Lloyd round
+NOISE_ONE_ROUND = 0.7  # E1: above it, one Lloyd round
 MAX_ROUNDS = 6
 SPREAD = 0.5  # the start's candidates lie in the inner half of the box (per side)
 
@@ -62,8 +62,8 @@ class DPPlan:
             "noise_level": self.noise_level,
             "one_release_noise_multiplier": self.one_release_z,
             "records_declared_public": self.n_records,
-            "rule": "protocols.dp.planning (R = 1 if e > 0.25 else 1 + ceil(log2(0.25 / e) / 2) in [2, 6]; "
-                    "radius-bounded rounds after the first; hierarchical shrinkage)",
+            "rule": "protocols.dp.planning (R = 1 if e > 0.7 else 1 + ceil(log2(0.7 / e) / 2) in [2, 6]; "
+                    "radius-bounded rounds after the first; step shrinkage towards the broadcast centres)",
         }
 
 
@@ -160,6 +160,6 @@ def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:
     if dp.radius is None:
         dp.radius = "auto"
     if dp.shrink is None:
-        dp.shrink = "hierarchical"
+        dp.shrink = "step"
     dp.plan = p.describe()
     return p

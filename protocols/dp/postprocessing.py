@@ -57,7 +57,7 @@ class PostProcessing:
             rows = np.clip(rows, low, high)
         return rows.reshape(np.shape(arr))
 
-    def _shrunk(self, sums, specs, sigmas, action):
+    def _shrunk(self, sums, specs, sigmas, action, ctx=None):
         """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their
         overall mean (post-processing of the released sums with the layer's own, public sigmas).
 
@@ -77,6 +77,15 @@ class PostProcessing:
         below one count-noise sigma get the target as their mean, at weight sigma_count (their
         own mean is noise). Only released values and the public sigmas are read: no privacy
         cost, nothing charged.
+
+        ``"step"`` (the DP plan's choice since issue 20's second revision): each row's *step*
+        m_j - c_j from its broadcast centre c_j (public: the round's input) is shrunk by the same
+        plug-in factor max(0, 1 - d v_j / ||m_j - c_j||^2), v_j = sigma_sum^2 / n_j^2, and a row
+        whose noisy count is below one count-noise sigma keeps c_j -- the prior of a Lloyd step is
+        "no move", as FastLloyd's radius-bounded steps assume (Diaa et al. 2025), instead of the
+        overall mean, which pulls all k noisy centres together. The first round of a multi-round
+        plan (its centres are the data-independent start, not yet an estimate) and rounds without
+        broadcast centres use ``"hierarchical"``.
         """
         if self.shrink is None or (action or "").startswith("init.") or len(specs) != 2:
             return sums
@@ -93,6 +102,11 @@ class PostProcessing:
         n = np.asarray(sums[count.name], dtype=np.float64)
         S = np.asarray(sums[total.name], dtype=np.float64)
         sigma_sum, sigma_count = sigmas[total.name][0], sigmas[count.name][0]
+        if self.shrink == "step":
+            prev = self._step_prior(ctx, m, d)
+            if prev is not None:
+                return {**sums, **self._shrunk_step(n, S, prev, sigma_sum, sigma_count, count.name, total.name)}
+            hierarchical = True
         if hierarchical:
             return {**sums, **self._shrunk_hierarchical(n, S, sigma_sum, sigma_count, count.name, total.name)}
         pos = n > 0
@@ -107,6 +121,31 @@ class PostProcessing:
         out = S.copy()
         out[pos] = shrunk * n[pos, None]
         return {**sums, total.name: out}
+
+    def _step_prior(self, ctx, m: int, d: int):
+        """The broadcast centres a ``"step"`` shrinkage shrinks towards, or None (hierarchical):
+        none broadcast, or the first Lloyd round of a plan with more than one."""
+        centres = getattr(getattr(ctx, "broadcast", None), "centres", None)
+        if centres is None or np.shape(centres) != (m, d):
+            return None
+        rounds = (self.plan or {}).get("rounds", 1)
+        if rounds > 1 and ctx.round <= getattr(self, "_first_train", 0):
+            return None
+        return np.asarray(centres, dtype=np.float64)
+
+    @staticmethod
+    def _shrunk_step(n, S, prev, sigma_sum, sigma_count, count_name, sum_name) -> dict:
+        floor = max(sigma_count, 1e-9)
+        pos = n >= floor
+        out, n_out = S.copy(), n.copy()
+        n_out[~pos] = floor
+        out[~pos] = prev[~pos] * floor
+        if pos.any():
+            step = S[pos] / n[pos, None] - prev[pos]
+            v = sigma_sum**2 / n[pos] ** 2
+            factor = np.clip(1.0 - S.shape[1] * v / np.maximum((step**2).sum(axis=1), 1e-300), 0.0, 1.0)
+            out[pos] = (prev[pos] + factor[:, None] * step) * n[pos, None]
+        return {count_name: n_out, sum_name: out}
 
     def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
         from securefkm.algorithms._seeding import shrink_means
