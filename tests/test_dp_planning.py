@@ -20,7 +20,7 @@ warnings.simplefilter("ignore", UserWarning)
 
 
 def test_rounds_rule():
-    assert [lloyd_rounds(e) for e in (1.0, 0.26, 0.25, 0.2, 0.06, 0.01, 1e-6)] == [1, 1, 2, 2, 3, 4, 6]
+    assert [lloyd_rounds(e) for e in (1.0, 0.71, 0.7, 0.5, 0.1, 0.03, 1e-6)] == [1, 1, 2, 2, 3, 4, 6]
 
 
 def test_plan_is_a_function_of_public_inputs_and_starts_inside_the_inner_box():
@@ -181,3 +181,32 @@ def test_clip_only_dp_plans_its_rounds_instead_of_300():
                                     protection=[GaussianDP(1.0, 1e-5, noise_multiplier=5.0, clip=2.0, mode="distributed"),
                                                 PairwiseMasking()])
     assert fixed.make_federation(data)[0].max_rounds == 300
+
+
+def test_step_shrink_pulls_noisy_steps_towards_the_broadcast_centres():
+    """shrink='step': rows shrink towards their own broadcast centre (not the overall mean), a
+    row whose noisy count is below the count sigma keeps its centre; a deterministic function of
+    released sums, public sigmas and the round's public centres."""
+    from securefkm.layers import RoundContext
+    from securefkm.messages import Broadcast, FieldSpec
+
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="step")
+    dp._d = 3
+    C = np.array([[0.5, 0.5, 0.5], [0.0, 0.0, 0.0], [-0.5, -0.5, -0.5]])
+    ctx = RoundContext(run=0, round=1, action="train", sampled=(0,), specs=(), info=None,
+                       broadcast=Broadcast(action="train", centres=C))
+    specs = (FieldSpec("n", (3,), "count", integer=True), FieldSpec("S", (3, 3), "sum", weighted_by="n"))
+    # row 0: a large step (kept, shrunk a little); row 1: low count; row 2: a step within the noise
+    sums = {"n": np.array([50.0, 0.5, 40.0]), "S": np.array([[40.0, 40, 40], [9, 9, 9], [-20.4, -20, -19.6]])}
+    sigmas = {"n": (2.0, 0, 0), "S": (3.0, 0, 0)}
+    a = dp._shrunk(dict(sums), specs, sigmas, "train", ctx)
+    means = a["S"] / a["n"][:, None]
+    raw0 = sums["S"][0] / 50.0
+    factor = 1 - 3 * (3.0 / 50) ** 2 / np.sum((raw0 - C[0]) ** 2)
+    np.testing.assert_allclose(means[0], C[0] + factor * (raw0 - C[0]))
+    assert a["n"][1] == 2.0 and np.allclose(means[1], C[1])
+    np.testing.assert_allclose(means[2], C[2])  # ||step||^2 = 0.0001 < d v: shrunk to no move
+    # without broadcast centres it falls back to the hierarchical rule
+    b = dp._shrunk(dict(sums), specs, sigmas, "train", None)
+    dp.shrink = "hierarchical"
+    np.testing.assert_array_equal(b["S"], dp._shrunk(dict(sums), specs, sigmas, "train")["S"])
