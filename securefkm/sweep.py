@@ -134,13 +134,42 @@ def run_sweep(fn: Callable[[Any], Any], cells, *, jobs: int = 1, backend: str = 
     return results
 
 
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                "NUMEXPR_NUM_THREADS")
+
+
+def _pin_threads(n: int) -> None:
+    """Worker initializer: at most ``n`` threads per native pool (BLAS, OpenMP, torch).
+
+    Each library sizes its pool to the machine's cores, so ``jobs`` workers each running
+    BLAS/OpenMP/torch with all cores oversubscribe the CPU ``jobs``-fold (on 2 cores, 4 spinning
+    threads: ``jobs=2`` measured slower than ``jobs=1``). The variables cover libraries loaded
+    later; threadpoolctl and ``torch.set_num_threads`` those already loaded (forkserver preload).
+    """
+    import sys
+
+    for var in _THREAD_VARS:
+        os.environ[var] = str(n)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+
+
 def _run_processes(fn, cells, todo, jobs, done) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    # forkserver: workers do not inherit the parent's threads or locks (torch, tqdm) as fork would
+    # forkserver: workers do not inherit the parent's threads or locks (torch, tqdm) as fork would.
+    # Preloading fn's module makes the forkserver import it (numpy, sklearn, securefkm) once, so
+    # each worker of each sweep starts from a fork of that instead of importing it again.
     ctx = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+    ctx.set_forkserver_preload(["__main__", fn.__module__])  # no effect once the server runs
+    workers = min(jobs, len(todo))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin_threads,
+                             initargs=(threads,)) as pool:
         pending = {pool.submit(fn, cells[i]): i for i in todo}
         try:
             while pending:

@@ -20,3 +20,13 @@ def logged(cell):
     if cell["i"] == cell["fail_at"] and os.path.exists(cell["flag"]):
         raise KeyboardInterrupt("interrupted")
     return cell["i"] ** 2
+
+
+def native_threads(cell: dict) -> dict:
+    """The thread counts a worker's native pools (BLAS, OpenMP) and torch would use."""
+    import os
+
+    import numpy as np  # noqa: F401 (loads OpenBLAS)
+    from threadpoolctl import threadpool_info
+
+    return {"pools": max(p["num_threads"] for p in threadpool_info()), "omp_env": os.environ.get("OMP_NUM_THREADS")}

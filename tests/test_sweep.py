@@ -1,7 +1,7 @@
 """securefkm.sweep: parallel output equals serial, resume skips cached cells, bad input."""
 
 import pytest
-from _sweep_cells import logged, noisy_mean
+from _sweep_cells import logged, native_threads, noisy_mean
 
 from securefkm.exceptions import InputError
 from securefkm.sweep import cell_key, run_sweep
@@ -17,6 +17,14 @@ def test_parallel_equals_serial_and_order(tmp_path):
     assert cached == serial
     assert run_sweep(noisy_mean, cells, jobs=1, cache_dir=tmp_path, progress=False) == serial  # from the cache
     assert len(list(tmp_path.glob("*.json"))) == len(cells)
+
+
+def test_parallel_workers_share_the_cores_not_oversubscribe(monkeypatch):
+    # 2 jobs on a 4-core machine: 2 threads each; on 2 cores 1 each (jobs=2 was slower than 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    out = run_sweep(native_threads, [{"i": i} for i in range(4)], jobs=2, progress=False)
+    assert {r["omp_env"] for r in out} == {"2"}
+    assert {r["pools"] for r in out} == {2}
 
 
 def test_resume_skips_cached_cells(tmp_path):
