@@ -18,6 +18,7 @@ backend, the number of jobs or the cache state, and in the order of ``cells``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -124,8 +125,9 @@ def run_sweep(fn: Callable[[Any], Any], cells, *, jobs: int = 1, backend: str = 
         if backend == "ray":
             _run_ray(fn, cells, todo, jobs, done)
         elif jobs == 1 or len(todo) <= 1:
-            for i in todo:
-                done(i, fn(cells[i]))
+            with _cell_threads():
+                for i in todo:
+                    done(i, fn(cells[i]))
         else:
             _run_processes(fn, cells, todo, jobs, done)
     finally:
@@ -136,6 +138,31 @@ def run_sweep(fn: Callable[[Any], Any], cells, *, jobs: int = 1, backend: str = 
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                 "NUMEXPR_NUM_THREADS")
+
+
+#: threads per native pool (BLAS, OpenMP, torch) a cell runs with, whatever ``jobs`` is: a
+#: threaded reduction sums in an order that depends on its thread count, so results would
+#: otherwise change with ``jobs`` and with the machine's cores. Parallelism comes from jobs.
+CELL_THREADS = 1
+
+
+@contextlib.contextmanager
+def _cell_threads():
+    """Serial cells in this process run under the same thread limits as worker processes."""
+    import sys
+
+    from threadpoolctl import threadpool_limits
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    with threadpool_limits(limits=CELL_THREADS):
+        if torch is not None:
+            torch.set_num_threads(CELL_THREADS)
+        try:
+            yield
+        finally:
+            if torch is not None:
+                torch.set_num_threads(before)
 
 
 def _pin_threads(n: int) -> None:
@@ -167,9 +194,8 @@ def _run_processes(fn, cells, todo, jobs, done) -> None:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["__main__", fn.__module__])  # no effect once the server runs
     workers = min(jobs, len(todo))
-    threads = max(1, (os.cpu_count() or 1) // workers)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin_threads,
-                             initargs=(threads,)) as pool:
+                             initargs=(CELL_THREADS,)) as pool:
         pending = {pool.submit(fn, cells[i]): i for i in todo}
         try:
             while pending:

@@ -19,12 +19,16 @@ def test_parallel_equals_serial_and_order(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == len(cells)
 
 
-def test_parallel_workers_share_the_cores_not_oversubscribe(monkeypatch):
-    # 2 jobs on a 4-core machine: 2 threads each; on 2 cores 1 each (jobs=2 was slower than 1)
+def test_cells_run_single_threaded_whatever_jobs_is(monkeypatch):
+    """Every cell runs with CELL_THREADS (1) per native pool, in worker processes and in this
+    process alike: no oversubscription with jobs > 1 (jobs=2 was slower than jobs=1), and
+    threaded reductions sum in the same order whatever jobs and the machine's cores are."""
     monkeypatch.setattr("os.cpu_count", lambda: 4)
-    out = run_sweep(native_threads, [{"i": i} for i in range(4)], jobs=2, progress=False)
-    assert {r["omp_env"] for r in out} == {"2"}
-    assert {r["pools"] for r in out} == {2}
+    parallel = run_sweep(native_threads, [{"i": i} for i in range(4)], jobs=2, progress=False)
+    assert {r["omp_env"] for r in parallel} == {"1"}
+    assert {r["pools"] for r in parallel} == {1}
+    serial = run_sweep(native_threads, [{"i": i} for i in range(2)], jobs=1, progress=False)
+    assert {r["pools"] for r in serial} == {1}
 
 
 def test_resume_skips_cached_cells(tmp_path):
