@@ -167,7 +167,7 @@ from .accounting import (
     noise_multiplier_for_schedule,
 )
 from .calibration import Calibration
-from .noise import RNGS, keystream, kls21_tau, lattice_noise_batch, noise_on_lattice
+from .noise import RNGS, keystream, kls21_tau, noise_on_lattice, noise_on_lattice_many, on_lattice
 from .postprocessing import PostProcessing
 from .radius import RadiusBounded
 from .sampler import round_up_variance
@@ -479,18 +479,14 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             )
 
     def client_update(self, update: Update, client, ctx):
-        self._refuse_plain_items(update, ctx)
-        if self.mode == "central":
-            return update
-        if self.mode == "distributed":
-            return self._distributed_shares([update], [client], ctx)[0]
-        return self._local_noise([update], [client], ctx)[0]
+        return self.client_updates([update], [client], ctx)[0]
 
     def client_updates(self, updates, clients, ctx):
-        if self.mode == "central":
-            return super().client_updates(updates, clients, ctx)
+        # one path for a deployed client (a batch of one) and a round of simulated clients
         for update in updates:
             self._refuse_plain_items(update, ctx)
+        if self.mode == "central":
+            return list(updates)
         if self.mode == "local":
             return self._local_noise(updates, clients, ctx)
         return self._distributed_shares(updates, clients, ctx)
@@ -533,13 +529,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             target[key] = value
         return [Update(sums=self._translate(sums, pairs, +1, ctx), items=items) for sums, items, pairs in staged]
 
-    @staticmethod
-    def _noise_fine_many(values, sigmas, steps, sources) -> list[np.ndarray]:
-        """:func:`~protocols.dp.noise.noise_on_lattice` of every (value, sigma, step, source) at once."""
-        lattices = [np.rint(np.asarray(v, dtype=np.float64) / step) for v, step in zip(values, steps)]
-        noise = lattice_noise_batch([round_up_variance((sig / step) ** 2) for sig, step in zip(sigmas, steps)],
-                                    [x.size for x in lattices], sources)
-        return [(x + z.reshape(x.shape)) * step for x, z, step in zip(lattices, noise, steps)]
+    _noise_fine_many = staticmethod(noise_on_lattice_many)
 
     def _distributed_shares(self, updates, clients, ctx):
         """Every client's update plus its noise share N_Z(0, s^2) per field on the lattice
@@ -551,18 +541,14 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         pairs = self.centred_pairs(ctx.specs)
         steps = {s.name: sigmas[s.name][1] for s in ctx.specs}
         shares = {s.name: round_up_variance(self._share_variance(*sigmas[s.name][:2])) for s in ctx.specs}
-        lattices = []
-        for update in updates:
-            sums = self._translate(update.sums, pairs, -1, ctx)
-            lattices.append({s.name: np.rint(np.asarray(sums[s.name], dtype=np.float64) / steps[s.name])
-                             for s in ctx.specs})
-        requests = [(c, s) for c in clients for s in ctx.specs]
-        noise = iter(lattice_noise_batch(
-            [shares[s.name] for _, s in requests], [s.size for _, s in requests],
-            [self._source(ctx, c.client_id, s.name) for c, s in requests]))
+        centred = [self._translate(update.sums, pairs, -1, ctx) for update in updates]
+        requests = [(sums, c, s) for sums, c in zip(centred, clients) for s in ctx.specs]
+        noisy = iter(on_lattice([sums[s.name] for sums, _, s in requests], [steps[s.name] for _, _, s in requests],
+                                [shares[s.name] for _, _, s in requests],
+                                [self._source(ctx, c.client_id, s.name) for _, c, s in requests]))
         out = []
-        for update, lattice in zip(updates, lattices):
-            sums = {s.name: (lattice[s.name] + next(noise).reshape(s.shape)) * steps[s.name] for s in ctx.specs}
+        for update in updates:
+            sums = {s.name: next(noisy) for s in ctx.specs}
             out.append(Update(sums=self._translate(sums, pairs, +1, ctx), items=update.items))
         return out
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .sampler import round_up_variance, sample_discrete_gaussian, sample_discrete_gaussian_batch
+from .sampler import round_up_variance, sample_discrete_gaussian_batch
 
 FINE = 2.0**-20  # lattice step relative to sigma in central/local modes
 
@@ -40,24 +40,24 @@ def keystream(seed: int, label: str):
     return lambda n: encryptor.update(bytes(n))
 
 
-def lattice_noise(sigma2_lattice: Fraction, size: int, source=None) -> np.ndarray:
-    """``size`` draws of N_Z(0, sigma2_lattice) as floats (lattice units); ``source`` as in
-    :func:`~protocols.dp.sampler.sample_discrete_gaussian` (None: the OS CSPRNG)."""
-    return sample_discrete_gaussian(sigma2_lattice, size, source=source).astype(np.float64)
+def on_lattice(values: list, steps: list, sigma2s: list[Fraction], sources: list) -> list[np.ndarray]:
+    """Each ``values[i]`` rounded to the lattice ``steps[i] Z`` plus N_Z(0, sigma2s[i]) lattice
+    units of noise from ``sources[i]`` (None: the OS CSPRNG); every request in one pass of the
+    sampler, each getting what it would get alone (:func:`~protocols.dp.sampler.sample_discrete_gaussian_batch`)."""
+    lattices = [np.rint(np.asarray(v, dtype=np.float64) / step) for v, step in zip(values, steps)]
+    noise = sample_discrete_gaussian_batch(sigma2s, [x.size for x in lattices], sources)
+    return [(x + z.reshape(x.shape)) * step for x, z, step in zip(lattices, noise, steps)]
 
 
-def lattice_noise_batch(sigma2s: list[Fraction], sizes: list[int], sources: list) -> list[np.ndarray]:
-    """:func:`lattice_noise` for many requests in one pass of the sampler (request i reads only
-    ``sources[i]`` and gets what it would get alone)."""
-    return [x.astype(np.float64) for x in sample_discrete_gaussian_batch(sigma2s, sizes, sources)]
+def noise_on_lattice_many(values: list, sigmas: list, steps: list, sources: list) -> list[np.ndarray]:
+    """:func:`noise_on_lattice` of every (value, sigma, step, source) at once."""
+    return on_lattice(values, steps, [round_up_variance((sig / step) ** 2) for sig, step in zip(sigmas, steps)], sources)
 
 
 def noise_on_lattice(val: np.ndarray, sigma: float, step: float, source=None) -> np.ndarray:
     """``val`` rounded to the lattice ``step Z`` plus discrete Gaussian noise of standard
     deviation >= sigma (variance rounded up in lattice units)."""
-    lattice = np.rint(np.asarray(val, dtype=np.float64) / step)
-    noise = lattice_noise(round_up_variance((sigma / step) ** 2), lattice.size, source).reshape(lattice.shape)
-    return (lattice + noise) * step
+    return noise_on_lattice_many([val], [sigma], [step], [source])[0]
 
 
 def kls21_tau(share_variance: float, m: int) -> float:

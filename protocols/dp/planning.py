@@ -115,19 +115,30 @@ def rounds_plan_for_estimator(est, data, layers) -> DPPlan | None:
     estimator's own start and options. Applies when ``max_rounds`` is unset, the stack holds
     one ``GaussianDP`` and the per-round noise is not fixed by ``noise_multiplier`` or
     ``round_weights``; else None (the estimator's own ``max_rounds`` default)."""
+    dp = _budget_led_layer(est, layers)
+    if dp is None:
+        return None
+    n = _public_n(dp, data)
+    e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, n, dp.accountant_name)
+    p = DPPlan(lloyd_rounds(e), None, e, z1, n)
+    dp.plan = p.describe()
+    return p
+
+
+def _budget_led_layer(est, layers):
+    """The stack's one GaussianDP layer when ``max_rounds`` is unset and the layer leaves its
+    per-round noise to the budget (no ``noise_multiplier``, no ``round_weights``), else None."""
     from .layer import GaussianDP
 
     dps = [la for la in layers if isinstance(la, GaussianDP)]
     if est.max_rounds is not None or len(dps) != 1:
         return None
     dp = dps[0]
-    if dp.noise_multiplier is not None or dp.round_weights is not None:
-        return None
-    n = int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
-    e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, n, dp.accountant_name)
-    p = DPPlan(lloyd_rounds(e), None, e, z1, n)
-    dp.plan = p.describe()
-    return p
+    return None if dp.noise_multiplier is not None or dp.round_weights is not None else dp
+
+
+def _public_n(dp, data) -> int:
+    return int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
 
 
 def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:
@@ -139,23 +150,18 @@ def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:
     layer (the fit's own copy) gets ``radius="auto"`` and ``shrink="step"`` unless set,
     and the plan for its report.
     """
-    from .layer import GaussianDP
-
-    dps = [la for la in layers if isinstance(la, GaussianDP)]
+    dp = _budget_led_layer(est, layers)
     if (
-        est.max_rounds is not None
+        dp is None
+        or dp.bounds is None
         or not (isinstance(est.init, str) and est.init == "auto")
-        or len(dps) != 1
         or est.max_local_steps != 1
         or est.weighting != "dynamic"
         or est.learning_rate != 1.0
         or est.momentum != 0.0
     ):
         return None
-    dp = dps[0]
-    if dp.bounds is None or dp.noise_multiplier is not None or dp.round_weights is not None:
-        return None
-    n = int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
+    n = _public_n(dp, data)
     low, high = dp.bounds
     p = plan(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, low, high, n, seed,
              accountant=dp.accountant_name)

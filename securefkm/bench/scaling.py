@@ -20,12 +20,13 @@ protocol messages cross between driver and workers (docs/scaling.md).
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+
+from ..federation.workers import peak_rss_mib
 
 K, D = 5, 2
 BOX = (-6.0, 6.0)
@@ -48,10 +49,6 @@ def _federation(clients, backend: str, n_workers: int | None, crypto: str = "rea
     kw = {} if backend == "local" else {"backend": backend, "n_workers": n_workers}
     return Federation(algo, clients, protection=[PairwiseMasking()], max_rounds=max_rounds, random_state=0,
                       record="aggregates", crypto=crypto, **kw)
-
-
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -117,7 +114,7 @@ def _scale_case(case: str, workers: int) -> dict:
         with fed:
             state = fed.run(0)
             stats = fed.transport.worker_stats()
-        return {"wall": time.perf_counter() - t, "rounds": int(state.round), "driver_mib": _peak_mib(),
+        return {"wall": time.perf_counter() - t, "rounds": int(state.round), "driver_mib": peak_rss_mib(),
                 "workers_mib": [round(s["peak_mib"]) for s in stats], "records": 1_000_000}
     if case == "round-10k-real":
         clients = make_clients(10_000)
@@ -128,7 +125,7 @@ def _scale_case(case: str, workers: int) -> dict:
             fed.run_round(state, round=0)
             wall = time.perf_counter() - t
             stats = fed.transport.worker_stats()
-        return {"wall": wall, "rounds": 1, "driver_mib": _peak_mib(), "workers_mib": [round(s["peak_mib"]) for s in stats],
+        return {"wall": wall, "rounds": 1, "driver_mib": peak_rss_mib(), "workers_mib": [round(s["peak_mib"]) for s in stats],
                 "records": 1_000_000}
     raise ValueError(case)
 

@@ -143,13 +143,7 @@ class ClientRuntime:
 
     def finish_update(self, update, ctx: RoundContext) -> UpdateReply:
         """Apply the client-side layers to a computed update and open the aggregator session."""
-        for layer in self.layers:
-            if layer.side != "client":
-                continue
-            update = layer.client_update(update, self.context, ctx)
-            if update is None:
-                return self.decline(layer)
-        return self.open_session(update, ctx)
+        return finish_updates([self], [update], ctx)[0]
 
     def decline(self, layer: Layer) -> UpdateReply:
         self.session = None
@@ -221,7 +215,7 @@ def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContex
     round's live updates at once (:meth:`Layer.client_updates`, so e.g. DP noise shares are
     drawn in one pass) when the clients share their layer objects, as simulated clients do."""
     if any(c.layers is not clients[0].layers for c in clients):
-        return [c.finish_update(u, ctx) for c, u in zip(clients, updates)]
+        return [finish_updates([c], [u], ctx)[0] for c, u in zip(clients, updates)]
     updates = list(updates)
     declined: dict[int, Layer] = {}
     for layer in clients[0].layers:

@@ -125,16 +125,20 @@ class Shard:
 
     def stats(self) -> dict:
         """This worker's pid, client count and peak resident memory (MiB)."""
-        try:
-            import resource
-
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
-        except ImportError:  # Windows
-            peak = float("nan")
+        peak = peak_rss_mib()
         node = os.uname().nodename
         if "ray" in sys.modules and sys.modules["ray"].is_initialized():  # a Ray actor: its node id
             node = sys.modules["ray"].get_runtime_context().get_node_id()
         return {"pid": os.getpid(), "clients": len(self.clients), "peak_mib": peak, "node": node}
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB (NaN where ``resource`` is missing: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
 
 
 _SHARD: Shard | None = None  # the shard of this worker process
