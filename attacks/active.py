@@ -314,11 +314,10 @@ class _CraftedPolicy(_SlabPolicy):
             return sampled, {c: broadcast for c in sampled}
         C, self.cells = _crafted_centres(self.search, self.k, self.usable, self.rng)
         self.crafted = True
-        sampled = tuple(sorted(set(sampled) | {self.target}))
+        # the server reads the target's own message: it samples the target alone (the other
+        # clients' messages would tell it nothing, and a simulation would pay for them)
         crafted = Broadcast(broadcast.action, centres=C, params=dict(broadcast.params), sample=broadcast.sample)
-        out = {c: broadcast for c in sampled}
-        out[self.target] = crafted
-        return sampled, out
+        return (self.target,), {self.target: crafted}
 
     def target_cells(self, record):
         pair = cell_fields(record.specs)

@@ -138,6 +138,42 @@ def _anchor_points(sys_):
     return np.vstack(pts) if pts else np.zeros((0, 0))
 
 
+def size_bounds(sys_, rtol: float = 1e-8) -> tuple[int, int]:
+    """(lo, hi): every N for which the client's messages can have an exact solution lies in
+    [lo, hi] (hi < lo: none). Necessary conditions, each exact for exact messages:
+
+    * a validity round reads N itself (sum_j sum_i u_ij = N);
+    * fedavg round: W_j = sum_i u_ij^m > 0, and with sum_j u_ij = 1 and m >= 1 the power-mean
+      inequality gives K^(1-m) <= sum_j u_ij^m <= 1 per record, so
+      sum_j W_j <= N <= K^(m-1) sum_j W_j;
+    * every anchor (a fedavg mean S_j / W_j or a local FCM centre, eq. 6) is a convex
+      combination of the N records, so all anchors of all rounds lie in the records' affine
+      hull, of dimension <= N - 1: N >= 1 + the anchors' affine rank.
+
+    Noisy or rounded messages (local DP, Rounding) break these identities; they then prune
+    the sizes no exact solution exists for anyway (the solver claims only exact solutions),
+    which is what keeps the attack cheap on 64-d data with tens of records per client.
+    """
+    ns = {int(round(v[3])) for v in sys_["validity"]}
+    if len(ns) > 1:
+        return 1, 0
+    lo, hi = (ns.pop(),) * 2 if ns else (1, np.iinfo(np.int64).max)
+    for C, m, _S, W in sys_["fedavg"]:
+        if not np.all(np.isfinite(W)) or np.any(W <= 0):
+            return 1, 0
+        total = float(W.sum())
+        lo = max(lo, int(np.ceil(total * (1 - 1e-9))))
+        hi = min(hi, int(np.floor(total * len(C) ** (m - 1.0) * (1 + 1e-9))))
+    anchors = _anchor_points(sys_)
+    if len(anchors) > 1:
+        A = anchors - anchors.mean(axis=0)
+        sv = np.linalg.svd(A, compute_uv=False)
+        scale = max(1.0, float(np.max(np.abs(anchors))))
+        rank = int(np.sum(sv > rtol * scale * np.sqrt(len(anchors))))
+        lo = max(lo, rank + 1)
+    return max(lo, 1), hi
+
+
 def _trilaterate(C, spread, q):
     """One record from its distances to K >= d + 1 centres (q = 1 spreads of a one-record client)."""
     if q != 1.0 or len(C) < C.shape[1] + 1:
@@ -176,14 +212,9 @@ class FuzzyEquationSolver:
 
     # ------------------------------------------------------------------ one client
     def _sizes(self, sys_):
-        ns = {int(round(v[3])) for v in sys_["validity"]}
-        if ns:
-            n = ns.pop()
-            return [n] if 1 <= n <= self.max_records else []
-        lo = 1
-        for _C, _m, _S, W in sys_["fedavg"]:
-            lo = max(lo, int(np.ceil(W.sum() - 1e-9)))
-        return list(range(lo, self.max_records + 1))
+        """The client sizes N for which an exact solution can exist (see :func:`size_bounds`)."""
+        lo, hi = size_bounds(sys_, self.residual_tol)
+        return list(range(lo, min(hi, self.max_records) + 1))
 
     def solve_client(self, sys_, rng):
         """Records (N, d) that reproduce every message of the client, or None."""

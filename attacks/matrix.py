@@ -18,6 +18,7 @@ Every fit is built by :func:`make_fit` -- the one place the benchmark's ``crypto
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -118,6 +119,8 @@ def applicability(attack: str, algorithm: str, specs, k: int) -> str | None:
     secure = _secure_aggregator(specs)
     if attack == "fuzzy-equations" and base not in FUZZY:
         return "the fuzzy equation solver reads fuzzy c-means memberships"
+    if attack in ACTIVE and base == "ewf":
+        return "EWF sends per-cell means without counts; the slab search reads per-cell counts and sums (DWF, mini-batch)"
     if attack == "crafted-centroids":
         if base not in CRISP:
             return "needs server-chosen centres in Lloyd training rounds (crisp DWF/EWF/mini-batch)"
@@ -136,7 +139,23 @@ def applicability(attack: str, algorithm: str, specs, k: int) -> str | None:
 # ------------------------------------------------------------------ data
 def load(spec: dict, seed: int):
     """(FederatedDataset of training records, labels per client or None, k, box, held-out
-    records) for a dataset spec ``{"name", "split", "n_clients", ...}``."""
+    records) for a dataset spec ``{"name", "split", "n_clients", ...}``.
+
+    Memoised per process (a worker runs many cells of one dataset and seed; the non-IID
+    splits run k-means): the arrays are made read-only, so a fit or an attack that wrote
+    into the shared records would fail loudly instead of changing the next cell's data."""
+    key = json.dumps([spec, seed], sort_keys=True)
+    if key not in _LOADED:
+        if len(_LOADED) >= 4:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = _load(spec, seed)
+    return _LOADED[key]
+
+
+_LOADED: dict = {}
+
+
+def _load(spec: dict, seed: int):
     from securefkm.datasets import load_dataset
     from securefkm.datasets.federated import FederatedDataset
 
@@ -166,6 +185,8 @@ def load(spec: dict, seed: int):
         raise InputError(f"dataset {name!r} has no declared box; add it to attacks.matrix.BOXES.")
     labels = data.labels
     clients, client_labels, held = _hold_out(data.clients, labels, seed)
+    for a in [*clients, *(client_labels or []), held]:
+        a.setflags(write=False)
     data = FederatedDataset(clients, labels=client_labels, name=data.name)
     return data, int(k), BOXES[name], held
 

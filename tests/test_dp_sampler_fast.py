@@ -51,6 +51,19 @@ def test_a_request_draws_the_same_alone_or_in_any_batch():
             assert got.tolist() == alone[i].tolist()
 
 
+@pytest.mark.parametrize("read_ahead", [0, 1, 24])
+def test_read_ahead_of_the_sources_does_not_change_a_draw(monkeypatch, read_ahead):
+    """A batch reads each request's stream ahead into a buffer; however short that buffer
+    (0: every pass refills it), every request gets what it draws alone."""
+    monkeypatch.setattr(sampler._Words, "READ_AHEAD", read_ahead)
+    sigma2s, sizes = [1.0, 2.0**40, 3.0, Fraction(7, 3)] * 3, [1, 40, 300, 0] * 3
+    alone = [sampler.sample_discrete_gaussian(s, n, source=keystream(5, f"r{i}"), as_int=True)
+             for i, (s, n) in enumerate(zip(sigma2s, sizes))]
+    batch = sampler.sample_discrete_gaussian_batch(sigma2s, sizes, [keystream(5, f"r{i}") for i in range(len(sizes))],
+                                                   as_int=True)
+    assert [b.tolist() for b in batch] == [a.tolist() for a in alone]
+
+
 def test_batch_from_the_os_stream_has_the_right_variance():
     draws = sampler.sample_discrete_gaussian_batch([4.0, 2.0**30], [20000, 20000])
     assert abs(draws[0].var() / 4.0 - 1) < 0.05

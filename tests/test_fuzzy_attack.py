@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import make_blobs
 
-from attacks.fuzzy import FuzzyEquationSolver, _client_systems, _residuals
+from attacks.fuzzy import FuzzyEquationSolver, _client_systems, _residuals, size_bounds
 from securefkm.exceptions import InputError
 from securefkm.registry import make_estimator
 
@@ -61,3 +61,38 @@ def test_bad_parameters():
         FuzzyEquationSolver(max_records=0)
     with pytest.raises(InputError, match="transcript"):
         FuzzyEquationSolver().evaluate("nope", [np.zeros((2, 2))])
+
+
+def test_size_bounds_hold_the_true_size_and_prune_big_clients(fuzzy_clients):
+    """size_bounds: every client's true N lies in [lo, hi] (the conditions are necessary);
+    on fedavg messages the weights bound N from both sides (K^(1-m) <= sum_j u^m <= 1)."""
+    est = _fit("fcm-fedavg", fuzzy_clients)
+    systems = _client_systems(est.transcript_)
+    for c, X in enumerate(fuzzy_clients):
+        lo, hi = size_bounds(systems[c])
+        assert lo <= len(X) <= hi
+    lo, hi = size_bounds(systems[2])  # 57 records: far above max_records, nothing to try
+    assert lo > 3 and FuzzyEquationSolver()._sizes(systems[2]) == []
+    assert size_bounds(systems[1])[0] == 2  # two records: the anchors span a line
+
+
+def test_anchor_rank_prunes_clients_in_high_dimension():
+    """k-means averaging sends only local centres (no counts): in 12-d, the local centres of a
+    20-record client span more than a plane, so no size <= 3 is tried (no solver call); a
+    2-record client is still solved exactly."""
+    rng = np.random.default_rng(0)
+    clients = [rng.normal(size=(2, 12)), rng.normal(size=(20, 12)) + 3, rng.normal(size=(30, 12)) - 3]
+    est = make_estimator("fcm", n_clusters=4, max_rounds=4, random_state=0).fit(clients)
+    systems = _client_systems(est.transcript_)
+    assert size_bounds(systems[1])[0] >= 4 and size_bounds(systems[2])[0] >= 4
+    assert FuzzyEquationSolver()._sizes(systems[1]) == []
+    r = FuzzyEquationSolver().evaluate(est.transcript_, clients)
+    assert r.extra["clients_solved"] == [0] and r.records_recovered == 2
+
+
+def test_noisy_weights_leave_no_size():
+    """A negative or non-finite weight cannot come from real memberships: no exact solution."""
+    C = np.zeros((2, 2))
+    sys_ = {"fedavg": [(C, 2.0, np.ones((2, 2)), np.array([0.5, -0.1]))], "local": [], "validity": []}
+    lo, hi = size_bounds(sys_)
+    assert hi < lo
