@@ -173,6 +173,8 @@ def _fit_cells(cfg: BenchConfig, central: dict) -> list[dict]:
                                   "attacks": list(cfg.attacks), "max_rounds": cfg.max_rounds,
                                   "active_rounds": cfg.active_rounds, "crypto": cfg.crypto,
                                   "central": central[(matrix.dataset_label(ds), s)]})
+                    if matrix.plans_dp_rounds(alg, specs):  # only these cells' keys change
+                        cells[-1]["dp_planned"] = True
     return cells
 
 

@@ -237,16 +237,29 @@ def _dp_takes_rng() -> bool:
     return "rng" in inspect.signature(GaussianDP).parameters
 
 
-def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, crypto: str = "ideal"):
+def plans_dp_rounds(algorithm: str, specs) -> bool:
+    """True when the cell's estimator plans its own rounds for a DP stack (its ``_plan_dp``,
+    :mod:`protocols.dp.planning`, applies only with ``max_rounds`` unset): the benchmark then
+    leaves ``max_rounds`` to it -- the rounds a user of the defaults gets under that budget."""
+    from securefkm.estimators.base import FederatedClusterer
+    from securefkm.registry import estimator_class
+
+    cls, _ = estimator_class(split_algorithm(algorithm)[0])
+    return bool(dp_layers(specs)) and cls._plan_dp is not FederatedClusterer._plan_dp
+
+
+def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, crypto: str = "ideal",
+             dp_planned: bool = False):
     """The estimator of one cell; ``crypto`` ("ideal" by default: the same release as the real
-    protocol, bit for bit, tests/test_ideal.py) goes to the estimator."""
+    protocol, bit for bit, tests/test_ideal.py) goes to the estimator; ``dp_planned``
+    (:func:`plans_dp_rounds`) leaves ``max_rounds`` to the estimator's DP planner."""
     from securefkm.registry import make_estimator
 
     base, kw = split_algorithm(algorithm)
     kw.update(n_clusters=k, random_state=seed)
     if specs:
         kw["init_bounds"] = tuple(box)
-    if base not in ("kfed", "child-parent"):
+    if base not in ("kfed", "child-parent") and not dp_planned:
         kw["max_rounds"] = max_rounds
     kw["crypto"] = crypto
     return make_estimator(base, protection=with_box(specs, box), **kw)
@@ -281,7 +294,8 @@ def fit_cell(cell: dict) -> list[dict]:
     est, fit_status = None, STATUS_OK
     t0 = time.perf_counter()
     try:
-        est = make_fit(alg, specs, k, box, seed, cell["max_rounds"], cell.get("crypto", "ideal"))
+        est = make_fit(alg, specs, k, box, seed, cell["max_rounds"], cell.get("crypto", "ideal"),
+                       cell.get("dp_planned", False))
         est.fit(data)
         X = data.pooled()
         labels, d2 = assign(X, est.cluster_centers_)
