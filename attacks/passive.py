@@ -11,6 +11,8 @@ the dataset is used only to score the claims.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 from scipy.optimize import linprog
 
@@ -222,17 +224,56 @@ def clip_polygon(P: np.ndarray, A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return P
 
 
+class _Witnesses:
+    """Points known to lie in the box, with their Voronoi cell in every round: a region that
+    contains one of them is non-empty without a linear programme. Shared by the regions of
+    one attack run (same centres); holds the move candidates of a peel step (mostly real
+    records, which lie in the regions a moving record would) and the interior points the
+    LPs find."""
+
+    MAX = 4096
+
+    def __init__(self, C):
+        self.C = C
+        self.points = np.zeros((0, C.shape[2]))
+        self.labels = np.zeros((0, C.shape[0]), dtype=np.intp)
+        self.answers: dict = {}  # (box, cells) -> non-empty? (regions recur across peel steps)
+
+    def add(self, X) -> None:
+        X = np.asarray(X, dtype=np.float64).reshape(-1, self.C.shape[2])
+        if not len(X):
+            return
+        lab = np.stack([assign(X, self.C[t])[0] for t in range(len(self.C))], axis=1)
+        self.points = np.vstack([self.points, X])[-self.MAX :]
+        self.labels = np.vstack([self.labels, lab])[-self.MAX :]
+
+    def inside(self, cells, A, b, low, high) -> bool:
+        """True when a stored point lies in every cell of ``cells`` and (checked exactly) in
+        {A x <= b} and the box."""
+        if not len(self.points) or not cells:
+            return False
+        t, j = np.array(cells).T
+        for i in np.flatnonzero(np.all(self.labels[:, t] == j, axis=1))[:4]:
+            x = self.points[i]
+            if np.all(A @ x <= b) and np.all(x >= low) and np.all(x <= high):
+                return True
+        return False
+
+
 class _Region:
     """Polytopes {x in box: x in cell j_1 of C_{t_1}, ..., cell j_n of C_{t_n}}: is one empty?
 
-    2-D: exact clipping of the box polygon (fast); otherwise one linear programme."""
+    2-D: exact clipping of the box polygon (fast); otherwise a stored point that lies in the
+    region (:class:`_Witnesses`), or one linear programme."""
 
-    def __init__(self, C, low, high):
+    def __init__(self, C, low, high, witnesses: _Witnesses | None = None):
         self.C, self.low, self.high = C, low, high
         self._rows: dict = {}
         self.base_rows = np.zeros((0, C.shape[2])), np.zeros(0)
+        self.base_cells: list = []
         self.base_poly = self._box() if C.shape[2] == 2 else None
         self.n_checks = 0
+        self.witnesses = witnesses if witnesses is not None else _Witnesses(C)
 
     def _box(self):
         lo, hi = self.low, self.high
@@ -253,6 +294,7 @@ class _Region:
         """Every region below is also inside these cells (a known confinement)."""
         A, b = self.rows(cells)
         self.base_rows = A, b
+        self.base_cells = list(cells)
         if self.base_poly is not None:
             self.base_poly = clip_polygon(self._box(), A, _shrunk(b)) if len(A) else self._box()
 
@@ -262,8 +304,28 @@ class _Region:
         if self.base_poly is not None:
             return len(self.base_poly) > 0 and len(clip_polygon(self.base_poly, A, _shrunk(b))) > 0
         A = np.vstack([self.base_rows[0], A])
-        b = np.concatenate([self.base_rows[1], b])
-        res = linprog(np.zeros(A.shape[1]), A_ub=A, b_ub=_shrunk(b), bounds=list(zip(self.low, self.high)), method="highs")
+        b = _shrunk(np.concatenate([self.base_rows[1], b]))
+        all_cells = sorted(set(self.base_cells) | set(cells))
+        key = (self.low.tobytes(), self.high.tobytes(), tuple(all_cells))
+        if key not in self.witnesses.answers:
+            self.witnesses.answers[key] = self._nonempty(all_cells, A, b)
+        return self.witnesses.answers[key]
+
+    def _nonempty(self, cells, A, b) -> bool:
+        # in 64-d nearly every region checked is non-empty, and a stored point proves it
+        # without an LP; emptiness still needs the LP
+        if self.witnesses.inside(cells, A, b, self.low, self.high):
+            return True
+        # feasibility as the Chebyshev-centre LP (max r: A x + r |A_i| <= b, r >= 0): the same
+        # answer, and the point it returns lies deep inside, a witness for later regions
+        d = A.shape[1]
+        A_r = np.hstack([A, np.linalg.norm(A, axis=1)[:, None]])
+        c = np.zeros(d + 1)
+        c[-1] = -1.0
+        res = linprog(c, A_ub=A_r, b_ub=b, bounds=[*zip(self.low, self.high), (0, float(np.max(self.high - self.low)))],
+                      method="highs")
+        if res.status == 0:
+            self.witnesses.add(res.x[:d])
         return res.status == 0
 
 
@@ -286,7 +348,8 @@ def _subtract_known(C, N, S, known):
     return Nr, Sr
 
 
-def peel(C, N, S, *, bounds=None, known=None, max_iter: int = 50, max_gap: int | None = None, agree_rtol: float = 1e-9):
+def peel(C, N, S, *, bounds=None, known=None, max_iter: int = 50, max_gap: int | None = None, agree_rtol: float = 1e-9,
+         witnesses: _Witnesses | None = None):
     """Differencing to a fixpoint on one client's per-round cells.
 
     ``C`` (T, k, d) the centres the client got, ``N`` (T, k) its counts, ``S`` (T, k, d) its
@@ -334,13 +397,14 @@ def peel(C, N, S, *, bounds=None, known=None, max_iter: int = 50, max_gap: int |
         w = np.maximum(hi - lo, 1e-12)
         bounds = (lo - w, hi + w)
     low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in bounds)
+    witnesses = _Witnesses(C) if witnesses is None else witnesses
     iters = 0
     for it in range(1, max_iter + 1):
         iters = it
         Nr, Sr = _subtract_known(C, N, S, known) if len(known) else (N.copy(), S.copy())
         if np.any(Nr < 0) or not np.any(Nr > 0):
             break
-        new = _peel_step(C, Nr, Sr, low, high, tol, max_gap)
+        new = _peel_step(C, Nr, Sr, low, high, tol, max_gap, witnesses)
         if len(new) == 0:
             break
         new = dedup(new, tol)
@@ -350,10 +414,12 @@ def peel(C, N, S, *, bounds=None, known=None, max_iter: int = 50, max_gap: int |
         if len(new) == 0:
             break
         known = np.vstack([known, new])
+        if d > 2:
+            witnesses.add(new)
     return known, iters
 
 
-def _peel_step(C, Nr, Sr, low, high, tol, max_gap):
+def _peel_step(C, Nr, Sr, low, high, tol, max_gap, witnesses=None):
     """One peel iteration on residual cells: the records it certifies (see :func:`peel`)."""
     T, k, d = Sr.shape
     sid = _groups(np.hstack([Nr, Sr.reshape(T, -1)]), tol)
@@ -367,7 +433,7 @@ def _peel_step(C, Nr, Sr, low, high, tol, max_gap):
     def same_content(t, j):  # rounds in which cell j holds what it holds in round t
         return [(int(u), j) for u in np.flatnonzero(cell_gid[:, j] == cell_gid[t, j])]
 
-    region = _Region(C, low, high)
+    region = _Region(C, low, high, witnesses)
     single = np.flatnonzero(occ.sum(axis=1) == 1)
     region.confine([(int(t), int(np.argmax(occ[s]))) for s in single for t in members[s]])
     found = []
@@ -399,6 +465,8 @@ def _peel_step(C, Nr, Sr, low, high, tol, max_gap):
                 break
             ok[ok] &= occ[s, assign(X[ok], C[rep[s]])[0]]
         a, b, ll, X = a[ok], b[ok], ll[ok], X[ok]
+        if d > 2:
+            region.witnesses.add(X)  # mostly real records: they lie in the regions moves would
         order = np.lexsort(X.T[::-1])
         value = np.empty(len(X), dtype=np.intp)  # one certificate per distinct candidate value
         value[order] = np.concatenate([[0], np.cumsum(~np.all(np.abs(np.diff(X[order], axis=0)) <= tol, axis=1))]) if len(X) else []
@@ -481,12 +549,14 @@ class Differencing:
         claims = []
         iters = {}
         seeded = _seeding_records(transcript) if self.use_seeding else {}
+        pools: dict = {}  # witness points per sequence of centres, shared by the clients that got it
         for c in range(n_clients):
             obs = _client_observations(transcript, c)
             if obs is None:
                 claims.extend((c, x) for x in seeded.get(c, ()))
                 continue
-            rec, it = peel(*obs, bounds=self.data_bounds, known=seeded.get(c), max_iter=self.max_iter, max_gap=self.max_gap)
+            rec, it = peel(*obs, bounds=self.data_bounds, known=seeded.get(c), max_iter=self.max_iter, max_gap=self.max_gap,
+                           witnesses=pools.setdefault(hashlib.sha1(obs[0].tobytes()).hexdigest(), _Witnesses(obs[0])))
             iters[c] = it
             claims.extend((c, x) for x in rec)
         if self.include_singletons_only_rounds:

@@ -71,3 +71,31 @@ def test_differencing_paper_settings_iid_must_show():
     clients = load_dataset("dwf-blobs", split="iid", n_clients=100, random_state=0).clients
     r = Differencing().evaluate(_paper_transcript(clients, 300), clients)
     assert r.fraction_recovered >= 0.065 and r.clients_exposed >= 0.90 and r.precision > 0.99
+
+
+def test_region_test_with_witness_points_agrees_with_the_linear_programme():
+    """In d > 2 the peeling's emptiness test answers from stored points when one lies in the
+    region, and caches answers; on random Voronoi-cell intersections it must give exactly the
+    plain LP's answer (both empty and non-empty regions occur)."""
+    from scipy.optimize import linprog
+
+    from attacks.passive import _cell_halfspaces, _Region, _shrunk, _Witnesses
+
+    rng = np.random.default_rng(3)
+    T, k, d = 6, 4, 4
+    C = rng.normal(size=(k, d))[None] + 0.4 * rng.normal(size=(T, k, d))
+    low, high = -3 * np.ones(d), 3 * np.ones(d)
+    pool = _Witnesses(C)
+    pool.add(rng.uniform(-3, 3, size=(300, d)))
+    answers = []
+    for _ in range(150):
+        cells = [(int(t), int(rng.integers(k))) for t in rng.choice(T, size=int(rng.integers(1, 4)), replace=False)]
+        region = _Region(C, low, high, pool)
+        got = region.nonempty(cells)
+        A = np.vstack([_cell_halfspaces(C[t], j)[0] for t, j in cells])
+        b = np.concatenate([_cell_halfspaces(C[t], j)[1] for t, j in cells])
+        want = linprog(np.zeros(d), A_ub=A, b_ub=_shrunk(b), bounds=list(zip(low, high)), method="highs").status == 0
+        assert got == want, cells
+        assert region.nonempty(cells) == want  # the cached answer
+        answers.append(want)
+    assert 10 < sum(answers) < 140  # both kinds were tested
