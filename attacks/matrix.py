@@ -241,11 +241,12 @@ def plans_dp_rounds(algorithm: str, specs) -> bool:
     """True when the cell's estimator plans its own rounds for a DP stack (its ``_plan_dp``,
     :mod:`protocols.dp.planning`, applies only with ``max_rounds`` unset): the benchmark then
     leaves ``max_rounds`` to it -- the rounds a user of the defaults gets under that budget."""
-    from securefkm.estimators.base import FederatedClusterer
-    from securefkm.registry import estimator_class
+    from securefkm.registry import make_estimator
 
-    cls, _ = estimator_class(split_algorithm(algorithm)[0])
-    return bool(dp_layers(specs)) and cls._plan_dp is not FederatedClusterer._plan_dp
+    if not dp_layers(specs):
+        return False
+    base, kw = split_algorithm(algorithm)
+    return make_estimator(base, **kw).plans_dp_rounds()
 
 
 def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, crypto: str = "ideal",

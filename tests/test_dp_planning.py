@@ -210,3 +210,32 @@ def test_step_shrink_pulls_noisy_steps_towards_the_broadcast_centres():
     b = dp._shrunk(dict(sums), specs, sigmas, "train", None)
     dp.shrink = "hierarchical"
     np.testing.assert_array_equal(b["S"], dp._shrunk(dict(sums), specs, sigmas, "train")["S"])
+
+
+@pytest.mark.parametrize("alg, plain_default", [("minibatch", 200), ("fcm-fedavg", 100)])
+def test_minibatch_and_fedavg_fcm_plan_their_rounds_under_dp(alg, plain_default):
+    """Mini-batch k-means and fedavg fuzzy c-means have Lloyd's round sensitivity: with
+    max_rounds unset they run the rule's rounds for the budget (not 200 / 100 rounds at a
+    200th / 100th of it), computed from the records a round is expected to sum; without DP,
+    or with max_rounds given, their own defaults."""
+    from protocols import PairwiseMasking
+    from protocols.dp.planning import noise_level
+    from securefkm import load_dataset
+    from securefkm.registry import make_estimator
+
+    data = load_dataset("dwf-blobs", split="non-iid", n_clients=20, random_state=0)
+    dp = lambda: [GaussianDP(1.0, 1e-5, bounds=(-2.0, 2.0), mode="distributed", rng="seeded"), PairwiseMasking()]  # noqa: E731
+    model = make_estimator(alg, n_clusters=5, init_bounds=(-2, 2), random_state=0, crypto="ideal", protection=dp())
+    model.fit(data)
+    e, _ = noise_level(5, 2, 1.0, 1e-5, data.n_samples)
+    assert model.dp_plan_ is not None and model.dp_plan_.rounds == lloyd_rounds(e) <= 6
+    assert model.privacy_spent_[0] <= 1.0 + 1e-9
+    half = make_estimator(alg, n_clusters=5, init_bounds=(-2, 2), random_state=0, crypto="ideal", protection=dp(),
+                          clients_per_round=0.5)
+    half.fit(data)  # half the clients a round: half the records, twice the relative noise
+    assert half.dp_plan_.noise_level == pytest.approx(2 * model.dp_plan_.noise_level, rel=0.01)
+    plain = make_estimator(alg, n_clusters=5, random_state=0)
+    assert plain.make_federation(data)[0].max_rounds == plain_default
+    fixed = make_estimator(alg, n_clusters=5, init_bounds=(-2, 2), random_state=0, crypto="ideal", protection=dp(),
+                           max_rounds=7)
+    assert fixed.make_federation(data)[0].max_rounds == 7

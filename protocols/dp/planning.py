@@ -112,14 +112,20 @@ def rounds_plan_for_estimator(est, data, layers) -> DPPlan | None:
     """Rounds for the budget when the full plan does not apply (e.g. ``GaussianDP(clip=...)``
     without ``bounds``, an explicit ``init``, or non-default DWF steps): the same rule for R
     from the noise level e (the clip ball's radius takes the half-diagonal's place), the
-    estimator's own start and options. Applies when ``max_rounds`` is unset, the stack holds
+    estimator's own start and options; n is the records a round is expected to sum (the
+    public number of records times the fraction of clients sampled). Used by DWF outside the
+    full plan, by mini-batch k-means and by fedavg fuzzy c-means (whose rounds have the
+    same sensitivity: a record moves a count or a membership weight by at most 1 and a sum
+    by at most the box's half-diagonal). Applies when ``max_rounds`` is unset, the stack holds
     one ``GaussianDP`` and the per-round noise is not fixed by ``noise_multiplier`` or
     ``round_weights``; else None (the estimator's own ``max_rounds`` default)."""
     dp = _budget_led_layer(est, layers)
     if dp is None:
         return None
     n = _public_n(dp, data)
-    e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, n, dp.accountant_name)
+    # a round sums the records of the clients it samples: fewer records, relatively more noise
+    per_round = max(1, round(n * _client_fraction(est, data)))
+    e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, per_round, dp.accountant_name)
     p = DPPlan(lloyd_rounds(e), None, e, z1, n)
     dp.plan = p.describe()
     return p
@@ -135,6 +141,15 @@ def _budget_led_layer(est, layers):
         return None
     dp = dps[0]
     return None if dp.noise_multiplier is not None or dp.round_weights is not None else dp
+
+
+def _client_fraction(est, data) -> float:
+    """Expected fraction of the clients a round samples (``clients_per_round``: a fraction, or
+    a count out of the public number of clients)."""
+    c = getattr(est, "clients_per_round", 1.0)
+    if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+        return min(1.0, int(c) / max(1, data.n_clients))
+    return min(1.0, float(c))
 
 
 def _public_n(dp, data) -> int:

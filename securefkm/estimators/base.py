@@ -275,6 +275,11 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         """The DP default plan (:mod:`protocols.dp.planning`) this estimator runs, or None."""
         return None
 
+    def plans_dp_rounds(self) -> bool:
+        """Whether, with ``max_rounds`` unset and a budget-led ``GaussianDP`` layer, this
+        estimator (with its current options) picks its rounds for the budget."""
+        return False
+
     @staticmethod
     def _transport_kwargs(transport, data):
         if transport is None:

@@ -112,6 +112,9 @@ class WeightedFederatedKMeans(FederatedClusterer):
     def _max_rounds(self):
         return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
 
+    def plans_dp_rounds(self) -> bool:
+        return True
+
     def _plan_dp(self, data, layers, seed):
         from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
 

@@ -24,6 +24,8 @@ from ..federation.runtime import MAX_ABORTED_ROUNDS
 from ..metrics_fuzzy import fuzzy_davies_bouldin
 from .base import FederatedClusterer, resolve_init
 
+DEFAULT_MAX_ROUNDS = 100
+
 #: scikit-learn checks that set n_clusters=1, which fuzzy c-means refuses with a message (see
 #: ``_make_algorithm``); declared to ``parametrize_with_checks(expected_failed_checks=...)``
 _ONE_CLUSTER = ("the check sets n_clusters=1; fuzzy c-means needs n_clusters >= 2 (with one cluster every "
@@ -54,8 +56,11 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         sum_k ||c_k^t - c_k^(t+1)|| <= global_tol (the paper: 0.001 both).
     max_local_iter : int
         Cap on a client's local FCM iterations per round.
-    max_rounds : int
-        Cap on training rounds (then the validity round still runs).
+    max_rounds : int or None
+        Cap on training rounds (then the validity round still runs). None (default): 100;
+        with ``averaging="fedavg"`` and a ``GaussianDP`` layer that leaves its per-round noise
+        to the budget, the rounds the DP rule picks for that budget
+        (:func:`protocols.dp.planning.rounds_plan_for_estimator`, ``dp_plan_``).
     centre_weights : {"none", "membership"}
         k-means averaging only: "none" (the paper) sends centres only; "membership" also
         sends each local centre's fuzzy support sum_i u_ij and weights the server k-means.
@@ -99,7 +104,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         local_tol=1e-3,
         global_tol=1e-3,
         max_local_iter=300,
-        max_rounds=100,
+        max_rounds=None,
         centre_weights="none",
         server_init="warm",
         clients_per_round=1.0,
@@ -143,6 +148,21 @@ class FederatedFuzzyCMeans(FederatedClusterer):
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)
+
+    def _max_rounds(self):
+        return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
+
+    def plans_dp_rounds(self) -> bool:
+        # fedavg rounds are sums with Lloyd's sensitivity; k-means averaging's rounds (local
+        # centres, or the secure mode's server k-means iterations) are not budgeted this way
+        return self.averaging == "fedavg" and not self.secure_mode
+
+    def _plan_dp(self, data, layers, seed):
+        if not self.plans_dp_rounds():
+            return None
+        from protocols.dp.planning import rounds_plan_for_estimator
+
+        return rounds_plan_for_estimator(self, data, layers)
 
     def _make_algorithm(self, n_features, n_clients):
         if check_int(self.n_clusters, "n_clusters", minimum=1) < 2:

@@ -6,6 +6,8 @@ from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
 from ..federation.runtime import MAX_ABORTED_ROUNDS
 from .base import FederatedClusterer, resolve_init
 
+DEFAULT_MAX_ROUNDS = 200
+
 
 class MiniBatchFederatedKMeans(FederatedClusterer):
     """Federated (mini-batch) k-means of Triebe & Rajagopal (2019), Algorithms 1 and 2.
@@ -28,8 +30,11 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         alpha in (0, 1].
     client_rate : float
         beta in (0, 1].
-    max_rounds : int
-        T, the number of global rounds.
+    max_rounds : int or None
+        T, the number of global rounds. None (default): 200 without DP; with a
+        ``GaussianDP`` layer that leaves its per-round noise to the budget, the rounds the DP
+        rule picks for that budget (:func:`protocols.dp.planning.rounds_plan_for_estimator`,
+        ``dp_plan_``). Pass a number to opt out.
     tol : float
         Stop early when the centres move less than tol and no cluster is on a small-size streak.
     reassign : bool
@@ -58,7 +63,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         batch_size=None,
         server_rate=1.0,
         client_rate=1.0,
-        max_rounds=200,
+        max_rounds=None,
         tol=1e-6,
         reassign=True,
         reassign_fraction=0.01,
@@ -95,6 +100,17 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+
+    def _max_rounds(self):
+        return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
+
+    def plans_dp_rounds(self) -> bool:
+        return True
+
+    def _plan_dp(self, data, layers, seed):
+        from protocols.dp.planning import rounds_plan_for_estimator
+
+        return rounds_plan_for_estimator(self, data, layers)
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(

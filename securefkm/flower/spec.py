@@ -181,7 +181,7 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
         protection=clone_layers(est.protection),
         clients_per_round=est.clients_per_round,
         dropout_rate=None,
-        max_rounds=est.max_rounds,
+        max_rounds=est._max_rounds(),  # None: the estimator's default (no data here to plan DP rounds from)
         n_runs=est._n_runs(),
         random_state=seed,
         verbose=est.verbose if verbose is None else verbose,
