@@ -695,3 +695,13 @@ def test_local_deployment_poll_interval_and_state(tmp_path, monkeypatch):
     insecure._start()
     assert "--insecure" in spawned[0] and "--insecure" in spawned[1] and insecure.tls is None
     assert "insecure = true" in (insecure.flwr_home / "config.toml").read_text()
+
+
+@pytest.mark.parametrize("algorithm, rounds", [("dwf", 300), ("minibatch", 200), ("fcm-fedavg", 100)])
+def test_a_spec_without_max_rounds_gets_the_estimators_default(algorithm, rounds):
+    """max_rounds=None is the estimators' default (it lets a simulated DP fit plan its rounds);
+    a deployment spec without it must run the estimator's default, not fail on None."""
+    from securefkm.flower.spec import PlaceholderTransport, build_federation
+
+    _, fed = build_federation(RunSpec(algorithm, {"n_clusters": 3}), 3, 2, PlaceholderTransport(3))
+    assert fed.max_rounds == rounds
