@@ -1,10 +1,13 @@
-"""The vectorised exact sampler (protocols/dp/sampler.py) against the digit-by-digit reference.
+"""The vectorised exact sampler (protocols/dp/sampler.py): certified float decisions, the
+exact path behind them, and the law of its draws.
 
-``_reference_sampler.py`` is the sampler as first written: every coin decided on the exact
-binary expansion of its probability with Python integers, one request at a time. Fed the same
-keyed byte stream, the fast sampler must return the very same integers -- which shows its
-float shortcut never changes a decision -- and a request must get the same numbers alone or
-inside any batch (what makes seeded DP noise independent of how clients are grouped).
+Every Bernoulli(exp(-gamma)) coin compares one uniform U with exp(-gamma): in floating point
+when the margin certifies the answer, else on exact rational bounds of exp(-gamma) with more
+bits of U (``_ExactUniform``). Forcing every decision through the exact path must give the
+very same draws on the same stream; the exact path must agree with 300-digit arithmetic on
+near-ties; the draws must follow the discrete Gaussian pmf. ``_reference_sampler.py`` is the
+coin-by-coin sampler as first written (CKS20 Algorithms 1-3 with Bernoulli(rational) coins):
+the same law, a different use of the random stream.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 from fractions import Fraction
 
 import _reference_sampler as ref
+import mpmath
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from protocols import GaussianDP, PairwiseMasking
 from protocols.dp import sampler
@@ -23,21 +28,82 @@ from securefkm.registry import make_estimator
 SIGMA2 = [Fraction(1, 3), 1, 2.0, Fraction(7, 3), 100.0, 12345.678, 2.0**40, Fraction(2**56 + 1, 2**16), 1e30]
 
 
+def _never_certain(w, g, err):
+    none = np.zeros(len(w), dtype=bool)
+    return none, none.copy()
+
+
 @pytest.mark.parametrize("sigma2", SIGMA2, ids=str)
-def test_fast_sampler_equals_reference_on_the_same_stream(sigma2):
-    for size in (0, 1, 17, 300):
-        label = f"{sigma2}/{size}"
-        want = ref.sample_discrete_gaussian(sigma2, size, as_int=True, source=keystream(11, label))
-        got = sampler.sample_discrete_gaussian(sigma2, size, as_int=True, source=keystream(11, label))
-        assert got.tolist() == want.tolist()
-
-
-def test_every_decision_taken_digit_by_digit_gives_the_same_draws(monkeypatch):
-    """With the float shortcut disabled every coin goes through the exact fallback path."""
-    fast = sampler.sample_discrete_gaussian(2.0**20, 200, source=keystream(3, "x"))
-    monkeypatch.setattr(sampler, "_U_SLACK", 2.0)  # no float decision is ever certain
-    slow = sampler.sample_discrete_gaussian(2.0**20, 200, source=keystream(3, "x"))
+def test_every_decision_taken_exactly_gives_the_same_draws(monkeypatch, sigma2):
+    """With no float decision trusted, every coin and every geometric count goes through the
+    exact rational path: the draws on the same stream must not change."""
+    fast = sampler.sample_discrete_gaussian(sigma2, 40, as_int=True, source=keystream(3, str(sigma2)))
+    monkeypatch.setattr(sampler, "_certain", _never_certain)
+    slow = sampler.sample_discrete_gaussian(sigma2, 40, as_int=True, source=keystream(3, str(sigma2)))
     assert slow.tolist() == fast.tolist()
+
+
+def test_exact_comparison_agrees_with_300_digit_arithmetic_on_near_ties():
+    """U's first word placed on exp(-gamma)'s own 64-bit prefix (the ambiguous case): the exact
+    path reads the next word and must decide as mpmath at 300 digits does."""
+    mpmath.mp.dps = 300
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        gamma = Fraction(int(rng.integers(0, 10**6)), int(rng.integers(1, 10**5)))
+        e = mpmath.exp(-mpmath.mpf(gamma.numerator) / gamma.denominator)
+        w = int(mpmath.floor(e * 2**64))
+        nxt = int(rng.integers(0, 2**63)) * 2 + int(rng.integers(0, 2))
+        words = lambda ids, nxt=nxt: np.array([nxt], dtype=np.uint64)  # noqa: E731
+        got = sampler._ExactUniform(w, 0, words).below(gamma)
+        u = (mpmath.mpf(w) * 2**64 + nxt) / mpmath.mpf(2) ** 128  # U's first 128 bits
+        assert got == bool(u < e), gamma
+    mpmath.mp.dps = 15
+
+
+def test_numpy_exp_is_far_inside_the_assumed_error_bound():
+    """The float decisions assume np.exp's relative error is below _EXP_REL = 2^-40."""
+    mpmath.mp.dps = 40
+    g = np.concatenate([np.random.default_rng(1).uniform(0, 700, 2000), np.linspace(0, 1, 500)])
+    p = np.exp(-g)
+    worst = max(abs(float((mpmath.mpf(float(pi)) - mpmath.exp(-mpmath.mpf(float(gi)))) / mpmath.exp(-mpmath.mpf(float(gi)))))
+                for gi, pi in zip(g, p))
+    mpmath.mp.dps = 15
+    assert worst < 2.0**-50 < sampler._EXP_REL
+
+
+@pytest.mark.parametrize("sigma2", [Fraction(1, 3), 1.0, Fraction(7, 3), 100.0])
+def test_draws_follow_the_discrete_gaussian(sigma2):
+    """200,000 draws from a fixed keyed stream against the exact pmf (chi-square, cells with
+    expected count >= 20 pooled at both tails)."""
+    n = 200_000
+    x = sampler.sample_discrete_gaussian(sigma2, n, source=keystream(9, f"law/{sigma2}"))
+    half = int(np.ceil(8 * np.sqrt(float(sigma2)))) + 2
+    support = np.arange(-half, half + 1)
+    expected = sampler.discrete_gaussian_pmf(sigma2, support) * n
+    keep = expected >= 20
+    lo, hi = support[keep][0], support[keep][-1]
+    counts = np.array([np.sum(x <= lo)] + [np.sum(x == v) for v in range(lo + 1, hi)] + [np.sum(x >= hi)])
+    exp_k = np.concatenate([[expected[support <= lo].sum()], expected[(support > lo) & (support < hi)],
+                            [expected[support >= hi].sum()]])
+    assert chisquare(counts, exp_k * n / exp_k.sum()).pvalue > 1e-3
+
+
+def test_same_law_as_the_coin_by_coin_reference():
+    a = sampler.sample_discrete_gaussian(2.5, 20_000, source=keystream(4, "new"))
+    b = ref.sample_discrete_gaussian(2.5, 20_000, source=keystream(4, "old"))
+    support = np.arange(-6, 7)
+    ca = np.array([np.sum(np.clip(a, -6, 6) == v) for v in support])
+    cb = np.array([np.sum(np.clip(b, -6, 6) == v) for v in support])
+    assert chisquare(ca, cb * ca.sum() / cb.sum()).pvalue > 1e-3
+
+
+def test_geometric_count_law():
+    """V with P(V >= v) = e^-v, from one uniform per draw."""
+    ids = np.arange(100_000)
+    _, words = sampler._single(ids.size, keystream(6, "geo"))
+    v = sampler._geometric(ids, words)
+    for k in range(5):
+        assert abs(np.mean(v >= k) - np.exp(-k)) < 4 * np.sqrt(np.exp(-k) / ids.size) + 1e-9
 
 
 def test_a_request_draws_the_same_alone_or_in_any_batch():

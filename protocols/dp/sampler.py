@@ -1,30 +1,31 @@
 """Exact discrete Gaussian sampling from the OS CSPRNG.
 
-Implements Canonne, Kamath & Steinke (2020), "The Discrete Gaussian for Differential
-Privacy" (NeurIPS 2020; arXiv:2004.00010):
+Implements the discrete Gaussian sampler of Canonne, Kamath & Steinke (2020), "The Discrete
+Gaussian for Differential Privacy" (NeurIPS 2020; arXiv:2004.00010):
 
-* Algorithm 1 -- Bernoulli(exp(-gamma)) for rational gamma >= 0, using only
-  Bernoulli(rational) coins: for gamma in [0, 1] draw A_K ~ Bernoulli(gamma / K) for
-  K = 1, 2, ... until the first A_K = 0 and return 1 iff that K is odd; for gamma > 1 draw
-  floor(gamma) coins Bernoulli(exp(-1)) and one Bernoulli(exp(-(gamma - floor(gamma)))).
 * Algorithm 2 -- discrete Laplace with integer scale t: X = U + t V with U uniform on
-  {0..t-1} accepted with probability exp(-U/t), V geometric (Bernoulli(exp(-1)) coins),
-  a random sign, and the negative zero rejected.
+  {0..t-1} accepted with probability exp(-U/t), V with P(V >= v) = e^-v, a random sign, and
+  the negative zero rejected.
 * Algorithm 3 -- discrete Gaussian N_Z(0, sigma^2): Y ~ DLap(t) with t = floor(sigma) + 1,
   accepted with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).
 
-Exactness. Every coin is Bernoulli(num/den) for integers num <= den, decided *exactly*: the
-coin compares a uniform real U in [0, 1), revealed 64 bits at a time, with num/den and is 1
-iff U < num/den. The first 64 bits w place U in [w 2^-64, (w+1) 2^-64). When a float64
-estimate of num/den (relative error below 2^-51) lies more than 2^-52 away from w 2^-64
-(beyond the estimates' error bounds), the side U falls on is certain and decided in numpy;
-otherwise (probability about 2^-47 per coin) the binary expansion of num/den is computed
-with Python integers and compared digit by digit, a 64-bit tie revealing the next 64 bits.
-The decision never depends on a rounding, so the output law is exactly the discrete Gaussian
-with the requested (rational) variance parameter -- the floating-point attacks on textbook
-samplers (Mironov 2012; Jin et al. 2022) do not apply. ``tests/test_dp_sampler_fast.py``
-checks the fast decisions against the digit-by-digit reference (``tests/_reference_sampler.py``)
-on the same random words: every output is identical.
+Exactness. The paper draws Bernoulli(exp(-gamma)) with its Algorithm 1, a chain of
+Bernoulli(rational) coins (about 15 random words and a dozen vectorised passes per draw).
+Here every Bernoulli(exp(-gamma)) (gamma rational) is *one* uniform U in [0, 1) compared with
+exp(-gamma), and V is one uniform U with V = #{v >= 1 : U < e^-v}: the same laws. U is a real
+number revealed 64 bits at a time; its first 64 bits w place it in [w 2^-64, (w+1) 2^-64).
+The comparison is decided in floating point only when it is *certain*: exp(-g) from a float g
+whose distance to gamma is bounded (rigorously, per use) and numpy's exp (relative error a
+few ulps; ``_EXP_REL`` = 2^-40 is assumed, 2^11 times that, and checked in the tests) leave
+exp(-gamma) in an interval the whole of U's interval lies on one side of. Otherwise
+(probability about 2^-39 per comparison) :class:`_ExactUniform` computes rational bounds
+of exp(-gamma) (Taylor series with a bounded tail) and reveals further bits of U until U
+is certainly below or above. No decision depends on a rounding, so the output law is exactly
+the discrete Gaussian with the requested (rational) variance parameter -- the floating-point
+attacks on textbook samplers (Mironov 2012; Jin et al. 2022) do not apply.
+``tests/test_dp_sampler_fast.py`` forces every decision through the exact path (the same
+draws on the same stream), checks that path against 300-digit arithmetic on near-ties, and
+checks the draws against the exact pmf.
 
 Randomness comes from ``os.urandom`` (the OS CSPRNG), or from caller-given byte sources (a
 keyed ChaCha20 stream per client and field for reproducible studies,
@@ -32,9 +33,11 @@ keyed ChaCha20 stream per client and field for reproducible studies,
 
 Batches. :func:`sample_discrete_gaussian_batch` draws many requests -- e.g. every client's noise
 share of a round, each with its own variance and byte source -- in one vectorised pass: the
-loops of Algorithms 1-3 run over all pending draws at once, and each request reads its own
+loops of Algorithms 2-3 run over all pending draws at once, and each request reads its own
 source in exactly the order a request drawn on its own would, so a seeded request gives the
 same numbers alone or in any batch. ``python -m protocols.dp.sampler`` prints timings.
+(Before 2026-11-25 the coins were Algorithm 1's chains: the same law, another use of the
+stream, so seeded draws of that version differ from today's.)
 """
 
 from __future__ import annotations
@@ -226,85 +229,142 @@ def bernoulli_rational(num, den, source=None) -> np.ndarray:
     return _bernoulli_rational(num, den, _ratio(num, den), ids, words)
 
 
-def _times(den: np.ndarray, k: int) -> np.ndarray:
-    if den.dtype != object and den.size and int(den.max()) > (1 << 62) // k:
-        den = den.astype(object)
-    return den * k
+#: assumed bound on the relative error of numpy's float64 exp: it is a few ulps (~2^-51) in
+#: every implementation numpy ships; the margin is 2^11 times that (checked against exact
+#: rationals in tests/test_dp_sampler_fast.py). Decisions closer than it take the exact path.
+_EXP_REL = 2.0**-40
+_TINY = 2.0**-1000  # what a float exp that underflowed to 0 can hide
 
 
-def _bernoulli_exp_neg_frac(num, den, p, ids, words) -> np.ndarray:
-    """Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1] (``p`` ~ gamma): CKS20 Algorithm 1,
-    first case -- coins Bernoulli(gamma / K), K = 1, 2, ..., until the first 0; 1 iff K odd."""
-    out = np.zeros(len(num), dtype=bool)
-    k = 1
-    idx = np.arange(len(num))
-    while idx.size:
-        a = _bernoulli_rational(num[idx], _times(den[idx], k), p[idx] / k, ids[idx], words)
-        out[idx[~a]] = (k % 2) == 1
-        idx = idx[a]
+def _exp_neg_interval(gamma: Fraction, prec: int) -> tuple[Fraction, Fraction]:
+    """Rationals lo <= exp(-gamma) <= hi with hi - lo <= 2^-prec: the Taylor series of
+    exp(gamma) up to K terms, S, plus a bound on its tail R <= 2 t_K once K + 1 > 2 gamma, so
+    exp(-gamma) lies in [1/(S + R), 1/S]; endpoints rounded outwards to the grid 2^-(prec+2)."""
+    if gamma > prec:  # exp(-gamma) < e^-prec < 2^-prec
+        return Fraction(0), Fraction(1, 1 << prec)
+    total, term, k = Fraction(0), Fraction(1), 0
+    while True:
+        total += term
         k += 1
+        term = term * gamma / k
+        if k + 1 > 2 * gamma:
+            lo, hi = 1 / (total + 2 * term), 1 / total
+            if hi - lo <= Fraction(1, 1 << (prec + 1)):
+                break
+    grid = 1 << (prec + 2)
+    return Fraction(math.floor(lo * grid), grid), Fraction(math.ceil(hi * grid), grid)
+
+
+class _ExactUniform:
+    """One draw's uniform U in [0, 1), its binary expansion revealed 64 bits at a time from
+    that draw's own source, compared exactly with exp(-gamma)."""
+
+    def __init__(self, first, gid, words):
+        self.bits, self.n_bits, self.gid, self.words = int(first), 64, gid, words
+
+    def below(self, gamma: Fraction) -> bool:
+        """U < exp(-gamma), decided on exact rational bounds (never on a rounding)."""
+        while True:
+            lo, hi = _exp_neg_interval(gamma, self.n_bits + 8)
+            scale = 1 << self.n_bits
+            if self.bits + 1 <= lo * scale:  # U < (bits + 1) / 2^n <= lo
+                return True
+            if self.bits >= hi * scale:  # U >= bits / 2^n >= hi
+                return False
+            self.bits = (self.bits << 64) | int(self.words(np.array([self.gid]))[0])
+            self.n_bits += 64
+
+
+def _certain(w: np.ndarray, g: np.ndarray, err):
+    """(yes, no): U < exp(-gamma) certainly / certainly not, for U's first 64 bits ``w`` and a
+    float g with |g - gamma| <= err (so exp(-g) is within relative about err + _EXP_REL of
+    exp(-gamma); 2 err bounds e^err - 1 for err <= 1). U lies in [w 2^-64, (w + 1) 2^-64)."""
+    u = w.astype(np.float64) * _INV64  # within relative 2^-53 of w 2^-64
+    u_lo = u * (1.0 - 2.0**-52)
+    u_hi = (u + _INV64) * (1.0 + 2.0**-52)
+    with np.errstate(over="ignore", under="ignore"):
+        p = np.exp(-g)
+    rel = np.minimum(2.0 * err + _EXP_REL, 1.0)
+    return u_hi < p * (1.0 - rel), u_lo > p * (1.0 + rel) + _TINY
+
+
+def _accept(y, s2, t, ids, words, gamma_of) -> np.ndarray:
+    """CKS20 Algorithm 3's acceptance coins Bernoulli(exp(-gamma)), gamma = (|y| - s2/t)^2 / (2 s2),
+    from a float gamma with a rigorous bound on its absolute error (|y| < 2^53 and t < 2^40 are
+    exact floats; s2 is within relative 2^-53 of sigma^2): |g - gamma| <= g 2^-49 +
+    |delta| 2^-50 / t + 2^-100 (delta = |y| - s2/t), used here with a margin of 8."""
+    delta = np.abs(y).astype(np.float64) - s2 / t
+    g = delta * delta / (2.0 * s2)
+    err = (g + np.abs(delta) / t) * 2.0**-46 + 2.0**-90
+    return _coins_from(words(ids), g, err, ids, words, gamma_of)
+
+
+def _coins_from(w, g, err, ids, words, gamma_of) -> np.ndarray:
+    """1 iff U < exp(-gamma) for U's first word ``w``: certain in floating point from g with
+    |g - gamma| <= err, else exact (:class:`_ExactUniform` on ``gamma_of(i)``)."""
+    yes, no = _certain(w, g, err)
+    out = yes.copy()
+    for i in np.flatnonzero(~(yes | no)):
+        out[i] = _ExactUniform(w[i], ids[i], words).below(gamma_of(int(i)))
     return out
 
 
-def _bernoulli_exp_neg_one(ids, words) -> np.ndarray:
-    """Bernoulli(exp(-1)): gamma = 1 is one whole coin and a zero fraction (which draws nothing)."""
-    n = ids.size
-    ones = np.ones(n, dtype=np.int64)
-    return _bernoulli_exp_neg_frac(ones, ones, np.ones(n), ids, words)
-
-
-def _bernoulli_exp_neg(num, den, ids, words) -> np.ndarray:
-    """Bernoulli(exp(-num_i/den_i)) (CKS20 Algorithm 1): floor(gamma) coins Bernoulli(exp(-1)),
-    all 1, and then one Bernoulli(exp(-frac(gamma)))."""
-    n = len(num)
-    if n == 0:
+def _exp_neg_coins(num, den, ids, words) -> np.ndarray:
+    """Bernoulli(exp(-num_i/den_i)) coins, one uniform each: 1 iff U < exp(-gamma), decided in
+    floating point when certain (all but about 2^-39 of them) and on exact rational bounds of
+    exp(-gamma) otherwise (:class:`_ExactUniform`)."""
+    if not len(num):
         return np.zeros(0, dtype=bool)
-    whole = num // den
-    frac_num = num - whole * den
-    remaining = whole.astype(np.int64)  # gamma is never astronomically large here
-    alive = np.ones(n, dtype=bool)
-    idx = np.flatnonzero(remaining > 0)
-    while idx.size:
-        coins = _bernoulli_exp_neg_one(ids[idx], words)
-        alive[idx[~coins]] = False
-        remaining[idx] -= 1
-        idx = idx[coins]
-        idx = idx[remaining[idx] > 0]
-    idx = np.flatnonzero(alive)
-    if idx.size:
-        fn, fd = frac_num[idx], den[idx]
-        alive[idx] = _bernoulli_exp_neg_frac(fn, fd, _ratio(fn, fd), ids[idx], words)
-    return alive
+    g = _ratio(num, den)
+    return _coins_from(words(ids), g, g * 2.0**-50, ids, words, lambda i: Fraction(int(num[i]), int(den[i])))
+
+
+def _geometric(ids, words) -> np.ndarray:
+    """V with P(V >= v) = e^-v (v = 0, 1, ...), one uniform each: V = #{v >= 1: U < e^-v}, the
+    law of CKS20's count of Bernoulli(exp(-1)) successes before the first failure. The
+    candidate floor(-ln U) is certified by U < e^-v and U >= e^-(v+1), exactly otherwise."""
+    w = words(ids)
+    with np.errstate(divide="ignore"):
+        v = np.floor(-np.log((w.astype(np.float64) + 0.5) * _INV64))
+    v = np.clip(np.nan_to_num(v, posinf=0.0), 0.0, 1e6)
+    inside, _ = _certain(w, v, 0.0)  # integer gammas: exact floats
+    _, above = _certain(w, v + 1.0, 0.0)
+    out = v.astype(np.int64)
+    for i in np.flatnonzero(~(inside & above)):
+        u = _ExactUniform(w[i], ids[i], words)
+        k = int(out[i])
+        while k > 0 and not u.below(Fraction(k)):
+            k -= 1
+        while u.below(Fraction(k + 1)):
+            k += 1
+        out[i] = k
+    return out
 
 
 def bernoulli_exp_neg(num, den, source=None) -> np.ndarray:
-    """Exact Bernoulli(exp(-num_i/den_i)) coins (CKS20 Algorithm 1), vectorised."""
+    """Exact Bernoulli(exp(-num_i/den_i)) coins for rationals gamma_i = num_i/den_i >= 0, vectorised."""
     num, den = _ints(np.asarray(num, dtype=object).ravel()), _ints(np.asarray(den, dtype=object).ravel())
     ids, words = _single(len(num), source)
-    return _bernoulli_exp_neg(num, den, ids, words)
+    return _exp_neg_coins(num, den, ids, words)
 
 
 # ---------------------------------------------------------------- distributions
 def _discrete_laplace(t: np.ndarray, ids: np.ndarray, words: _Words) -> np.ndarray:
-    """Draws of DLap(t_i): P(x) ∝ exp(-|x|/t_i) on Z (CKS20 Algorithm 2, s = 1)."""
+    """Draws of DLap(t_i): P(x) ∝ exp(-|x|/t_i) on Z (CKS20 Algorithm 2, s = 1): U uniform on
+    {0..t-1} kept with probability exp(-U/t), V with P(V >= v) = e^-v, a random sign, the
+    negative zero rejected; X = U + t V."""
     big = bool(t.size) and int(t.max()) >= _SMALL_T
     out = np.zeros(t.size, dtype=object if big else np.int64)
     todo = np.arange(t.size)
     while todo.size:
-        m, tt, gid = todo.size, t[todo], ids[todo]
+        tt, gid = t[todo], ids[todo]
         u = _uniform_below(tt.astype(np.uint64), gid, words).astype(np.int64)
         if big:
             u, tt = u.astype(object), tt.astype(object)
-        d = _bernoulli_exp_neg_frac(u, tt, _ratio(u, tt), gid, words)  # gamma = u/t < 1
-        # geometric V: successes of Bernoulli(exp(-1)) before the first failure
-        v = np.zeros(m, dtype=np.int64)
-        idx = np.arange(m)
-        while idx.size:
-            a = _bernoulli_exp_neg_one(gid[idx], words)
-            v[idx[a]] += 1
-            idx = idx[a]
+        d = _exp_neg_coins(u, tt, gid, words)  # gamma = u/t < 1
+        v = _geometric(gid, words)
+        b = (words(gid) & np.uint64(1)).astype(bool)
         x = u + tt * (v.astype(object) if big else v)
-        b = _uniform_below(np.full(m, 2, dtype=np.uint64), gid, words).astype(bool)
         ok = d & ~(b & (x == 0))
         y = np.where(b, -x, x)
         out[todo[ok]] = y[ok]
@@ -356,17 +416,21 @@ def sample_discrete_gaussian_batch(
     req = np.repeat(np.arange(n_req), sizes)
     big = any(t >= _SMALL_T for t in ts)
     t_e = np.array(ts, dtype=object if big else np.int64)[req]
-    # acceptance: gamma = (|Y| - sigma2/t)^2 / (2 sigma2) = (|Y| b t - a)^2 / (2 a b t^2)
-    bt_e = np.array([b * t for (a, b), t in zip(ab, ts)], dtype=object)[req]
-    a_e = np.array([a for a, _ in ab], dtype=object)[req]
-    den_e = np.array([2 * a * b * t * t for (a, b), t in zip(ab, ts)], dtype=object)[req]
+    # acceptance: gamma = (|Y| - sigma2/t)^2 / (2 sigma2) = (|Y| b t - a)^2 / (2 a b t^2), exact
+    # per draw only where the float decision is not certain (and for astronomically wide laws)
+    exact_gamma = [lambda y, a=a, b=b, t=t: Fraction((abs(int(y)) * b * t - a) ** 2, 2 * a * b * t * t)
+                   for (a, b), t in zip(ab, ts)]
+    s2_e = np.array([float(f) for f in fracs])[req]
     words = _Words(sources if sources is not None else [None] * n_req, starts, sizes) if n_req else None
     out = np.zeros(total, dtype=object if (big or as_int) else np.int64)
     todo = np.arange(total)
     while todo.size:
         y = _discrete_laplace(t_e[todo], todo, words)
-        num = (np.abs(y).astype(object) * bt_e[todo] - a_e[todo]) ** 2
-        ok = _bernoulli_exp_neg(_ints(num), _ints(den_e[todo]), todo, words)
+        if big:
+            gam = [exact_gamma[req[i]](v) for i, v in zip(todo, y)]
+            ok = _exp_neg_coins(_ints([g.numerator for g in gam]), _ints([g.denominator for g in gam]), todo, words)
+        else:
+            ok = _accept(y, s2_e[todo], t_e[todo], todo, words, lambda i, y=y, todo=todo: exact_gamma[req[todo[i]]](y[i]))
         out[todo[ok]] = y[ok]
         todo = todo[~ok]
     if not as_int and out.dtype == object:
