@@ -43,6 +43,11 @@ Limits (honest):
 * records exactly on a broadcast centre (distance 0) make eq. 5 degenerate: the solver
   uses the library's own membership function, which handles it the way the client did.
 
+When the transcript says the stack perturbs each client's messages (``Rounding``, local or
+distributed ``GaussianDP``: ``meta["client_messages_exact"]`` is False, public protocol
+knowledge), only the closed forms of one-record clients are tried: no exact solution exists,
+and the iterative search would only burn time (minutes a cell on 64-d data).
+
 Defeated by: secure aggregation for the sum-fields (fedavg FCM and the validity round
 under ``PairwiseMasking`` / ``Paillier``: no per-client message), DP noise (the system no
 longer has an exact solution; a least-squares fit is an estimate, not a claim). *Not* by
@@ -185,26 +190,38 @@ def _trilaterate(C, spread, q):
     return x[None]
 
 
+class _OverBudget(Exception):
+    pass
+
+
 class FuzzyEquationSolver:
     """Solve a client's FedFCM / fedavg-FCM / FedFuzzDB messages for its records (passive).
 
     ``max_records``: largest client size attacked; ``max_rounds``: observations of each
     kind used in the least-squares fit (all of them are used in the final check);
     ``n_starts``: multi-start budget per (client, N); ``residual_tol``: largest relative
-    residual accepted as an exact solution. See the module docstring for the equations,
+    residual accepted as an exact solution; ``max_evaluations``: residual evaluations (one
+    pass over a client's observed messages, finite-difference columns included) a client's
+    search may use before it is given up -- deterministic, so results do not depend on the
+    machine; the clients given up are listed in the report's ``clients_over_budget``. Exact
+    messages of small clients are solved in a few hundred to a few thousand evaluations;
+    messages coarsened by ``Rounding`` have no exact solution and used to cost minutes a
+    client in 64 dimensions. See the module docstring for the equations,
     the paper and the limits.
     """
 
     name = "fuzzy-equations"
 
     def __init__(self, *, max_records: int = 3, max_rounds: int = 20, n_starts: int = 30, residual_tol: float = 1e-8,
-                 random_state=0, tol_exact: float = 1e-6, tol_approx=None):
-        for name, v, lo in (("max_records", max_records, 1), ("max_rounds", max_rounds, 1), ("n_starts", n_starts, 1)):
+                 max_evaluations: int = 20_000, random_state=0, tol_exact: float = 1e-6, tol_approx=None):
+        for name, v, lo in (("max_records", max_records, 1), ("max_rounds", max_rounds, 1), ("n_starts", n_starts, 1),
+                            ("max_evaluations", max_evaluations, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise InputError(f"{name} must be an int >= {lo}, got {v!r}.")
         self.max_records = int(max_records)
         self.max_rounds = int(max_rounds)
         self.n_starts = int(n_starts)
+        self.max_evaluations = int(max_evaluations)
         self.residual_tol = _check_tol(residual_tol, "residual_tol")
         self.random_state = random_state
         self.tol_exact = _check_tol(tol_exact, "tol_exact")
@@ -216,8 +233,23 @@ class FuzzyEquationSolver:
         lo, hi = size_bounds(sys_, self.residual_tol)
         return list(range(lo, min(hi, self.max_records) + 1))
 
-    def solve_client(self, sys_, rng):
-        """Records (N, d) that reproduce every message of the client, or None."""
+    def solve_client(self, sys_, rng, exact_messages: bool = True):
+        """Records (N, d) that reproduce every message of the client, or None (also when the
+        client's search used up ``max_evaluations``: :attr:`over_budget` says so)."""
+        self.over_budget = False
+        self._evaluations = 0
+        try:
+            return self._solve_client(sys_, rng, exact_messages)
+        except _OverBudget:
+            self.over_budget = True
+            return None
+
+    def _count(self, k: int = 1) -> None:
+        self._evaluations += k
+        if self._evaluations > self.max_evaluations:
+            raise _OverBudget
+
+    def _solve_client(self, sys_, rng, exact_messages=True):
         scale = 1.0
         for C, *_ in sys_["fedavg"] + sys_["local"] + sys_["validity"]:
             scale = max(scale, float(np.max(np.abs(C))))
@@ -229,7 +261,9 @@ class FuzzyEquationSolver:
         n_starts = min(self.n_starts, 8) if local_only else self.n_starts
         anchors = _anchor_points(sys_)
         d = next(iter(sys_["fedavg"] + sys_["local"] + sys_["validity"]))[0].shape[1]
-        for n in self._sizes(sys_):
+        # rounded or client-noised messages (transcript meta): no exact solution exists, so only
+        # the closed forms of one-record clients are tried, not the iterative search
+        for n in [n for n in self._sizes(sys_) if exact_messages or n == 1]:
             starts = []
             if n == 1:
                 if len(anchors):
@@ -257,6 +291,7 @@ class FuzzyEquationSolver:
                 X = self._fit(X0, fit_sys, scale)
                 if X is None:
                     continue
+                self._count()
                 r = _residuals(X, sys_, scale)
                 if r.size and np.max(np.abs(r)) <= self.residual_tol:
                     return X
@@ -264,6 +299,7 @@ class FuzzyEquationSolver:
 
     def _fit(self, X0, sys_, scale):
         n, d = X0.shape
+        self._count()
         first = _residuals(X0, sys_, scale)
         if first.size and np.max(np.abs(first)) <= 1e-14:
             return X0
@@ -271,7 +307,11 @@ class FuzzyEquationSolver:
             return None
         def lm(x, surrogate):
             tol = 1e-10 if surrogate else 1e-15  # the surrogate is only right to ~local_tol
-            return least_squares(lambda v: _residuals(v.reshape(n, d), sys_, scale, surrogate), x, method="lm",
+            def f(v):
+                self._count()
+                return _residuals(v.reshape(n, d), sys_, scale, surrogate)
+
+            return least_squares(f, x, method="lm",
                                  xtol=tol, ftol=tol, gtol=tol, max_nfev=(30 if surrogate else 200) * (n * d + 1))
 
         x = X0.ravel()
@@ -280,6 +320,7 @@ class FuzzyEquationSolver:
                 # exact stage from the better of the start and the surrogate's solution (the
                 # surrogate is degenerate when local centres sit on records); skip hopeless starts
                 cands = [x, lm(x, True).x]
+                self._count(2)
                 errs = [np.max(np.abs(_residuals(c.reshape(n, d), sys_, scale))) for c in cands]
                 if min(errs) > 1e-2:
                     return None
@@ -294,14 +335,18 @@ class FuzzyEquationSolver:
         transcript = _check_transcript(transcript)
         rng = np.random.default_rng(self.random_state)
         systems = _client_systems(transcript)
-        claims, solved = [], []
+        claims, solved, over = [], [], []
+        exact = bool(transcript.meta.get("client_messages_exact", True))
         for c in sorted(systems):
-            X = self.solve_client(systems[c], rng)
+            X = self.solve_client(systems[c], rng, exact)
+            if self.over_budget:
+                over.append(c)
             if X is not None:
                 solved.append(c)
                 claims.extend((c, x) for x in X)
         rounds = sum(1 for r in transcript if r.action in ("train.fedavg", "train.local_fcm", "validity"))
-        return claims, {"clients_solved": solved, "clients_with_plain_messages": len(systems)}, rounds
+        return claims, {"clients_solved": solved, "clients_with_plain_messages": len(systems),
+                        "clients_over_budget": over, "exact_messages": exact}, rounds
 
     def evaluate(self, transcript, dataset) -> LeakageReport:
         claims, extra, rounds = self.claims(transcript)

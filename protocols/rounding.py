@@ -63,6 +63,9 @@ class Rounding(Layer):
         return (", ".join(what) + " (a coarsening of each client's message, not a formal privacy guarantee)",
                 "no trust assumption; offers no bound on what the rounded values reveal")
 
+    def perturbs_client_messages(self) -> bool:
+        return True
+
     def _round_count(self, arr):
         m = self.count_multiple
         return np.rint(np.asarray(arr, dtype=np.float64) / m) * m

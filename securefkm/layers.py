@@ -169,6 +169,13 @@ class Layer:
         """Facts for the user after a fit (e.g. privacy spent)."""
         return {}
 
+    def perturbs_client_messages(self) -> bool:
+        """True when what a client sends is no longer the algorithm's exact update (rounded, or
+        noised on the client). Public protocol knowledge, recorded in the transcript's meta
+        (``client_messages_exact``): an attack that solves messages *exactly* for records knows
+        then that no exact solution exists beyond closed forms."""
+        return False
+
     def server_view(self, algorithm: Any, aggregator: Aggregator) -> tuple[str, str]:
         """(what the server receives under this layer, who must be trusted), in words.
 

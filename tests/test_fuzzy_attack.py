@@ -96,3 +96,33 @@ def test_noisy_weights_leave_no_size():
     sys_ = {"fedavg": [(C, 2.0, np.ones((2, 2)), np.array([0.5, -0.1]))], "local": [], "validity": []}
     lo, hi = size_bounds(sys_)
     assert hi < lo
+
+
+def test_perturbed_messages_leave_only_the_closed_forms(fuzzy_clients):
+    """The transcript says whether the stack perturbs each client's messages (public protocol
+    knowledge); under Rounding the solver tries only one-record closed forms, and the flag
+    follows the layers (central DP noises on the server: the clients' messages stay exact)."""
+    from protocols import GaussianDP, Rounding
+
+    rounded = _fit("fcm", fuzzy_clients, protection=[Rounding(decimals=1)])
+    assert rounded.transcript_.meta["client_messages_exact"] is False
+    calls = []
+    solver = FuzzyEquationSolver()
+    orig = solver._fit
+    solver._fit = lambda X0, *a: calls.append(len(X0)) or orig(X0, *a)
+    r = solver.evaluate(rounded.transcript_, fuzzy_clients)
+    assert r.extra["exact_messages"] is False and set(calls) <= {1}
+    assert r.records_recovered == 0  # a rounded record is not the record
+    assert _fit("fcm", fuzzy_clients).transcript_.meta["client_messages_exact"] is True
+    central = _fit("fcm-fedavg", fuzzy_clients, protection=[GaussianDP(1.0, 1e-5, bounds=(-12, 12), mode="central")])
+    assert central.transcript_.meta["client_messages_exact"] is True
+    local = _fit("fcm-fedavg", fuzzy_clients, protection=[GaussianDP(1.0, 1e-5, bounds=(-12, 12), mode="local")])
+    assert local.transcript_.meta["client_messages_exact"] is False
+
+
+def test_evaluation_budget_gives_up_a_client_and_says_so(fuzzy_clients):
+    est = _fit("fcm-fedavg", fuzzy_clients)
+    r = FuzzyEquationSolver(max_evaluations=1).evaluate(est.transcript_, fuzzy_clients)
+    assert r.records_recovered == 0 and r.extra["clients_over_budget"] == [0, 1]
+    with pytest.raises(InputError, match="max_evaluations"):
+        FuzzyEquationSolver(max_evaluations=0)

@@ -623,6 +623,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             z *= math.sqrt(leaked.n_contributors / self.min_clients)
         self._charge(leaked.contributors, z)
 
+    def perturbs_client_messages(self) -> bool:
+        return self.mode in ("local", "distributed")  # central: the server noises exact updates
+
     def server_view(self, algorithm, aggregator):
         eps = f"(epsilon={self.epsilon:g}, delta={self.delta:g})"
         if self.mode == "local":

@@ -240,6 +240,7 @@ class Federation:
                 "n_clients": n_clients,
                 "n_features": n_features,
                 "protection": tuple(repr(layer) for layer in self.layers),
+                "client_messages_exact": not any(layer.perturbs_client_messages() for layer in self.layers),
                 "aggregator": self.aggregator.name,
                 "clients_per_round": self.clients_per_round,
                 "crypto": crypto,
