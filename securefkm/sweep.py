@@ -22,7 +22,9 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,18 +124,38 @@ def run_sweep(fn: Callable[[Any], Any], cells, *, jobs: int = 1, backend: str = 
             bar.update(1)
 
     try:
-        if backend == "ray":
-            _run_ray(fn, cells, todo, jobs, done)
-        elif jobs == 1 or len(todo) <= 1:
-            with _cell_threads():
-                for i in todo:
-                    done(i, fn(cells[i]))
-        else:
-            _run_processes(fn, cells, todo, jobs, done)
+        with _sigterm_as_interrupt():
+            if backend == "ray":
+                _run_ray(fn, cells, todo, jobs, done)
+            elif jobs == 1 or len(todo) <= 1:
+                with _cell_threads():
+                    for i in todo:
+                        done(i, fn(cells[i]))
+            else:
+                _run_processes(fn, cells, todo, jobs, done)
     finally:
         if bar is not None:
             bar.close()
     return results
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (``kill``, a job scheduler's stop) raises KeyboardInterrupt in the sweep, so the
+    workers are stopped as on Ctrl-C instead of outliving the killed driver. Main thread only
+    (signal handlers can only be set there); the previous handler is restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
@@ -194,18 +216,25 @@ def _run_processes(fn, cells, todo, jobs, done) -> None:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["__main__", fn.__module__])  # no effect once the server runs
     workers = min(jobs, len(todo))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin_threads,
-                             initargs=(CELL_THREADS,)) as pool:
-        pending = {pool.submit(fn, cells[i]): i for i in todo}
-        try:
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    done(pending.pop(fut), fut.result())
-        except BaseException:  # Ctrl-C or a failed cell: drop the queue, keep what is cached
-            for fut in pending:
-                fut.cancel()
-            raise
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin_threads,
+                               initargs=(CELL_THREADS,))
+    pending = {pool.submit(fn, cells[i]): i for i in todo}
+    try:
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                done(pending.pop(fut), fut.result())
+    except BaseException:
+        # Ctrl-C, SIGTERM or a failed cell: drop the queue and stop the running cells now (the
+        # executor would wait for them, minutes for a slow cell, and an orphaned worker runs
+        # on); what finished is cached
+        for fut in pending:
+            fut.cancel()
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_ray(fn, cells, todo, jobs, done) -> None:

@@ -30,3 +30,12 @@ def native_threads(cell: dict) -> dict:
     from threadpoolctl import threadpool_info
 
     return {"pools": max(p["num_threads"] for p in threadpool_info()), "omp_env": os.environ.get("OMP_NUM_THREADS")}
+
+
+def slow(cell):
+    """Writes its worker's pid to ``cell['dir']`` and sleeps: a cell a stopped sweep must kill."""
+    import time
+
+    Path(cell["dir"], f"{os.getpid()}.pid").write_text("")
+    time.sleep(cell["seconds"])
+    return cell["i"]

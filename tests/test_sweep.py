@@ -95,3 +95,46 @@ def test_ray_backend(monkeypatch):
             noisy_mean, cells, progress=False)
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stopped_sweep_leaves_no_worker_running(tmp_path, sig):
+    """kill (SIGTERM) or Ctrl-C (SIGINT) of a sweep's driver stops its running cells too: before,
+    the executor waited for them and, after SIGTERM, the workers ran on orphaned."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "drive.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from _sweep_cells import slow\n"
+        "from securefkm.sweep import run_sweep\n"
+        "if __name__ == '__main__':\n"
+        f"    run_sweep(slow, [{{'i': i, 'dir': {str(tmp_path)!r}, 'seconds': 120}} for i in range(4)], jobs=2,"
+        " progress=False)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    deadline = time.time() + 90
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2, "the workers did not start"
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(timeout=30) != 0
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.time() + 15
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
