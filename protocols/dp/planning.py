@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 NOISE_ONE_ROUND = 0.7  # E1: above it, one Lloyd round
+NOISE_START_PRIOR = 0.35  # E_s: above it, the first of several rounds shrinks towards the start
 MAX_ROUNDS = 6
 SPREAD = 0.5  # the start's candidates lie in the inner half of the box (per side)
 
@@ -56,9 +57,17 @@ class DPPlan:
     one_release_z: float
     n_records: int
 
+    @property
+    def first_round_prior(self) -> str:
+        """What the first of several Lloyd rounds shrinks towards: ``"start"`` when e > E_s and
+        the plan has its own start, else ``"overall mean"`` (hierarchical)."""
+        high = self.rounds > 1 and self.start is not None and self.noise_level > NOISE_START_PRIOR
+        return "start" if high else "overall mean"
+
     def describe(self) -> dict:
         return {
             "rounds": self.rounds,
+            "first_round_prior": self.first_round_prior,
             "start": ("the estimator's init (rounds-only plan)" if self.start is None
                       else "spread (data-independent maximin points in the inner half of the box)"),
             "noise_level": self.noise_level,
