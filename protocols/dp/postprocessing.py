@@ -87,7 +87,7 @@ class PostProcessing:
         use ``"hierarchical"``, and so does the first round of a multi-round plan (its centres are
         the data-independent start, not yet an estimate) unless the plan's noise level is high
         (``plan["first_round_prior"] == "start"``, :mod:`protocols.dp.planning`): there the
-        hierarchical factors are about 0 for every row, all k centres collapse onto the overall
+        hierarchical factors are 0 or small for most rows, the k centres collapse onto the overall
         mean and the next round's cells are drawn by the noise; shrinking towards the spread start
         keeps its k separated cells instead. In that first round a row below the count floor
         takes the hierarchical target (the overall mean), not its start point: a start point that
