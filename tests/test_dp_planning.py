@@ -11,7 +11,7 @@ import pytest
 
 from protocols.dp import GaussianDP
 from protocols.dp.planning import NOISE_START_PRIOR, lloyd_rounds, plan, spread_start
-from protocols.dp.radius import auto_radius
+from protocols.dp.radius import VOLUME_FACTOR, auto_radius, volume_radius
 from securefkm.bench import dp_fastlloyd as fl
 from securefkm.bench.protocols_dp import loss, reference_loss
 from securefkm.estimators.dwf import WeightedFederatedKMeans
@@ -49,7 +49,7 @@ def test_default_fit_plans_rounds_radius_and_reports_them():
     assert p is not None and p.rounds == 2 and p.n_records == n
     rep = est.protection_report_["GaussianDP"]
     assert rep["plan"]["rounds"] == 2 and rep["plan"]["records_declared_public"] == n
-    assert rep["radius"] == pytest.approx(auto_radius(2 * math.sqrt(13), 3, 13))
+    assert rep["radius"] == pytest.approx(auto_radius(2 * math.sqrt(13), 3, 13, sides=np.full(13, 2.0)))
     assert "2 Lloyd rounds" in rep["summary"] and "noise multiplier" in rep["summary"]
     assert rep["max_client_rounds"] == 2  # no seeding round: every round is a Lloyd round
     assert est.privacy_spent_[0] <= 1.0
@@ -281,3 +281,23 @@ def test_start_prior_beats_the_overall_mean_on_iris_at_eps_quarter(monkeypatch):
     monkeypatch.setattr(planning, "NOISE_START_PRIOR", float("inf"))
     old = ratios()
     assert new < old - 0.2, (new, old)
+
+
+def test_auto_radius_is_fastlloyds_capped_by_the_volume_matched_ball():
+    """r = min(FastLloyd's diag * 0.8 / (2 k^(1/d)), 1.25 x the radius of the d-ball of volume
+    vol(box) / k): FastLloyd's in low d, the cap from d = 6 on (cube boxes)."""
+    def fastlloyd(k, d):
+        return 2 * math.sqrt(d) * 0.8 / (2 * k ** (1 / d))
+
+    # d = 2: the disc of area 4 / k (the square [-1, 1]^2 split k ways)
+    assert volume_radius([2.0, 2.0], 4) == pytest.approx(1 / math.sqrt(math.pi))
+    assert volume_radius([2.0, 2.0], 1) == pytest.approx(2 / math.sqrt(math.pi))
+    for k, d in [(3, 4), (8, 5), (5, 2)]:  # iris, the off-table k = 8 d = 5, blobs: unchanged
+        assert auto_radius(2 * math.sqrt(d), k, d, sides=np.full(d, 2.0)) == pytest.approx(fastlloyd(k, d))
+    for k, d, ratio in [(3, 13, 0.873), (2, 30, 0.816), (10, 64, 0.788)]:  # wine, breast cancer, digits
+        r = auto_radius(2 * math.sqrt(d), k, d, sides=np.full(d, 2.0))
+        assert r == pytest.approx(VOLUME_FACTOR * volume_radius(np.full(d, 2.0), k))
+        assert r / fastlloyd(k, d) == pytest.approx(ratio, abs=1e-3)
+    # a flat side (zero width) or no sides: FastLloyd's radius
+    assert auto_radius(2 * math.sqrt(30), 2, 30, sides=np.r_[np.full(29, 2.0), 0.0]) == pytest.approx(fastlloyd(2, 30))
+    assert auto_radius(2 * math.sqrt(30), 2, 30) == pytest.approx(fastlloyd(2, 30))
