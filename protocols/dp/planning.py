@@ -25,7 +25,8 @@ grid with the step shrinkage below (0.25 before it, seeds 100-123; the benchmark
 seeds 0-29).
 
 *Radius*: Lloyd rounds after the first keep only records within FastLloyd's radius
-r = diag * 0.8 / (2 k^(1/d)) of their centre and noise the sums relative to the centres
+r = diag * 0.8 / (2 k^(1/d)) of their centre, capped at 1.25 times the radius of the d-ball of
+volume vol(box) / k (binds from d = 6 on), and noise the sums relative to the centres
 (sensitivity r instead of the half-diagonal; :mod:`protocols.dp.radius`).
 
 *Post-processing* (``shrink="step"``, free): every noisy cluster mean is shrunk towards its
