@@ -83,9 +83,15 @@ class PostProcessing:
         plug-in factor max(0, 1 - d v_j / ||m_j - c_j||^2), v_j = sigma_sum^2 / n_j^2, and a row
         whose noisy count is below one count-noise sigma keeps c_j -- the prior of a Lloyd step is
         "no move", as FastLloyd's radius-bounded steps assume (Diaa et al. 2025), instead of the
-        overall mean, which pulls all k noisy centres together. The first round of a multi-round
-        plan (its centres are the data-independent start, not yet an estimate) and rounds without
-        broadcast centres use ``"hierarchical"``.
+        overall mean, which pulls all k noisy centres together. Rounds without broadcast centres
+        use ``"hierarchical"``, and so does the first round of a multi-round plan (its centres are
+        the data-independent start, not yet an estimate) unless the plan's noise level is high
+        (``plan["first_round_prior"] == "start"``, :mod:`protocols.dp.planning`): there the
+        hierarchical factors are 0 or small for most rows, the k centres collapse onto the overall
+        mean and the next round's cells are drawn by the noise; shrinking towards the spread start
+        keeps its k separated cells instead. In that first round a row below the count floor
+        takes the hierarchical target (the overall mean), not its start point: a start point that
+        drew no records sits in an empty part of the box and would stay there.
         """
         if self.shrink is None or (action or "").startswith("init.") or len(specs) != 2:
             return sums
@@ -105,7 +111,8 @@ class PostProcessing:
         if self.shrink == "step":
             prev = self._step_prior(ctx, m, d)
             if prev is not None:
-                return {**sums, **self._shrunk_step(n, S, prev, sigma_sum, sigma_count, count.name, total.name)}
+                empty = self._hierarchical_target(n, S, sigma_sum) if self._in_first_round(ctx) else None
+                return {**sums, **self._shrunk_step(n, S, prev, sigma_sum, sigma_count, count.name, total.name, empty)}
             hierarchical = True
         if hierarchical:
             return {**sums, **self._shrunk_hierarchical(n, S, sigma_sum, sigma_count, count.name, total.name)}
@@ -122,24 +129,30 @@ class PostProcessing:
         out[pos] = shrunk * n[pos, None]
         return {**sums, total.name: out}
 
+    def _in_first_round(self, ctx) -> bool:
+        """The first Lloyd round of a plan with more than one (its centres are the start)."""
+        rounds = (self.plan or {}).get("rounds", 1)
+        return rounds > 1 and ctx is not None and ctx.round <= getattr(self, "_first_train", 0)
+
     def _step_prior(self, ctx, m: int, d: int):
         """The broadcast centres a ``"step"`` shrinkage shrinks towards, or None (hierarchical):
-        none broadcast, or the first Lloyd round of a plan with more than one."""
+        none broadcast, or the first Lloyd round of a plan with more than one unless the plan
+        says ``first_round_prior="start"``."""
         centres = getattr(getattr(ctx, "broadcast", None), "centres", None)
         if centres is None or np.shape(centres) != (m, d):
             return None
-        rounds = (self.plan or {}).get("rounds", 1)
-        if rounds > 1 and ctx.round <= getattr(self, "_first_train", 0):
+        if self._in_first_round(ctx) and (self.plan or {}).get("first_round_prior") != "start":
             return None
         return np.asarray(centres, dtype=np.float64)
 
     @staticmethod
-    def _shrunk_step(n, S, prev, sigma_sum, sigma_count, count_name, sum_name) -> dict:
+    def _shrunk_step(n, S, prev, sigma_sum, sigma_count, count_name, sum_name, empty=None) -> dict:
+        """Step shrinkage; a row below the count floor keeps its centre, or goes to ``empty``."""
         floor = max(sigma_count, 1e-9)
         pos = n >= floor
         out, n_out = S.copy(), n.copy()
         n_out[~pos] = floor
-        out[~pos] = prev[~pos] * floor
+        out[~pos] = (prev[~pos] if empty is None else empty) * floor
         if pos.any():
             step = S[pos] / n[pos, None] - prev[pos]
             v = sigma_sum**2 / n[pos] ** 2
@@ -147,17 +160,26 @@ class PostProcessing:
             out[pos] = (prev[pos] + factor[:, None] * step) * n[pos, None]
         return {count_name: n_out, sum_name: out}
 
-    def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
+    def _hierarchical_target(self, n, S, sigma_sum) -> np.ndarray | None:
+        """The overall mean sum_j S_j / sum_j n_j, shrunk towards the box centre (None: no mass)."""
         from securefkm.algorithms._seeding import shrink_means
 
         total = n.sum()
         if total <= 0:
-            return {}
+            return None
         m, d = S.shape
         target = S.sum(axis=0) / total
         if self.bounds is not None:
             v = sigma_sum**2 * m / total**2
             target = shrink_means(target[None], np.ones(1), np.sqrt(v), self._box_centre(d), plug_in=True)[0]
+        return target
+
+    def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
+        from securefkm.algorithms._seeding import shrink_means
+
+        target = self._hierarchical_target(n, S, sigma_sum)
+        if target is None:
+            return {}
         floor = max(sigma_count, 1e-9)
         pos = n >= floor
         out, n_out = S.copy(), n.copy()

@@ -11,20 +11,48 @@ it, so the true mean does: post-processing that can only move the estimate close
 
 The first Lloyd round of a run (``ctx.round == 0``, or the round right after a seeding round)
 uses the box centre as before: the start is not yet near the data. ``radius="auto"`` uses
-FastLloyd's fraction of the box diagonal, r = diag * alpha / (2 k^(1/d)) with alpha = 0.8, and only
-when it is below the half-diagonal (otherwise the box-centre translation is at least as tight).
+FastLloyd's fraction of the box diagonal, r = diag * alpha / (2 k^(1/d)) with alpha = 0.8, capped
+at 1.25 times the radius of the d-ball whose volume is 1/k of the box's (issue 20, third
+revision), and only when it is below the half-diagonal (otherwise the box-centre translation is
+at least as tight).
+
+Why the cap: k evenly spread centres cut the box into cells of volume vol(box) / k, and
+FastLloyd's k^(-1/d) is that scaling in k; but its constant (alpha times the half-diagonal)
+ignores how fast a d-ball outgrows the box: at d = 30 the ball of radius 0.8 x half-diagonal
+holds about 10^5 boxes, so it bounds nothing and the sum sensitivity stays near the
+half-diagonal. The volume-matched radius, (vol(box) Gamma(d/2 + 1) / (k pi^(d/2)))^(1/d), is the
+same idea with the right constant; it equals FastLloyd's at d = 2 and falls to 0.84 of it at
+d = 4, 0.70 at d = 13, 0.65 at d = 30, 0.63 at d = 64. The factor 1.25 keeps FastLloyd's radius
+where the two are within 25% (d <= 5 for a cube): on the tuning seeds a smaller radius hurt iris
+(d = 4: 0.84 x, +0.22 +- 0.04; 0.92 x, +0.12 +- 0.03), while the cap helped every cell where it
+binds (wine, breast cancer, make_blobs k = 2 d = 20, digits; docs/protocols/dp-utility.md).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ALPHA = 0.8
+VOLUME_FACTOR = 1.25
 
 
-def auto_radius(diagonal: float, k: int, d: int, alpha: float = ALPHA) -> float:
-    """FastLloyd's radius for the rounds after the first: diag * alpha / (2 k^(1/d))."""
-    return diagonal * alpha / (2 * k ** (1.0 / d))
+def volume_radius(sides, k: int) -> float:
+    """Radius of the d-ball whose volume is 1/k of the box with these side lengths (all > 0)."""
+    sides = np.asarray(sides, dtype=np.float64)
+    d = len(sides)
+    log_r = (float(np.log(sides).sum()) + math.lgamma(d / 2 + 1) - math.log(k) - d / 2 * math.log(math.pi)) / d
+    return math.exp(log_r)
+
+
+def auto_radius(diagonal: float, k: int, d: int, alpha: float = ALPHA, sides=None) -> float:
+    """FastLloyd's radius for the rounds after the first, diag * alpha / (2 k^(1/d)), capped at
+    ``VOLUME_FACTOR`` times :func:`volume_radius` when the box's ``sides`` are given (all > 0)."""
+    r = diagonal * alpha / (2 * k ** (1.0 / d))
+    if sides is not None and np.all(np.asarray(sides) > 0):
+        r = min(r, VOLUME_FACTOR * volume_radius(sides, k))
+    return r
 
 
 class RadiusBounded:
@@ -45,7 +73,11 @@ class RadiusBounded:
             k = int(getattr(algo, "n_clusters", 0) or 0)
             if k < 1:
                 return
-            r = auto_radius(self._diameter(d), k, d)
+            sides = None
+            if self.clip is None:
+                low, high = self._box(d)
+                sides = high - low
+            r = auto_radius(self._diameter(d), k, d, sides=sides)
         else:
             r = float(self.radius)
         if r < self._centred_radius(d):
