@@ -25,7 +25,8 @@ in ``<out>/cache/`` by a hash of the cell, so an interrupted run re-run with the
 computes only what is missing (and retries cells that ended in an error), and ``--jobs 2``
 gives the same CSV as ``--jobs 1``. Written at
 the end: ``attacks.csv`` (all rows, configuration order), ``summary.csv`` (mean and standard
-error over seeds) and ``report.html`` (one self-contained page).
+error over seeds), ``summary.md`` (the same as markdown, one line per fit: utility and the
+records each attack recovered) and ``report.html`` (one self-contained page).
 """
 
 from __future__ import annotations
@@ -179,8 +180,9 @@ def _fit_cells(cfg: BenchConfig, central: dict) -> list[dict]:
 
 
 def run_benchmark(config) -> list[dict]:
-    """Run (or read from the cache) every cell; write ``attacks.csv``, ``summary.csv`` and
-    ``report.html`` in ``config.out``; return the rows."""
+    """Run (or read from the cache) every cell; write ``attacks.csv``, ``summary.csv``,
+    ``summary.md`` (one markdown line per fit, for docs) and ``report.html`` in ``config.out``;
+    return the rows."""
     from securefkm.sweep import run_sweep
 
     cfg = _check_config(config)
@@ -201,10 +203,18 @@ def run_benchmark(config) -> list[dict]:
                      "delta": c["layer"]["delta"], "audit_epsilon": r["audit_epsilon"],
                      "claimed_epsilon": r["claimed_epsilon"], "attack_seconds": r["audit_seconds"]})
     write_csv(out / "attacks.csv", rows)
-    from .html_report import summarise, write_report, write_summary_csv
+    from .html_report import (
+        stack_order,
+        summarise,
+        summary_markdown,
+        write_report,
+        write_summary_csv,
+    )
 
     summary = summarise(rows)
     write_summary_csv(out / "summary.csv", summary)
+    (out / "summary.md").write_text(summary_markdown(summary, [a for a in cfg.attacks if a != AUDIT],
+                                                     stack_order(cfg.stacks)))
     if cfg.report:
         write_report(out / "report.html", rows, summary, cfg_dict(cfg), wall_seconds=time.perf_counter() - t0)
     return rows
@@ -276,7 +286,7 @@ def cli_run(quick: bool = False, out: str = "bench-attacks", seeds: int | None =
     n_na = sum(r["status"].startswith("not applicable") for r in rows)
     n_err = sum(r["status"].startswith("error") for r in rows)
     print(f"{len(rows)} rows ({n_na} not applicable, {n_err} errors) in {Path(out) / 'attacks.csv'}; "
-          f"summary.csv, report.html beside it; {time.perf_counter() - t0:.1f} s this call")
+          f"summary.csv, summary.md, report.html beside it; {time.perf_counter() - t0:.1f} s this call")
     return rows
 
 
