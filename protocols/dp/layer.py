@@ -437,7 +437,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 continue  # the client's own cap makes it decline: no charge
             levels.setdefault(c, Counter())[z] += 1
         after = self._history(levels)
-        if after != self._history() and self._acc._epsilon(after) > self.epsilon:
+        if after != self._history() and not self._within_plan(after) and self._acc._epsilon(after) > self.epsilon:
             spent = self._acc.spent()[0]
             needed = max((self._counts[c] + 1 for c in ctx.sampled), default=0)
             raise PrivacyBudgetExceededError(

@@ -57,6 +57,24 @@ class Scheduling:
                 top[z] = max(top[z], n)
         return [(z, 1.0, n) for z, n in sorted(top.items()) if n > 0]
 
+    def _within_plan(self, history) -> bool:
+        """True if ``history`` is dominated by the schedule the noise was calibrated for, so its
+        epsilon is within the target without asking the accountant (a PRV evaluation per round
+        was most of an ideal DP round's cost). Sound because composition is monotone: a round at
+        a larger noise multiplier is a post-processing of one at a smaller (add more noise), and
+        dropping rounds cannot raise epsilon; the calibration made the planned schedule fit.
+        Dominated: the rounds sorted by noise multiplier, the j-th has at least the j-th planned
+        one's, and there are no more of them. False when z was given (nothing was calibrated)."""
+        if self.noise_multiplier is not None or self._planned is None:
+            return False
+        if self._schedule is not None:
+            planned = [(self.z / math.sqrt(w), n) for w, n in self._schedule]
+        else:
+            planned = [(self.z, max(self._planned, 1))]
+        plan = sorted(z for z, n in planned for _ in range(int(n)))
+        rounds = sorted(z for z, _, n in history for _ in range(int(n)))
+        return len(rounds) <= len(plan) and all(r >= p for r, p in zip(rounds, plan))
+
     def _charge(self, contributors, z):
         """Charge each contributor one round at noise multiplier z (its actual noise: an
         under-noised aborted round is charged at its own, smaller z)."""
