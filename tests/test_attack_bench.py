@@ -122,7 +122,7 @@ def test_report_html_is_self_contained_and_lists_every_cell(quick):
 
 def test_summary_markdown_has_one_line_per_fit(quick):
     cfg, rows, out = quick
-    lines = [line for line in (out / "summary.md").read_text().splitlines()[2:]]
+    lines = (out / "summary.md").read_text().splitlines()[2:]
     fits = {(matrix.dataset_label(d), a, s) for d in cfg.datasets for a in cfg.algorithms for s in cfg.stacks}
     assert {tuple(c.strip() for c in line.split("|")[1:4]) for line in lines} == fits and len(lines) == len(fits)
     # the guard's finding, as a reader of the docs sees it: plaintext DWF differencing recovers records

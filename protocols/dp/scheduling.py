@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from .accounting import schedule_history
+
 
 class Scheduling:
     """Mixin of :class:`~protocols.dp.GaussianDP`: noise levels per round and the charged history."""
@@ -67,11 +69,8 @@ class Scheduling:
         one's, and there are no more of them. False when z was given (nothing was calibrated)."""
         if self.noise_multiplier is not None or self._planned is None:
             return False
-        if self._schedule is not None:
-            planned = [(self.z / math.sqrt(w), n) for w, n in self._schedule]
-        else:
-            planned = [(self.z, max(self._planned, 1))]
-        plan = sorted(z for z, n in planned for _ in range(int(n)))
+        calibrated = schedule_history(self.z, self._schedule or [(1.0, max(self._planned, 1))])
+        plan = sorted(z for z, _, n in calibrated for _ in range(n))
         rounds = sorted(z for z, _, n in history for _ in range(int(n)))
         return len(rounds) <= len(plan) and all(r >= p for r, p in zip(rounds, plan))
 
