@@ -10,7 +10,9 @@ hook                   runs on      purpose
 ``validate_stack``     server       reject inconsistent stacks with an error saying the fix
 ``setup``              server       once per fit: size noise, derive keys, read run info
 ``before_round``       server       refuse a round (budget, participation, overflow range)
-``client_data``        each client  transform the local records used this round (clipping)
+``client_data``        each client  transform the local records used this round (clipping);
+                                    ``client_datas``/``client_updates``: the same for many
+                                    simulated clients at once (vectorised, same results)
 ``client_update``      each client  transform the client's Update (round, suppress, noise);
                                     return ``None`` to decline to take part this round
 (aggregator)           both         turn sum-fields of the survivors into one sum
@@ -136,6 +138,12 @@ class Layer:
     def client_data(self, X: np.ndarray, client: ClientContext, ctx: RoundContext) -> np.ndarray:
         return X
 
+    def client_datas(self, Xs: list[np.ndarray], clients: list[ClientContext], ctx: RoundContext) -> list[np.ndarray]:
+        """:meth:`client_data` for several simulated clients of one round that share this layer
+        object. Must return, client by client, exactly what :meth:`client_data` returns (and raise
+        what it raises for the first client that fails); a layer overrides it only to vectorise."""
+        return [self.client_data(X, c, ctx) for X, c in zip(Xs, clients)]
+
     def client_update(self, update: Update, client: ClientContext, ctx: RoundContext) -> Update | None:
         return update
 
@@ -260,6 +268,14 @@ class Aggregator(Layer):
     def client_session(
         self, client: ClientContext, ctx: RoundContext, sums: dict[str, np.ndarray]
     ) -> ClientSession: ...
+
+    def client_sessions(
+        self, clients: list[ClientContext], ctx: RoundContext, sums_list: list[dict[str, np.ndarray]]
+    ) -> list[ClientSession]:
+        """:meth:`client_session` for several simulated clients of one round that share this
+        aggregator object; each session must be exactly what :meth:`client_session` gives that
+        client. Ideal functionalities override it to encode every client's input in one pass."""
+        return [self.client_session(c, ctx, sums) for c, sums in zip(clients, sums_list)]
 
 
 class _PlainServer(ServerSession):

@@ -117,3 +117,24 @@ def test_fast_encode_equals_the_per_field_loop():
         codec.encode_signed({**sums, "counts": np.array([0.5, 1, 2, 3])}, specs, 10)
     with pytest.raises(InputError, match="'sums' contains NaN"):
         codec.encode_signed({**sums, "sums": np.full((4, 3), np.nan)}, specs, 10)
+
+
+def test_encode_many_equals_client_by_client_and_names_the_first_bad_client():
+    """encode_signed_many (the ideal functionalities encode a round's clients in one pass):
+    row i is exactly encode_signed of client i; a bad client gets encode_signed's own error."""
+    rng = np.random.default_rng(3)
+    specs = (FieldSpec("counts", (4,), "count", integer=True), FieldSpec("sums", (4, 3), "sum"))
+    codec = FixedPointCodec(bound=1e6)
+    batch = [{"counts": rng.integers(0, 1000, 4).astype(float),
+              "sums": rng.normal(scale=10 ** rng.uniform(-3, 5), size=(4, 3))} for _ in range(40)]
+    many = codec.encode_signed_many(batch, specs, 40)
+    assert many.shape == (40, 16)
+    for row, sums in zip(many, batch):
+        np.testing.assert_array_equal(row, codec.encode_signed(sums, specs, 40))
+    assert codec.encode_signed_many([], specs, 40).shape == (0, 16)
+    batch[7] = {**batch[7], "sums": np.full((4, 3), 2e6)}
+    with pytest.raises(InputError, match="'sums' has \\|value\\| 2e\\+06 above the codec bound"):
+        codec.encode_signed_many(batch, specs, 40)
+    batch[7] = {"counts": batch[7]["counts"]}  # a missing field: check_sums' error
+    with pytest.raises(InputError, match="do not match the declared fields"):
+        codec.encode_signed_many(batch, specs, 40)

@@ -23,9 +23,10 @@ from scipy.stats import chisquare
 from protocols import GaussianDP, PairwiseMasking
 from protocols.dp import sampler
 from protocols.dp.noise import keystream
+from securefkm.exceptions import InputError
 from securefkm.registry import make_estimator
 
-SIGMA2 = [Fraction(1, 3), 1, 2.0, Fraction(7, 3), 100.0, 12345.678, 2.0**40, Fraction(2**56 + 1, 2**16), 1e30]
+SIGMA2 = [Fraction(1, 3), 1, 2.0, Fraction(7, 3), 100.0, 12345.678, 2.0**40, Fraction(2**56 + 1, 2**16), 2.0**60, 1e30]
 
 
 def _never_certain(w, g, err):
@@ -106,6 +107,61 @@ def test_geometric_count_law():
         assert abs(np.mean(v >= k) - np.exp(-k)) < 4 * np.sqrt(np.exp(-k) / ids.size) + 1e-9
 
 
+@pytest.mark.parametrize("t,m", [(1, 1), (3, 1), (1000, 1), (2**16, 1), (2**30, 2**14), (7_000_000_001, 106_811)])
+def test_scaled_geometric_count_law(t, m):
+    """A with P(A >= a) = exp(-a m/t), read off one uniform, for the scales the discrete
+    Laplace uses (m = 1 up to t = 2^16, then m = t >> 16)."""
+    ids = np.arange(100_000)
+    _, words = sampler._single(ids.size, keystream(7, f"geo/{t}/{m}"))
+    a = sampler._geometric_scaled(np.full(ids.size, t, dtype=np.int64), np.full(ids.size, m, dtype=np.int64), ids, words)
+    for q in (0.5, 1.0, 2.0, 3.0):
+        k = int(q * t / m)
+        p = np.exp(-k * m / t)
+        assert abs(np.mean(a >= k) - p) < 5 * np.sqrt(p * (1 - p) / ids.size) + 1e-9, (t, k)
+
+
+def test_truncated_part_law():
+    """B on {0..m-1} with P(B = b) ∝ exp(-b/t), here at t = 4m (visibly non-uniform)."""
+    n, m, t = 100_000, 8, 32
+    ids = np.arange(n)
+    _, words = sampler._single(n, keystream(7, "trunc"))
+    b = sampler._truncated_geometric(np.full(n, t, dtype=np.int64), np.full(n, m, dtype=np.int64), ids, words)
+    p = np.exp(-np.arange(m) / t)
+    counts = np.bincount(b, minlength=m)
+    assert counts.sum() == n and chisquare(counts, p / p.sum() * n).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("t", [1, 2, 7])
+def test_discrete_laplace_follows_its_pmf(t):
+    """DLap(t) from the one-uniform path against P(x) ∝ exp(-|x|/t) (chi-square)."""
+    n = 100_000
+    ids = np.arange(n)
+    _, words = sampler._single(n, keystream(8, f"lap/{t}"))
+    x = sampler._discrete_laplace(np.full(n, t, dtype=np.int64), ids, words)
+    half = 8 * t
+    support = np.arange(-half, half + 1)
+    p = np.exp(-np.abs(support) / t)
+    p /= p.sum() + 2 * np.exp(-(half + 1) / t) / (1 - np.exp(-1 / t))  # the tails beyond +-half
+    counts = np.array([np.sum(x == v) for v in support])
+    keep = p * n >= 20
+    assert chisquare(counts[keep], p[keep] * n * counts[keep].sum() / (p[keep] * n).sum()).pvalue > 1e-3
+
+
+def test_wide_discrete_laplace_tails_and_low_digits():
+    """At t = 7e6 (|X| = m A + B, m = 106): P(|X| >= g) = 2 q^g / (1 + q) with q = e^(-1/t),
+    symmetric signs, and |X| mod m (that is B) uniform up to exp(-m/t) ~ 1 - 1.5e-5."""
+    n, t = 100_000, 7_000_000
+    ids = np.arange(n)
+    _, words = sampler._single(n, keystream(8, "lap/wide"))
+    x = sampler._discrete_laplace(np.full(n, t, dtype=np.int64), ids, words)
+    for g in (t // 2, t, 2 * t, 3 * t):
+        p = 2 * np.exp(-g / t) / (1 + np.exp(-1 / t))
+        assert abs(np.mean(np.abs(x) >= g) - p) < 5 * np.sqrt(p * (1 - p) / n), g
+    assert abs(np.mean(x > 0) - 0.5) < 5 * np.sqrt(0.25 / n)
+    m = t >> sampler._SPLIT_BITS
+    assert chisquare(np.bincount(np.abs(x) % m, minlength=m)).pvalue > 1e-3
+
+
 def test_a_request_draws_the_same_alone_or_in_any_batch():
     sigma2s, sizes = [1.0, 2.0**40, 55.5, 3.0, 1e30], [15, 7, 0, 30, 4]
     alone = [sampler.sample_discrete_gaussian(s, n, source=keystream(1, f"g{i}"), as_int=True)
@@ -168,3 +224,25 @@ def test_layer_batch_equals_client_by_client(mode):
         assert a.sums.keys() == b.sums.keys() and a.sums
         for k in a.sums:
             assert np.asarray(a.sums[k]).tobytes() == np.asarray(b.sums[k]).tobytes()
+
+
+def test_box_check_of_a_batch_names_the_first_client_outside():
+    """GaussianDP.client_datas checks a round's records in one pass; a record outside the box
+    still gets client_data's error naming that client, and records inside pass unchanged."""
+    from securefkm.layers import ClientContext
+    layer = GaussianDP(1.0, 1e-5, bounds=(0.0, 1.0), mode="distributed")
+    layer._BOX_CHECK_ROWS = 7  # several passes over the batch
+    rng = np.random.default_rng(0)
+    Xs = [rng.uniform(0, 1, (n, 2)) for n in (3, 5, 0, 9, 4)]
+    clients = [ClientContext(client_id=i, n_records=len(X)) for i, X in enumerate(Xs)]
+
+    class _Ctx:  # a round without a radius bound
+        broadcast = None
+        action = "train"
+
+    layer._round_radius = lambda ctx: None
+    assert all(a is b for a, b in zip(layer.client_datas(Xs, clients, _Ctx()), Xs))
+    Xs[3] = Xs[3].copy()
+    Xs[3][5, 1] = 1.5
+    with pytest.raises(InputError, match="client 3 has 1 record\\(s\\) outside the declared box \\(first: row 5\\)"):
+        layer.client_datas(Xs, clients, _Ctx())

@@ -170,7 +170,7 @@ from .calibration import Calibration
 from .noise import RNGS, keystream, kls21_tau, noise_on_lattice, noise_on_lattice_many, on_lattice
 from .postprocessing import PostProcessing
 from .radius import RadiusBounded
-from .sampler import round_up_variance
+from .sampler import round_up_variance, sample_discrete_gaussian_batch
 from .scheduling import Scheduling
 
 MODES = ("central", "distributed", "local")
@@ -303,6 +303,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._acc = None
         self._counts: Counter = Counter()
         self._levels: dict = {}
+        self._top: Counter = Counter()
         self._plain_rounds = 0
         self._last_sigmas: dict[str, float] = {}
         self._tau = 0.0
@@ -384,6 +385,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._acc = PrivacyAccountant(self.z, self.epsilon, self.delta, accountant=self.accountant_name)
         self._counts = Counter()
         self._levels = {}
+        self._top = Counter()
         self._plain_rounds = 0
         if self.mode == "distributed" and self.min_clients is None:
             self.min_clients = info.clients_per_round
@@ -431,13 +433,17 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             return
         cap = self._cap.max_rounds if self._cap is not None else None
         z = self._z_for(ctx.action)
-        levels = {c: Counter(v) for c, v in self._levels.items()}
-        for c in ctx.sampled:
-            if cap is not None and self._counts[c] >= cap:
-                continue  # the client's own cap makes it decline: no charge
-            levels.setdefault(c, Counter())[z] += 1
-        after = self._history(levels)
-        if after != self._history() and not self._within_plan(after) and self._acc._epsilon(after) > self.epsilon:
+        # the history after this round: per level the most rounds any one client took, so only
+        # level z can grow, to one more than the most a sampled, uncapped client has at z
+        levels = self._levels
+        bump = max(((levels[c][z] if c in levels else 0) + 1 for c in ctx.sampled
+                    if cap is None or self._counts[c] < cap), default=0)  # a capped client declines
+        if bump <= self._top[z]:
+            return
+        top = Counter(self._top)
+        top[z] = bump
+        after = self._history_of(top)
+        if not self._within_plan(after) and self._acc._epsilon(after) > self.epsilon:
             spent = self._acc.spent()[0]
             needed = max((self._counts[c] + 1 for c in ctx.sampled), default=0)
             raise PrivacyBudgetExceededError(
@@ -468,6 +474,33 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 "Widen bounds, or use clip= to clip records explicitly."
             )
         return self._keep_within_radius(X, ctx)
+
+    def client_datas(self, Xs, clients, ctx):
+        if self.clip is None and not self._any_outside_box(Xs):  # the common case: one check for all
+            return [self._keep_within_radius(X, ctx) for X in Xs]
+        return [self.client_data(X, c, ctx) for X, c in zip(Xs, clients)]  # names the first offender
+
+    _BOX_CHECK_ROWS = 1 << 16  # records checked per vectorised pass (bounds the temporary copy)
+
+    def _any_outside_box(self, Xs) -> bool:
+        """Whether some record of some client lies outside the box: the records of many clients
+        concatenated and checked in one pass, ``_BOX_CHECK_ROWS`` at a time; True also for
+        input the per-client check must judge (ragged widths, non-arrays)."""
+        low, high = self.bounds
+        i = 0
+        while i < len(Xs):
+            j, rows = i, 0
+            while j < len(Xs) and (j == i or rows + len(Xs[j]) <= self._BOX_CHECK_ROWS):
+                rows += len(Xs[j])
+                j += 1
+            try:
+                block = np.concatenate(Xs[i:j]) if j - i > 1 else np.asarray(Xs[i])
+                if block.ndim != 2 or ((block < low) | (block > high)).any():
+                    return True
+            except (ValueError, TypeError):
+                return True
+            i = j
+        return False
 
     def _refuse_plain_items(self, update: Update, ctx) -> None:
         if update.items and self.mode != "local" and not self.allow_plain_set_fields:
@@ -541,16 +574,32 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         pairs = self.centred_pairs(ctx.specs)
         steps = {s.name: sigmas[s.name][1] for s in ctx.specs}
         shares = {s.name: round_up_variance(self._share_variance(*sigmas[s.name][:2])) for s in ctx.specs}
-        centred = [self._translate(update.sums, pairs, -1, ctx) for update in updates]
-        requests = [(sums, c, s) for sums, c in zip(centred, clients) for s in ctx.specs]
-        noisy = iter(on_lattice([sums[s.name] for sums, _, s in requests], [steps[s.name] for _, _, s in requests],
-                                [shares[s.name] for _, _, s in requests],
-                                [self._source(ctx, c.client_id, s.name) for _, c, s in requests]))
-        out = []
-        for update in updates:
-            sums = {s.name: next(noisy) for s in ctx.specs}
-            out.append(Update(sums=self._translate(sums, pairs, +1, ctx), items=update.items))
-        return out
+        stacked = _stack_fields([u.sums for u in updates], ctx.specs)
+        if stacked is None:  # a malformed update: per client, so the codec names its field
+            centred = [self._translate(update.sums, pairs, -1, ctx) for update in updates]
+            requests = [(sums, c, s) for sums, c in zip(centred, clients) for s in ctx.specs]
+            noisy = iter(on_lattice([sums[s.name] for sums, _, s in requests], [steps[s.name] for _, _, s in requests],
+                                    [shares[s.name] for _, _, s in requests],
+                                    [self._source(ctx, c.client_id, s.name) for _, c, s in requests]))
+            return [Update(sums=self._translate({s.name: next(noisy) for s in ctx.specs}, pairs, +1, ctx),
+                           items=update.items) for update in updates]
+        # every client's fields stacked along a first axis: the translation and the lattice
+        # rounding are elementwise, so row i is bit for bit what client i computes alone; the
+        # sampler still serves one request per (client, field) from that client's own source
+        centred = self._translate(stacked, pairs, -1, ctx)
+        lattices = {s.name: np.rint(centred[s.name] / steps[s.name]) for s in ctx.specs}
+        requests = [(c, s) for c in clients for s in ctx.specs]  # client-major, fields in spec order
+        draws = sample_discrete_gaussian_batch(
+            [shares[s.name] for _, s in requests], [s.size for _, s in requests],
+            [self._source(ctx, c.client_id, s.name) for c, s in requests], flat=True,
+        ).reshape(len(updates), -1)  # row i: client i's draws, its fields one after the other
+        offset = 0
+        for s in ctx.specs:
+            lattices[s.name] += draws[:, offset:offset + s.size].reshape(lattices[s.name].shape)
+            offset += s.size
+        noisy = self._translate({s.name: lattices[s.name] * steps[s.name] for s in ctx.specs}, pairs, +1, ctx)
+        return [Update(sums={s.name: noisy[s.name][i] for s in ctx.specs}, items=update.items)
+                for i, update in enumerate(updates)]
 
     _noise_fine = staticmethod(noise_on_lattice)
 
@@ -707,3 +756,17 @@ def check_seeded_noise(layers, random_state) -> None:
             "GaussianDP(rng='seeded') keys its noise from the fit's random_state, which is None; pass "
             "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
         )
+
+
+def _stack_fields(sums_list: list[dict], specs) -> dict[str, np.ndarray] | None:
+    """{field: float64 array (clients, *shape)} of a round's updates, or None when some
+    update does not hold exactly the declared fields and shapes (left to the per-client path)."""
+    out = {}
+    for s in specs:
+        rows = [sums.get(s.name) for sums in sums_list]
+        if any(r is None or np.shape(r) != s.shape for r in rows):
+            return None
+        out[s.name] = np.array(rows, dtype=np.float64) if rows else np.zeros((0, *s.shape))
+    if any(len(sums) != len(specs) for sums in sums_list):
+        return None
+    return out

@@ -35,7 +35,8 @@ class PostProcessing:
     def _translate(self, sums: dict, pairs: dict[str, str], sign: int, ctx=None) -> dict:
         """A new dict: ``S + sign * N c`` for every centred pair, with the current values of N
         (never the caller's dict: noising writes into the result); c the box centre, or in a
-        radius-bounded round the broadcast centre of each row."""
+        radius-bounded round the broadcast centre of each row. Elementwise: the fields may carry a
+        leading axis of clients, each row computed exactly as alone."""
         out = dict(sums)
         if not pairs:
             return out
@@ -43,7 +44,8 @@ class PostProcessing:
         c = self._box_centre(self._d) if rows is None else rows
         for s, w in pairs.items():
             n = np.asarray(out[w], dtype=np.float64)
-            out[s] = np.asarray(out[s], dtype=np.float64) + sign * n[:, None] * c
+            # n[..., None]: a client's (k,) counts, or (clients, k) stacked by _distributed_shares
+            out[s] = np.asarray(out[s], dtype=np.float64) + sign * n[..., None] * c
         return out
 
     def _project_rows(self, arr: np.ndarray, d: int) -> np.ndarray:

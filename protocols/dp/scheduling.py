@@ -49,14 +49,14 @@ class Scheduling:
         weights = sorted(weights, reverse=True)[: max(rounds, 1)]
         return sorted(Counter(weights).items())
 
-    def _history(self, levels=None) -> list[tuple[float, float, int]]:
+    def _history(self) -> list[tuple[float, float, int]]:
         """Accountant history dominating every client's: per noise level, the most rounds any
-        one client took at it (exact when all clients took the same rounds)."""
-        levels = self._levels if levels is None else levels
-        top: Counter = Counter()
-        for per_client in levels.values():
-            for z, n in per_client.items():
-                top[z] = max(top[z], n)
+        one client took at it (exact when all clients took the same rounds); kept up to date
+        by :meth:`_charge` in ``_top``."""
+        return self._history_of(self._top)
+
+    @staticmethod
+    def _history_of(top) -> list[tuple[float, float, int]]:
         return [(z, 1.0, n) for z, n in sorted(top.items()) if n > 0]
 
     def _within_plan(self, history) -> bool:
@@ -77,7 +77,11 @@ class Scheduling:
     def _charge(self, contributors, z):
         """Charge each contributor one round at noise multiplier z (its actual noise: an
         under-noised aborted round is charged at its own, smaller z)."""
+        top = self._top[z]
         for c in contributors:
             self._counts[c] += 1
-            self._levels.setdefault(c, Counter())[z] += 1
+            per = self._levels.setdefault(c, Counter())
+            per[z] += 1
+            top = max(top, per[z])
+        self._top[z] = top
         self._acc.history = self._history()

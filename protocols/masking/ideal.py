@@ -117,11 +117,16 @@ class IdealMasking(PairwiseMasking, ideal_of=PairwiseMasking):
                             consistency=self.sign_keys)
 
     def client_session(self, client, ctx, sums):
+        return self.client_sessions([client], ctx, [sums])[0]
+
+    def client_sessions(self, clients, ctx, sums_list):
+        # every client's input encoded in one pass; row i is what client i alone would encode
         plan = self.plan(ctx)
-        vector = np.empty(plan.length, dtype=np.uint64)
-        vector[:-1] = self.codec.encode(sums, ctx.specs, len(ctx.sampled))
-        vector[-1] = 1  # the check slot, as under the real protocol
-        return _IdealClient(vector, ctx.broadcast_digest if self.bind_broadcast else b"")
+        vectors = np.empty((len(sums_list), plan.length), dtype=np.uint64)
+        vectors[:, :-1] = self.codec.encode_signed_many(sums_list, ctx.specs, len(ctx.sampled)).view(np.uint64)
+        vectors[:, -1] = 1  # the check slot, as under the real protocol
+        digest = ctx.broadcast_digest if self.bind_broadcast else b""
+        return [_IdealClient(vector, digest) for vector in vectors]
 
 
 class _IdealClient(ClientSession):

@@ -79,9 +79,19 @@ class IdealPaillier(Paillier, ideal_of=Paillier):
         return _IdealServer(self, ctx)
 
     def client_session(self, client, ctx, sums):
+        return self.client_sessions([client], ctx, [sums])[0]
+
+    def client_sessions(self, clients, ctx, sums_list):
+        # every client's input encoded and range-checked in one pass; row i is what client i
+        # alone holds (a failing client is re-encoded alone, so its error names the field)
         self._require_setup()
-        return _IdealClient(self.encoded_values(sums, ctx), (ctx.run, ctx.round, ctx.broadcast_digest),
-                            self.max_clients_, len(ctx.sampled))
+        values = self.codec.encode_signed_many(sums_list, ctx.specs, self.max_clients_)
+        try:
+            self.layout.check_values(values)
+        except InputError:
+            values = np.stack([self.encoded_values(sums, ctx) for sums in sums_list])
+        round_id = (ctx.run, ctx.round, ctx.broadcast_digest)
+        return [_IdealClient(v, round_id, self.max_clients_, len(ctx.sampled)) for v in values.astype(np.int64)]
 
 
 class _IdealClient(ClientSession):

@@ -204,10 +204,21 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
         raise ValueError("batch_update serves unfused update requests only; call handle() per client")
     algorithm = clients[0].algorithm
     ctx = clients[0].round_context(request)
-    datas = [c.prepared_data(ctx) for c in clients]
+    datas = prepared_datas(clients, ctx)
     rngs = [c.rng(request) for c in clients]
     updates = algorithm.client_updates(datas, request.broadcast, rngs, [c.memory for c in clients])
     return finish_updates(clients, updates, ctx)
+
+
+def prepared_datas(clients: list[ClientRuntime], ctx: RoundContext) -> list[np.ndarray]:
+    """:meth:`ClientRuntime.prepared_data` for many clients: each layer sees the round's
+    records at once (:meth:`Layer.client_datas`) when the clients share their layer objects."""
+    if any(c.layers is not clients[0].layers for c in clients):
+        return [c.prepared_data(ctx) for c in clients]
+    datas = [c.X for c in clients]
+    for layer in clients[0].layers:
+        datas = layer.client_datas(datas, [c.context for c in clients], ctx)
+    return datas
 
 
 def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContext) -> list[UpdateReply]:
@@ -229,8 +240,22 @@ def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContex
             if update is None:
                 declined[i] = layer
             updates[i] = update
-    return [c.decline(declined[i]) if i in declined else c.open_session(updates[i], ctx)
-            for i, c in enumerate(clients)]
+    taking = [i for i in range(len(clients)) if i not in declined]
+    opened = dict(zip(taking, open_sessions([clients[i] for i in taking], [updates[i] for i in taking], ctx)))
+    return [c.decline(declined[i]) if i in declined else opened[i] for i, c in enumerate(clients)]
+
+
+def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext) -> list[UpdateReply]:
+    """:meth:`ClientRuntime.open_session` for many clients that share their aggregator object:
+    the aggregator opens every client's session at once (:meth:`Aggregator.client_sessions`)."""
+    if not ctx.specs or not clients or any(c.aggregator is not clients[0].aggregator for c in clients):
+        return [c.open_session(u, ctx) for c, u in zip(clients, updates)]
+    for u in updates:
+        check_sums(u.sums, ctx.specs)
+    sessions = clients[0].aggregator.client_sessions([c.context for c in clients], ctx, [u.sums for u in updates])
+    for c, session in zip(clients, sessions):
+        c.session, c._ctx = session, ctx
+    return [UpdateReply(items=u.items) for u in updates]
 
 
 def serve(
