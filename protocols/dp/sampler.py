@@ -516,7 +516,6 @@ def sample_discrete_gaussian_batch(
             a, b = f.numerator, f.denominator
             law[id(s2)] = (float(f), (a, b), math.isqrt(a * b) // b + 1)  # floor(sigma) + 1, exactly
     per_req = [law[id(s2)] for s2 in sigma2s]
-    ab = [x for _, x, _ in per_req]
     ts = [t for _, _, t in per_req]
     starts = np.cumsum([0] + sizes[:-1]).astype(np.int64) if n_req else np.zeros(0, dtype=np.int64)
     total = sum(sizes)
