@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from protocols.dp import GaussianDP
-from protocols.dp.planning import NOISE_START_PRIOR, lloyd_rounds, plan, spread_start
+from protocols.dp.planning import (
+    NOISE_PRIVATE_START,
+    NOISE_START_PRIOR,
+    lloyd_rounds,
+    plan,
+    spread_start,
+)
 from protocols.dp.radius import VOLUME_FACTOR, auto_radius, volume_radius
 from securefkm.bench import dp_fastlloyd as fl
 from securefkm.bench.protocols_dp import loss, reference_loss
@@ -34,6 +40,45 @@ def test_plan_is_a_function_of_public_inputs_and_starts_inside_the_inner_box():
     assert plan(3, 4, 0.05, 1e-3, -1.0, 1.0, 150, seed=5).rounds == 1
     s = spread_start(4, np.zeros(2), np.full(2, 10.0), seed=1)
     assert np.all((s >= 2.5) & (s <= 7.5))
+
+
+def test_low_noise_plans_a_private_start():
+    """e < E_p: a private seeding round instead of the spread points (the start is data-
+    dependent, paid for by one more release); e >= E_p keeps the spread start."""
+    low = plan(5, 2, 1.0, 1e-5, -2.0, 2.0, 10_000, seed=1)
+    high = plan(3, 4, 1.0, 1e-3, -1.0, 1.0, 150, seed=1)  # iris-sized: e = 0.12
+    assert low.noise_level < NOISE_PRIVATE_START <= high.noise_level
+    assert low.private_start and low.start is None and "private seeding" in low.describe()["start"]
+    assert not high.private_start and high.start is not None
+
+
+def test_private_start_escapes_the_local_optimum_of_the_spread_start():
+    """A 5-blob set of 10,000 records over 100 clients at eps 1 (e = 0.0035), tuning seed 1009:
+    from the spread start the plan's rounds end in a local optimum (1.96 times the best central
+    loss when measured), from the private seeding at the optimum; within the budget either way."""
+    from protocols.dp import planning
+    from securefkm.datasets.federated import FederatedDataset
+    from securefkm.datasets.generators import dwf_blobs
+
+    X, y = dwf_blobs(n_samples=10_000, random_state=7)
+    data = FederatedDataset.from_pooled(X, y, split="dirichlet", n_clients=100, random_state=1009)
+    ref = reference_loss(X, 5)
+
+    def fit():
+        est = WeightedFederatedKMeans(5, protection=[GaussianDP(1.0, 1e-5, bounds=(-2.0, 2.0), mode="central",
+                                                                 rng="seeded")], random_state=1009, crypto="ideal")
+        est.fit(data.clients)
+        assert est.privacy_spent_[0] <= 1.0
+        return loss(X, est.cluster_centers_) / ref, est.dp_plan_
+
+    private, p = fit()
+    assert p.private_start and private < 1.01
+    old, planning.NOISE_PRIVATE_START = planning.NOISE_PRIVATE_START, 0.0
+    try:
+        spread, q = fit()
+    finally:
+        planning.NOISE_PRIVATE_START = old
+    assert not q.private_start and spread > 1.5
 
 
 def _wine(seed):

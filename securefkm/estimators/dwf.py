@@ -123,10 +123,13 @@ class WeightedFederatedKMeans(FederatedClusterer):
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)
         init_bounds = self._declared_bounds(n_features)  # init_bounds or the DP layer's box (one declaration)
-        init = plan.start if plan is not None and plan.start is not None else resolve_init(
-            self.init, self.protection, init_bounds, n_clusters=self.n_clusters, n_features=n_features,
-            default_plain="kfed", default_protected="private",
-        )
+        if plan is not None and plan.private_start:
+            init = "private"
+        else:
+            init = plan.start if plan is not None and plan.start is not None else resolve_init(
+                self.init, self.protection, init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+                default_plain="kfed", default_protected="private",
+            )
         return WeightedFederatedKMeansAlgorithm(
             self.n_clusters,
             weighting=self.weighting,
