@@ -110,7 +110,10 @@ def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int | None = No
         tol=0.0,
         protection=[GaussianDP(epsilon, DELTA, bounds=bounds, mode="central", **options)],
         random_state=seed,
-    ).fit(data.clients)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CentralDPWarning: the trusted-curator row by design
+        est.fit(data.clients)
     centres = est.cluster_centers_  # in the box: the layer projects the noisy means (project_means)
     return centres, tuple(float(v) for v in est.privacy_spent_)
 
