@@ -216,13 +216,13 @@ class FixedPointCodec:
         if not specs or not sums_list:
             return np.zeros((len(sums_list), self.total_size(specs)), dtype=np.int64)
         n, fbound, ibound = self._bounds(n_clients)
-        try:
-            for sums in sums_list:
-                check_sums(sums, specs)
-            flat = np.concatenate(
-                [np.asarray([sums[s.name] for sums in sums_list], dtype=np.float64).reshape(len(sums_list), s.size)
-                 for s in specs], axis=1)
-        except (InputError, ValueError, TypeError, AttributeError, KeyError):
+        m, flat = len(sums_list), None
+        try:  # the layout check of check_sums, for all clients at once (a mismatch: per client)
+            if all(isinstance(sums, dict) and len(sums) == len(specs) for sums in sums_list):
+                fields = [np.asarray([sums[s.name] for sums in sums_list], dtype=np.float64) for s in specs]
+                if all(f.shape == (m, *s.shape) for f, s in zip(fields, specs)):
+                    flat = np.concatenate([f.reshape(m, s.size) for f, s in zip(fields, specs)], axis=1)
+        except (ValueError, TypeError, KeyError):
             flat = None
         if flat is not None:
             integer = _integer_mask(specs)

@@ -60,8 +60,10 @@ def noise_on_lattice(val: np.ndarray, sigma: float, step: float, source=None) ->
     return noise_on_lattice_many([val], [sigma], [step], [source])[0]
 
 
+@functools.lru_cache(maxsize=1024)
 def kls21_tau(share_variance: float, m: int) -> float:
-    """KLS21 Thm 1 tau: distance of a sum of m N_Z(0, s^2) shares from N_Z(0, m s^2)."""
+    """KLS21 Thm 1 tau: distance of a sum of m N_Z(0, s^2) shares from N_Z(0, m s^2) (a pure
+    function of public parameters, asked for every field of every round: cached)."""
     return 10.0 * sum(math.exp(-2 * math.pi**2 * share_variance * k / (k + 1)) for k in range(1, m))
 
 
