@@ -589,9 +589,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         centred = self._translate(stacked, pairs, -1, ctx)
         lattices = {s.name: np.rint(centred[s.name] / steps[s.name]) for s in ctx.specs}
         requests = [(c, s) for c in clients for s in ctx.specs]  # client-major, fields in spec order
+        sources = None if self.rng == "system" else [self._source(ctx, c.client_id, s.name) for c, s in requests]
         draws = sample_discrete_gaussian_batch(
-            [shares[s.name] for _, s in requests], [s.size for _, s in requests],
-            [self._source(ctx, c.client_id, s.name) for c, s in requests], flat=True,
+            [shares[s.name] for _, s in requests], [s.size for _, s in requests], sources, flat=True,
         ).reshape(len(updates), -1)  # row i: client i's draws, its fields one after the other
         offset = 0
         for s in ctx.specs:

@@ -510,13 +510,16 @@ def sample_discrete_gaussian_batch(
     # work is done once per object, not once per client (keyed by id: ``sigma2s`` keeps every
     # object alive for the call, and hashing a Fraction costs more than the lookup saves)
     law: dict = {}
+    index = []  # request -> its law's position
     for s2 in sigma2s:
-        if id(s2) not in law:
+        key = id(s2)
+        if key not in law:
             f = _as_fraction(s2)
             a, b = f.numerator, f.denominator
-            law[id(s2)] = (float(f), (a, b), math.isqrt(a * b) // b + 1)  # floor(sigma) + 1, exactly
-    per_req = [law[id(s2)] for s2 in sigma2s]
-    ts = [t for _, _, t in per_req]
+            law[key] = (len(law), float(f), (a, b), math.isqrt(a * b) // b + 1)  # floor(sigma) + 1, exactly
+        index.append(law[key][0])
+    laws = list(law.values())
+    ts = [laws[i][3] for i in index]
     starts = np.cumsum([0] + sizes[:-1]).astype(np.int64) if n_req else np.zeros(0, dtype=np.int64)
     total = sum(sizes)
     req = np.repeat(np.arange(n_req), sizes)
@@ -527,9 +530,9 @@ def sample_discrete_gaussian_batch(
     def _gamma(a, b, t):
         return lambda y: Fraction((abs(int(y)) * b * t - a) ** 2, 2 * a * b * t * t)
 
-    gammas = {key: _gamma(*ab_, t) for key, (_, ab_, t) in law.items()}
-    exact_gamma = [gammas[id(s2)] for s2 in sigma2s]
-    s2_e = np.array([f for f, _, _ in per_req])[req]
+    gammas = [_gamma(*ab_, t) for _, _, ab_, t in laws]
+    law_of = np.array(index, dtype=np.int64)  # exact_gamma of request g: gammas[law_of[g]]
+    s2_e = np.array([f for _, f, _, _ in laws])[law_of[req]] if n_req else np.zeros(0)
     words = _Words(sources if sources is not None else [None] * n_req, starts, sizes) if n_req else None
     out = np.zeros(total, dtype=object if (big or as_int) else np.int64)
     todo = np.arange(total)
@@ -538,10 +541,10 @@ def sample_discrete_gaussian_batch(
         pick = np.repeat(todo, k)  # each pending draw's proposals, in order
         y = _discrete_laplace(t_e[pick], pick, words)
         if big:
-            gam = [exact_gamma[req[i]](v) for i, v in zip(pick, y)]
+            gam = [gammas[law_of[req[i]]](v) for i, v in zip(pick, y)]
             ok = _exp_neg_coins(_ints([g.numerator for g in gam]), _ints([g.denominator for g in gam]), pick, words)
         else:
-            ok = _accept(y, s2_e[pick], t_e[pick], pick, words, lambda i, y=y, pick=pick: exact_gamma[req[pick[i]]](y[i]))
+            ok = _accept(y, s2_e[pick], t_e[pick], pick, words, lambda i, y=y, pick=pick: gammas[law_of[req[pick[i]]]](y[i]))
         todo = todo[_take_first_accepted(out, todo, ok, y, k)]
     if not as_int and out.dtype == object:
         out = out.astype(np.int64)
