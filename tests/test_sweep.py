@@ -101,6 +101,7 @@ def test_ray_backend(monkeypatch):
 def test_a_stopped_sweep_leaves_no_worker_running(tmp_path, sig):
     """kill (SIGTERM) or Ctrl-C (SIGINT) of a sweep's driver stops its running cells too: before,
     the executor waited for them and, after SIGTERM, the workers ran on orphaned."""
+    import contextlib
     import os
     import signal
     import subprocess
@@ -109,8 +110,10 @@ def test_a_stopped_sweep_leaves_no_worker_running(tmp_path, sig):
     from pathlib import Path
 
     script = tmp_path / "drive.py"
+    stacks = tmp_path / "driver-stacks.txt"
     script.write_text(
-        "import sys\n"
+        "import faulthandler, signal, sys\n"
+        f"faulthandler.register(signal.SIGUSR1, file=open({str(stacks)!r}, 'w'), all_threads=True)\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from _sweep_cells import slow\n"
         "from securefkm.sweep import run_sweep\n"
@@ -118,14 +121,28 @@ def test_a_stopped_sweep_leaves_no_worker_running(tmp_path, sig):
         f"    run_sweep(slow, [{{'i': i, 'dir': {str(tmp_path)!r}, 'seconds': 120}} for i in range(4)], jobs=2,"
         " progress=False)\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+
+    def as_from_a_terminal():  # a driver started from a shell: Ctrl-C not ignored, whatever pytest inherited
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL, preexec_fn=as_from_a_terminal)
     deadline = time.time() + 90
     while len(list(tmp_path.glob("*.pid"))) < 2 and time.time() < deadline:
         time.sleep(0.2)
     pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
     assert len(pids) == 2, "the workers did not start"
     proc.send_signal(getattr(signal, sig))
-    assert proc.wait(timeout=30) != 0
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # say where the driver hangs, then clean up
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        proc.kill()
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        raise AssertionError(f"the driver did not exit after {sig}; its threads:\n{stacks.read_text()}") from None
+    assert code != 0
 
     def alive(pid):
         try:
