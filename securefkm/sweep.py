@@ -218,9 +218,8 @@ def _run_processes(fn, cells, todo, jobs, done) -> None:
     workers = min(jobs, len(todo))
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin_threads,
                                initargs=(CELL_THREADS,))
-    pending: dict = {}
+    pending = {pool.submit(fn, cells[i]): i for i in todo}
     try:
-        pending = {pool.submit(fn, cells[i]): i for i in todo}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -228,16 +227,14 @@ def _run_processes(fn, cells, todo, jobs, done) -> None:
     except BaseException:
         # Ctrl-C, SIGTERM or a failed cell: drop the queue and stop the running cells now (the
         # executor would wait for them, minutes for a slow cell, and an orphaned worker runs
-        # on); what finished is cached. The workers are killed here, so nothing is left to wait
-        # for: shutting down without waiting keeps an interrupt that lands inside the executor's
-        # own bookkeeping from blocking the exit (seen once under heavy load)
+        # on); what finished is cached
         for fut in pending:
             fut.cancel()
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
             proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
         raise
-    pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_ray(fn, cells, todo, jobs, done) -> None:

@@ -122,7 +122,9 @@ def test_a_stopped_sweep_leaves_no_worker_running(tmp_path, sig):
         " progress=False)\n"
     )
 
-    def as_from_a_terminal():  # a driver started from a shell: Ctrl-C not ignored, whatever pytest inherited
+    def as_from_a_terminal():
+        # a driver started from a terminal: a test run launched in the background (`pytest &` in a
+        # non-interactive shell) ignores SIGINT, and the driver would inherit that and never stop
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL, preexec_fn=as_from_a_terminal)
