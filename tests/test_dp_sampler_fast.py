@@ -246,3 +246,15 @@ def test_box_check_of_a_batch_names_the_first_client_outside():
     Xs[3][5, 1] = 1.5
     with pytest.raises(InputError, match="client 3 has 1 record\\(s\\) outside the declared box \\(first: row 5\\)"):
         layer.client_datas(Xs, clients, _Ctx())
+
+
+def test_os_stream_is_a_fresh_keystream_per_batch():
+    """Unseeded batches read a ChaCha20 keystream under a fresh key from os.urandom: two batches
+    never share bytes, and a stream's bytes look uniform (byte frequencies, chi-square)."""
+    a, b = sampler.os_keyed_stream(), sampler.os_keyed_stream()
+    x, y = a(1 << 17), b(1 << 17)
+    assert x != y and a(64) != x[:64]  # another key; the stream moves on
+    counts = np.bincount(np.frombuffer(x, dtype=np.uint8), minlength=256)
+    assert chisquare(counts).pvalue > 1e-4
+    big = a((1 << 16) + 10)  # beyond the shared zero buffer
+    assert len(big) == (1 << 16) + 10

@@ -30,7 +30,8 @@ attacks on textbook samplers (Mironov 2012; Jin et al. 2022) do not apply.
 draws on the same stream), checks that path against 300-digit arithmetic on near-ties, and
 checks the draws against the exact pmf.
 
-Randomness comes from ``os.urandom`` (the OS CSPRNG), or from caller-given byte sources (a
+Randomness comes from the OS CSPRNG -- per batch of draws, the ChaCha20 keystream under a fresh
+256-bit key read from ``os.urandom`` (:func:`os_keyed_stream`) -- or from caller-given byte sources (a
 keyed ChaCha20 stream per client and field for reproducible studies,
 :func:`protocols.dp.noise.keystream`), never from numpy's generator.
 
@@ -81,6 +82,25 @@ def _words(n: int, source=None) -> np.ndarray:
     return np.frombuffer((source or os.urandom)(8 * n), dtype="<u8").astype(np.uint64)
 
 
+_ZEROS = bytes(1 << 16)
+
+
+def os_keyed_stream():
+    """A byte source for one batch of draws: the ChaCha20 keystream (RFC 8439; OpenSSL through
+    ``cryptography``) under a fresh 256-bit key from ``os.urandom``, zero nonce (one stream per
+    key). A CSPRNG like the kernel's own, about 8 times the throughput of reading ``os.urandom``
+    (which a round's noise shares spent a quarter of their time on); nothing is kept between
+    batches, so forked processes and threads never share a stream."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    encryptor = Cipher(algorithms.ChaCha20(os.urandom(32), bytes(16)), mode=None).encryptor()
+
+    def read(n: int) -> bytes:
+        return encryptor.update(memoryview(_ZEROS)[:n] if n <= len(_ZEROS) else bytes(n))
+
+    return read
+
+
 
 class _Words:
     """Random words for pending draws, each read from its request's own byte source.
@@ -101,6 +121,9 @@ class _Words:
 
     def __init__(self, sources: Sequence, starts: np.ndarray, sizes: Sequence[int] | None = None):
         self.sources = list(sources)
+        self.os_stream = all(src is None for src in self.sources)  # nothing to reproduce
+        if self.os_stream:
+            self.sources = [os_keyed_stream()] * len(self.sources)
         self.starts = np.asarray(starts, dtype=np.int64)
         self.shared = len(set(map(id, self.sources))) == 1  # one stream for all (e.g. the OS CSPRNG)
         if not self.shared:
@@ -407,7 +430,7 @@ def _proposals(pending: int, words: _Words) -> int:
     use of the stream does. So it is 1 for caller-given (seeded) sources, whose draws must be
     the same alone or in any batch; on the OS stream, small remainders get up to 4 proposals,
     which ends the loop in two or three vectorised passes instead of seven or more."""
-    if not (words.shared and words.sources[0] is None):
+    if not words.os_stream:
         return 1
     return int(min(4, max(1, 2048 // max(pending, 1))))
 
