@@ -598,8 +598,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             lattices[s.name] += draws[:, offset:offset + s.size].reshape(lattices[s.name].shape)
             offset += s.size
         noisy = self._translate({s.name: lattices[s.name] * steps[s.name] for s in ctx.specs}, pairs, +1, ctx)
-        return [Update(sums={s.name: noisy[s.name][i] for s in ctx.specs}, items=update.items)
-                for i, update in enumerate(updates)]
+        names = [s.name for s in ctx.specs]
+        rows = zip(*(list(noisy[name]) for name in names))  # client i's row of every field (views)
+        return [Update(sums=dict(zip(names, row)), items=update.items) for row, update in zip(rows, updates)]
 
     _noise_fine = staticmethod(noise_on_lattice)
 
@@ -761,12 +762,15 @@ def check_seeded_noise(layers, random_state) -> None:
 def _stack_fields(sums_list: list[dict], specs) -> dict[str, np.ndarray] | None:
     """{field: float64 array (clients, *shape)} of a round's updates, or None when some
     update does not hold exactly the declared fields and shapes (left to the per-client path)."""
-    out = {}
-    for s in specs:
-        rows = [sums.get(s.name) for sums in sums_list]
-        if any(r is None or np.shape(r) != s.shape for r in rows):
-            return None
-        out[s.name] = np.array(rows, dtype=np.float64) if rows else np.zeros((0, *s.shape))
+    out, m = {}, len(sums_list)
     if any(len(sums) != len(specs) for sums in sums_list):
         return None
+    for s in specs:
+        try:  # one conversion for all clients; a ragged or missing field fails it or the shape
+            arr = np.array([sums[s.name] for sums in sums_list], dtype=np.float64) if m else np.zeros((0, *s.shape))
+        except (KeyError, ValueError, TypeError):
+            return None
+        if arr.shape != (m, *s.shape):
+            return None
+        out[s.name] = arr
     return out
