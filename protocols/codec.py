@@ -27,7 +27,7 @@ import numpy as np
 
 from securefkm._validation import check_int
 from securefkm.exceptions import InputError
-from securefkm.messages import FieldSpec, check_sums
+from securefkm.messages import FieldSpec, check_sums, stack_sums
 
 #: the ring is Z_{2^64}; the decoded total must fit signed int64, so |sum| <= 2**63 - 1.
 INT64_MAX = 2**63 - 1
@@ -197,11 +197,15 @@ class FixedPointCodec:
         """The same words as the per-field loop, with one check over all fields at once
         (every client of every round encodes: per-field numpy calls dominated a round).
         ``None`` when any check fails, so the loop can name the failing field."""
-        integer = _integer_mask(specs)
         flat = np.concatenate([np.asarray(sums[s.name], dtype=np.float64).ravel() for s in specs])
+        return self._checked_words(flat, _integer_mask(specs), fbound, ibound)
+
+    def _checked_words(self, flat: np.ndarray, integer: np.ndarray, fbound: float, ibound: float) -> np.ndarray | None:
+        """Fixed-point words of ``flat`` (last axis: the fields' values in spec order; a leading
+        axis of clients allowed), or None when any value fails a check. Elementwise."""
         if not np.isfinite(flat).all() or (np.abs(flat) > np.where(integer, ibound, fbound)).any():
             return None
-        if integer.any() and (np.round(flat[integer]) != flat[integer]).any():
+        if integer.any() and (np.round(flat[..., integer]) != flat[..., integer]).any():
             return None
         # rint of a whole number is itself: integer fields encode as their value, others scaled
         return np.rint(np.where(integer, flat, flat * self.scale)).astype(np.int64)
@@ -215,22 +219,14 @@ class FixedPointCodec:
         sums_list = list(sums_list)
         if not specs or not sums_list:
             return np.zeros((len(sums_list), self.total_size(specs)), dtype=np.int64)
-        n, fbound, ibound = self._bounds(n_clients)
-        m, flat = len(sums_list), None
-        try:  # the layout check of check_sums, for all clients at once (a mismatch: per client)
-            if all(isinstance(sums, dict) and len(sums) == len(specs) for sums in sums_list):
-                fields = [np.asarray([sums[s.name] for sums in sums_list], dtype=np.float64) for s in specs]
-                if all(f.shape == (m, *s.shape) for f, s in zip(fields, specs)):
-                    flat = np.concatenate([f.reshape(m, s.size) for f, s in zip(fields, specs)], axis=1)
-        except (ValueError, TypeError, KeyError):
-            flat = None
-        if flat is not None:
-            integer = _integer_mask(specs)
-            ok = np.isfinite(flat).all() and not (np.abs(flat) > np.where(integer, ibound, fbound)).any()
-            if ok and integer.any():
-                ok = not (np.round(flat[:, integer]) != flat[:, integer]).any()
-            if ok:
-                return np.rint(np.where(integer, flat, flat * self.scale)).astype(np.int64)
+        _, fbound, ibound = self._bounds(n_clients)
+        stacked = stack_sums(sums_list, specs)  # None: a layout check_sums refuses
+        if stacked is not None:
+            m = len(sums_list)
+            flat = np.concatenate([stacked[s.name].reshape(m, s.size) for s in specs], axis=1)
+            words = self._checked_words(flat, _integer_mask(specs), fbound, ibound)
+            if words is not None:
+                return words
         return np.stack([self.encode_signed(sums, specs, n_clients) for sums in sums_list])
 
     def encode(self, sums: dict[str, np.ndarray], specs: Sequence[FieldSpec], n_clients: int) -> np.ndarray:

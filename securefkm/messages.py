@@ -179,6 +179,25 @@ def check_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> Non
             )
 
 
+def stack_sums(sums_list: list[dict], specs: tuple[FieldSpec, ...]) -> dict[str, np.ndarray] | None:
+    """{field: float64 array (clients, *shape)} of many clients' sum-fields, one conversion per
+    field; None when some client's fields do not match the declared layout (what
+    :func:`check_sums` refuses), for callers that then go client by client to name the error."""
+    m = len(sums_list)
+    if any(not isinstance(sums, dict) or len(sums) != len(specs) for sums in sums_list):
+        return None
+    out = {}
+    for s in specs:
+        try:  # a missing or ragged field fails the conversion or the shape
+            arr = np.array([sums[s.name] for sums in sums_list], dtype=np.float64) if m else np.zeros((0, *s.shape))
+        except (KeyError, ValueError, TypeError):
+            return None
+        if arr.shape != (m, *s.shape):
+            return None
+        out[s.name] = arr
+    return out
+
+
 def flatten_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> np.ndarray:
     """Concatenate sum-fields into one float64 vector in the declared order."""
     if not specs:

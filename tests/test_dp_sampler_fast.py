@@ -224,6 +224,13 @@ def test_layer_batch_equals_client_by_client(mode):
         assert a.sums.keys() == b.sums.keys() and a.sums
         for k in a.sums:
             assert np.asarray(a.sums[k]).tobytes() == np.asarray(b.sums[k]).tobytes()
+    if mode == "distributed":  # a malformed update (an algorithm bug) is named, not noised
+        import dataclasses
+
+        name = ctx.specs[0].name
+        bad = dataclasses.replace(updates[3], sums={**updates[3].sums, name: np.zeros(7)})
+        with pytest.raises(InputError, match=f"sum-field {name!r} has shape"):
+            layer.client_updates(updates[:3] + [bad], [r.context for r in runtimes[:4]], ctx)
 
 
 def test_box_check_of_a_batch_names_the_first_client_outside():

@@ -158,7 +158,7 @@ from securefkm.exceptions import (
     RoundAbortedError,
 )
 from securefkm.layers import Layer
-from securefkm.messages import AggregatedUpdate, Update
+from securefkm.messages import AggregatedUpdate, Update, check_sums, stack_sums
 
 from .accounting import (
     PrivacyAccountant,
@@ -167,7 +167,7 @@ from .accounting import (
     noise_multiplier_for_schedule,
 )
 from .calibration import Calibration
-from .noise import RNGS, keystream, kls21_tau, noise_on_lattice, noise_on_lattice_many, on_lattice
+from .noise import RNGS, keystream, kls21_tau, noise_on_lattice, noise_on_lattice_many
 from .postprocessing import PostProcessing
 from .radius import RadiusBounded
 from .sampler import round_up_variance, sample_discrete_gaussian_batch
@@ -574,15 +574,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         pairs = self.centred_pairs(ctx.specs)
         steps = {s.name: sigmas[s.name][1] for s in ctx.specs}
         shares = {s.name: round_up_variance(self._share_variance(*sigmas[s.name][:2])) for s in ctx.specs}
-        stacked = _stack_fields([u.sums for u in updates], ctx.specs)
-        if stacked is None:  # a malformed update: per client, so the codec names its field
-            centred = [self._translate(update.sums, pairs, -1, ctx) for update in updates]
-            requests = [(sums, c, s) for sums, c in zip(centred, clients) for s in ctx.specs]
-            noisy = iter(on_lattice([sums[s.name] for sums, _, s in requests], [steps[s.name] for _, _, s in requests],
-                                    [shares[s.name] for _, _, s in requests],
-                                    [self._source(ctx, c.client_id, s.name) for _, c, s in requests]))
-            return [Update(sums=self._translate({s.name: next(noisy) for s in ctx.specs}, pairs, +1, ctx),
-                           items=update.items) for update in updates]
+        stacked = stack_sums([u.sums for u in updates], ctx.specs)
+        if stacked is None:  # a malformed update (an algorithm bug): check_sums names the field
+            for update in updates:
+                check_sums(update.sums, ctx.specs)
+            raise InputError("GaussianDP: a client's sum-fields are not numeric arrays; the noise cannot be added.")
         # every client's fields stacked along a first axis: the translation and the lattice
         # rounding are elementwise, so row i is bit for bit what client i computes alone; the
         # sampler still serves one request per (client, field) from that client's own source
@@ -758,19 +754,3 @@ def check_seeded_noise(layers, random_state) -> None:
             "random_state=<int> to the estimator, or use rng='system' (the OS CSPRNG, the default)."
         )
 
-
-def _stack_fields(sums_list: list[dict], specs) -> dict[str, np.ndarray] | None:
-    """{field: float64 array (clients, *shape)} of a round's updates, or None when some
-    update does not hold exactly the declared fields and shapes (left to the per-client path)."""
-    out, m = {}, len(sums_list)
-    if any(len(sums) != len(specs) for sums in sums_list):
-        return None
-    for s in specs:
-        try:  # one conversion for all clients; a ragged or missing field fails it or the shape
-            arr = np.array([sums[s.name] for sums in sums_list], dtype=np.float64) if m else np.zeros((0, *s.shape))
-        except (KeyError, ValueError, TypeError):
-            return None
-        if arr.shape != (m, *s.shape):
-            return None
-        out[s.name] = arr
-    return out

@@ -136,10 +136,7 @@ class ClientRuntime:
         return np.random.default_rng(client_seed(self.info.random_state, req.run, req.round, self.client_id))
 
     def prepared_data(self, ctx: RoundContext) -> np.ndarray:
-        X = self.X
-        for layer in self.layers:
-            X = layer.client_data(X, self.context, ctx)
-        return X
+        return prepared_datas([self], ctx)[0]
 
     def finish_update(self, update, ctx: RoundContext) -> UpdateReply:
         """Apply the client-side layers to a computed update and open the aggregator session."""
@@ -151,13 +148,7 @@ class ClientRuntime:
 
     def open_session(self, update, ctx: RoundContext) -> UpdateReply:
         """Hand the (layered) update's sum-fields to the aggregator; reply with its set-fields."""
-        check_sums(update.sums, ctx.specs)
-        self.session = self.aggregator.client_session(self.context, ctx, update.sums) if ctx.specs else None
-        if not ctx.specs:  # no aggregator stage: the update reply itself is the input
-            self._input_sent(ctx)
-        else:
-            self._ctx = ctx
-        return UpdateReply(items=update.items)
+        return open_sessions([self], [update], ctx)[0]
 
     def _input_sent(self, ctx: RoundContext | None) -> None:
         for layer in self.layers:
@@ -214,7 +205,7 @@ def prepared_datas(clients: list[ClientRuntime], ctx: RoundContext) -> list[np.n
     """:meth:`ClientRuntime.prepared_data` for many clients: each layer sees the round's
     records at once (:meth:`Layer.client_datas`) when the clients share their layer objects."""
     if any(c.layers is not clients[0].layers for c in clients):
-        return [c.prepared_data(ctx) for c in clients]
+        return [prepared_datas([c], ctx)[0] for c in clients]
     datas = [c.X for c in clients]
     for layer in clients[0].layers:
         datas = layer.client_datas(datas, [c.context for c in clients], ctx)
@@ -246,15 +237,25 @@ def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContex
 
 
 def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext) -> list[UpdateReply]:
-    """:meth:`ClientRuntime.open_session` for many clients that share their aggregator object:
-    the aggregator opens every client's session at once (:meth:`Aggregator.client_sessions`)."""
-    if not ctx.specs or not clients or any(c.aggregator is not clients[0].aggregator for c in clients):
-        return [c.open_session(u, ctx) for c, u in zip(clients, updates)]
+    """Hand each client's (layered) update's sum-fields to its aggregator; reply with its
+    set-fields. Clients that share their aggregator object have their sessions opened at once
+    (:meth:`Aggregator.client_sessions`)."""
+    if not clients:
+        return []
     for u in updates:
         check_sums(u.sums, ctx.specs)
-    sessions = clients[0].aggregator.client_sessions([c.context for c in clients], ctx, [u.sums for u in updates])
-    for c, session in zip(clients, sessions):
-        c.session, c._ctx = session, ctx
+    if not ctx.specs:  # no aggregator stage: the update reply itself is the input
+        for c in clients:
+            c.session = None
+            c._input_sent(ctx)
+    else:
+        if all(c.aggregator is clients[0].aggregator for c in clients):
+            sessions = clients[0].aggregator.client_sessions([c.context for c in clients], ctx,
+                                                             [u.sums for u in updates])
+        else:
+            sessions = [c.aggregator.client_session(c.context, ctx, u.sums) for c, u in zip(clients, updates)]
+        for c, session in zip(clients, sessions):
+            c.session, c._ctx = session, ctx
     return [UpdateReply(items=u.items) for u in updates]
 
 
