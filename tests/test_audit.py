@@ -127,8 +127,8 @@ def test_layer_claim_and_sigmas(correct_scores):
     game, _ = correct_scores
     assert game.claimed_epsilon <= 1.0 + 1e-9
     z = game.info["noise_multiplier"]
-    # the layer's default split of the round's unit budget: counts get c = 1 / (1 + sqrt(d)), d = 2
-    c = 1 / (1 + math.sqrt(2))
+    # the layer's default split of the round's unit budget: counts get c = 1 / (1 + 2 sqrt(d)), d = 2
+    c = 1 / (1 + 2 * math.sqrt(2))
     assert game.info["field_sigmas"]["weights"] == pytest.approx(z / math.sqrt(c), rel=1e-6)
 
 

@@ -91,12 +91,13 @@ def test_default_fit_plans_rounds_radius_and_reports_them():
     est = WeightedFederatedKMeans(k, protection=[GaussianDP(1.0, fl.setting_delta(n), bounds=(-1.0, 1.0))],
                                   random_state=0).fit(clients)
     p = est.dp_plan_
-    assert p is not None and p.rounds == 2 and p.n_records == n
+    # e = 0.167 (wine, eps 1, count share 1 / (1 + 2 sqrt(13))): R = 1 + ceil(log2(0.7 / e) / 2) = 3
+    assert p is not None and p.rounds == 3 and p.noise_level == pytest.approx(0.1672, abs=1e-4) and p.n_records == n
     rep = est.protection_report_["GaussianDP"]
-    assert rep["plan"]["rounds"] == 2 and rep["plan"]["records_declared_public"] == n
+    assert rep["plan"]["rounds"] == 3 and rep["plan"]["records_declared_public"] == n
     assert rep["radius"] == pytest.approx(auto_radius(2 * math.sqrt(13), 3, 13, sides=np.full(13, 2.0)))
-    assert "2 Lloyd rounds" in rep["summary"] and "noise multiplier" in rep["summary"]
-    assert rep["max_client_rounds"] == 2  # no seeding round: every round is a Lloyd round
+    assert "3 Lloyd rounds" in rep["summary"] and "noise multiplier" in rep["summary"]
+    assert rep["max_client_rounds"] == 3  # no seeding round: every round is a Lloyd round
     assert est.privacy_spent_[0] <= 1.0
     # an explicit max_rounds opts out: no plan, the user's settings as given
     est2 = WeightedFederatedKMeans(k, protection=[GaussianDP(1.0, 1e-4, bounds=(-1.0, 1.0))], max_rounds=2,
@@ -166,6 +167,31 @@ def test_hierarchical_shrink_is_post_processing_of_released_values():
     assert a["n"][1] == 2.0 and np.allclose(target, target[0])
     # the well-estimated rows stay on their side of the target
     assert (a["S"][0] / a["n"][0])[0] > target[0] > (a["S"][2] / a["n"][2])[0]
+
+
+def test_hierarchical_rows_get_the_james_stein_factor_and_stay_apart():
+    """Noise-dominated rows (||m_j - t||^2 below d v_j) are shrunk by the James-Stein factor
+    1 - (d - 2) v_j / ||m_j - t||^2, not put on the target by the plug-in factor: with the plug-in
+    d, the first round of a plan put several centres on the overall mean (issue 20, fifth revision)."""
+    from securefkm.messages import FieldSpec
+
+    d = 4
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="hierarchical")
+    dp._d = d
+    specs = (FieldSpec("n", (3,), "count", integer=True), FieldSpec("S", (3, d), "sum", weighted_by="n"))
+    n = np.array([20.0, 20.0, 110.0])
+    means = np.array([[0.25, 0.25, 0.0, 0.0], [-0.25, 0.0, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    sums = {"n": n, "S": means * n[:, None]}
+    sigma_sum = 4.2  # v_j = (4.2 / 20)^2 = 0.0441 per coordinate for the two small rows
+    out = dp._shrunk(dict(sums), specs, {"n": (5.0, 0, 0), "S": (sigma_sum, 0, 0)}, "train")
+    got = out["S"] / out["n"][:, None]
+    target = dp._hierarchical_target(n, sums["S"], sigma_sum)
+    for j in (0, 1):
+        diff = means[j] - target
+        v = (sigma_sum / n[j]) ** 2
+        assert d * v > diff @ diff > (d - 2) * v  # the plug-in factor would be 0 here
+        np.testing.assert_allclose(got[j], target + (1 - (d - 2) * v / (diff @ diff)) * diff, rtol=1e-12)
+    assert np.linalg.norm(got[0] - got[1]) > 0.1  # the two small rows stay apart
 
 
 @pytest.mark.parametrize("mode", ["central", "distributed"])

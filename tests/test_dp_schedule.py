@@ -202,13 +202,13 @@ def test_round_weights_validation():
 
 
 @pytest.mark.parametrize("kw", [{"count_share": "auto"}, {}], ids=["explicit", "default"])
-def test_count_share_auto_is_the_minimax_split(kw):
+def test_count_share_auto_is_fastlloyds_split(kw):
     d = 3
     dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), **kw)
     fed = Federation(SeedThenTrain(rounds=1), _clients(d=d), protection=[dp], max_rounds=1, random_state=0)
     fed.run()
     rep = _layer(fed).report()
-    z, c = rep["noise_multiplier"], 1 / (1 + math.sqrt(d))
+    z, c = rep["noise_multiplier"], 1 / (1 + 2 * math.sqrt(d))  # c / (1 - c) = sqrt(d) / (rho R), rho = 1/2
     assert rep["field_sigmas"]["count"] == pytest.approx(z / math.sqrt(c), rel=1e-5)
     assert rep["field_sigmas"]["total"] == pytest.approx(z * math.sqrt(d) / math.sqrt(1 - c), rel=1e-4)  # + lattice term
 

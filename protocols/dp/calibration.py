@@ -14,6 +14,27 @@ from securefkm.messages import FieldSpec
 from .noise import FINE, min_share_variance
 
 
+
+#: rho: a cluster mean's typical distance from the point its sums are centred on, as a fraction of
+#: the sum's radius (see :func:`auto_count_share`)
+MEAN_OFFSET_FRACTION = 0.5
+
+
+def auto_count_share(d: int) -> float:
+    """``count_share="auto"``: the count fields' share c of a k-means round's sensitivity budget,
+    c = 1 / (1 + sqrt(d) / rho) with rho = :data:`MEAN_OFFSET_FRACTION` = 1/2, i.e. 1 / (1 + 2 sqrt(d)).
+
+    The mean S_j / n_j has error about (e_S - e_n mu_j) / n_j, mu_j the mean relative to the point
+    the sums are centred on (the box centre, or the broadcast centre in a radius round), of expected
+    squared norm z^2 (d R^2 / (1 - c) + ||mu_j||^2 / c) / n_j^2, minimised at
+    c / (1 - c) = ||mu_j|| / (R sqrt(d)). The worst case ||mu_j|| = R gives 1 / (1 + sqrt(d)) (the
+    rule before issue 20's fifth revision); a cluster mean is typically well inside the ball its
+    records are bounded by, and rho = 1/2 is FastLloyd's split (Diaa et al. 2025: count and sum
+    sigmas in the ratio (4d)^(1/4) / r). Tuning seeds 1000-1099 (docs/protocols/dp-utility.md,
+    fifth revision): better or level in every cell of the issue-20 grid, digits 1.467 -> 1.412.
+    Uses only d (public)."""
+    return 1.0 / (1.0 + math.sqrt(d) / MEAN_OFFSET_FRACTION)
+
 class Calibration:
     """Mixin of :class:`~protocols.dp.GaussianDP`: sensitivities and per-field sigmas."""
 
@@ -147,12 +168,8 @@ class Calibration:
         only divide the sums, so less noise on the sums usually helps the centres.
 
         ``count_share="auto"``, for a round of count fields and ``sum`` fields with rows of
-        width d (k-means: counts n_j and coordinate sums S_j): c = 1 / (1 + sqrt(d)). Reason:
-        the mean S_j / n_j has error about (e_S - e_n mu_j) / n_j, of expected squared norm
-        (d sigma_sum^2 + ||mu_j||^2 sigma_count^2) / n_j^2 = z^2 (d R^2 / (1 - c) + ||mu_j||^2 / c)
-        / n_j^2. With ||mu_j|| <= R (a mean of records in the ball/box) the worst case is
-        minimised at c / (1 - c) = 1 / sqrt(d). It uses only d (public). Other rounds (e.g. a
-        score round): equal shares.
+        width d (k-means: counts n_j and coordinate sums S_j): :func:`auto_count_share`,
+        c = 1 / (1 + 2 sqrt(d)). Other rounds (e.g. a score round): equal shares.
         """
         names = list(deltas)
         kinds = {s.name: s.kind for s in specs}
@@ -163,7 +180,7 @@ class Calibration:
             sums = [s for s in specs if s.name in others and s.kind == "sum"]
             if len(sums) == len(others) and sums:
                 width = sums[0].shape[-1] if len(sums[0].shape) > 1 else 1
-                share = 1.0 / (1.0 + math.sqrt(width))
+                share = auto_count_share(width)
             else:
                 share = None
         if share is None or not counts or not others:

@@ -200,8 +200,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
     explicitly requested k-means++ seeding through un-noised; privacy_spent is then
     reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
-    the count fields, the rest for the other fields; ``"auto"`` (default): c = 1/(1 + sqrt(d))
-    for a round of counts and sums of width d, see ``_field_weights``; ``None``: equal
+    the count fields, the rest for the other fields; ``"auto"`` (default): c = 1/(1 + 2 sqrt(d))
+    for a round of counts and sums of width d, see ``calibration.auto_count_share``; ``None``: equal
     shares); ``round_weights`` ({action: w}, default w = 1:
     a round of that action gets noise multiplier z / sqrt(w), i.e. w times a weight-1 round's
     share of the budget; z is calibrated so that the whole planned schedule meets the target,

@@ -27,8 +27,8 @@ unchanged (-0.003 / +0.016 +- 0.03).
 
 *Noise level*: e = z_1 sqrt(d) k / (n sqrt(1 - c)), the expected norm of one cluster mean's
 noise relative to the box's half-diagonal when the whole budget is spent on one Lloyd round
-(z_1 the noise multiplier of one release at (epsilon, delta), c = 1/(1 + sqrt(d)) the count
-share, n/k records per cluster).
+(z_1 the noise multiplier of one release at (epsilon, delta), c = 1/(1 + 2 sqrt(d)) the count
+share of :func:`protocols.dp.calibration.auto_count_share`, n/k records per cluster).
 
 *Rounds*: R = 1 when e > E1 = 0.7 (one noisy round: each extra round multiplies every round's
 noise by sqrt(R)); otherwise R = 1 + ceil(log2(E1 / e) / 2) within [2, 6] -- each quartering of
@@ -141,9 +141,10 @@ def noise_level(k: int, d: int, epsilon: float, delta: float, n_records: int, ac
     """(e, z_1) of the rule above: the relative noise of one cluster mean when the whole
     budget goes to one Lloyd round, and that round's noise multiplier."""
     from .accounting import noise_multiplier_for
+    from .calibration import auto_count_share
 
     z1 = noise_multiplier_for(epsilon, delta, 1, 1.0, accountant=accountant)
-    c = 1.0 / (1.0 + math.sqrt(d))
+    c = auto_count_share(d)
     return z1 * math.sqrt(d) * k / (max(n_records, 1) * math.sqrt(1.0 - c)), z1
 
 

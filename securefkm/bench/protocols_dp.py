@@ -31,7 +31,7 @@ Choices (all fixed before looking at the test losses, each data-independent; see
   <= 2 (each extra round raises every round's noise at a fixed budget), more when the budget
   allows (5 at epsilon 10). Chosen on tuning runs with other seeds (see the doc).
 * ``GaussianDP(count_share="auto", round_weights={"init.private": SEEDING_WEIGHT})``: each
-  round's budget split between counts and sums by the minimax rule c = 1/(1 + sqrt(d)), and
+  round's budget split between counts and sums by the layer's rule c = 1/(1 + 2 sqrt(d)), and
   the seeding round gets half the weight of a Lloyd round (a third of the budget with one
   Lloyd round); one PRV composition of the heterogeneous schedule.
 * ``GaussianDP(shrink="vector")``: the noisy per-cluster means of every Lloyd round are shrunk
