@@ -20,6 +20,13 @@ mu = sqrt(T) / z (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.
 :func:`gdp_epsilon` gives the exact (epsilon, delta) curve (their Cor. 2.13):
 
     delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2).
+
+So ``"prv"`` evaluates a history whose every round has q = 1 -- heterogeneous noise
+multipliers included, mu^2 = sum_i n_i / z_i^2 -- with this closed form instead of the numerical
+composition: the same privacy curve without the PRV's discretisation error, whose upper end
+costs 1% (epsilon 1) to 9% (epsilon 0.1) more noise at the same target (issue 20, fifth
+revision), and without importing torch. The noise calibration inverts it exactly
+(:func:`gdp_mu`). Histories with a subsampled round use opacus's PRV accountant as before.
 """
 
 from __future__ import annotations
@@ -121,12 +128,33 @@ def _epsilon_history_opacus(history: tuple, delta: float, accountant: str) -> fl
 
 
 def epsilon_for_history(history, delta: float, accountant: str = "prv") -> float:
-    """Epsilon of a heterogeneous history ``[(noise_multiplier, sample_rate, steps), ...]``."""
+    """Epsilon of a heterogeneous history ``[(noise_multiplier, sample_rate, steps), ...]``
+    (``"prv"`` and every q = 1: the exact mu-GDP curve, see the module docstring)."""
     accountant = _check_accountant(accountant)
     hist = tuple((float(z), float(q), int(n)) for z, q, n in history if int(n) > 0)
     if not hist:
         return 0.0
+    if _closed_form(hist, accountant):
+        return gdp_epsilon(math.sqrt(sum(n / z**2 for z, _, n in hist)), float(delta))
     return _epsilon_history(hist, float(delta), accountant)
+
+
+def _closed_form(hist, accountant: str) -> bool:
+    """Full participation under ``"prv"``: the composition is exactly mu-GDP."""
+    return accountant == "prv" and all(q == 1.0 for _, q, _ in hist)
+
+
+def _exact_z(epsilon: float, delta: float, schedule) -> float:
+    """The base noise multiplier whose full-participation schedule ``[(weight, rounds), ...]``
+    is exactly (epsilon, delta)-DP: mu^2 = sum_i w_i n_i / z^2 = gdp_mu(epsilon, delta)^2,
+    raised by a few ulps until the evaluated epsilon is within the target (rounding)."""
+    total = sum(w * n for w, n in schedule)
+    z = math.sqrt(total) / gdp_mu(epsilon, delta)
+    history = schedule_history(z, schedule)
+    while epsilon_for_history(history, delta) > epsilon:
+        z = math.nextafter(z, math.inf) * (1 + 1e-12)
+        history = schedule_history(z, schedule)
+    return z
 
 
 def epsilon_for(noise_multiplier: float, rounds: int, sample_rate: float, delta: float, accountant: str = "prv") -> float:
@@ -151,6 +179,8 @@ def noise_multiplier_for(
     rounds, q, delta = _check_common(rounds, sample_rate, delta)
     rounds = max(rounds, 1)
     accountant = _check_accountant(accountant)
+    if _closed_form(((1.0, q, rounds),), accountant):
+        return _exact_z(epsilon, delta, [(1.0, rounds)])
 
     def eps(z):
         return epsilon_for_history([(z, q, rounds)], delta, accountant)
@@ -188,6 +218,8 @@ def noise_multiplier_for_schedule(
             sched.append((w, n))
     if not sched:
         sched = [(1.0, 1)]
+    if accountant == "prv":  # schedules are full participation: exact
+        return _exact_z(epsilon, delta, sched)
 
     def eps(z):
         return epsilon_for_history(schedule_history(z, sched), delta, accountant)
@@ -228,6 +260,20 @@ def gdp_delta(mu: float, epsilon: float) -> float:
     from scipy.special import log_ndtr
 
     return _norm_cdf(a) - math.exp(epsilon + float(log_ndtr(b)))
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The largest mu at which mu-GDP is (epsilon, delta)-DP (delta(eps) grows with mu)."""
+    epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
+    delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+    from scipy.optimize import brentq
+
+    hi = 1.0
+    while gdp_delta(hi, epsilon) < delta:
+        hi *= 2
+        if hi > 1e6:
+            raise InputError(f"no mu-GDP mechanism reaches delta={delta} at epsilon={epsilon}")
+    return float(brentq(lambda m: gdp_delta(m, epsilon) - delta, 1e-12, hi, xtol=1e-15, rtol=1e-14))
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
