@@ -13,8 +13,6 @@ from securefkm.messages import FieldSpec
 
 from .noise import FINE, min_share_variance
 
-
-
 #: rho: a cluster mean's typical distance from the point its sums are centred on, as a fraction of
 #: the sum's radius (see :func:`auto_count_share`)
 MEAN_OFFSET_FRACTION = 0.5
