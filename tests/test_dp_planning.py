@@ -107,7 +107,7 @@ def test_default_fit_plans_rounds_radius_and_reports_them():
 
 def test_radius_rounds_noise_sums_relative_to_the_centres(monkeypatch):
     """With the noise replaced by the identity, every noised row of a radius round is a sum of
-    x - c_j over records within r of c_j (row mean inside the ball), and the first round is
+    x' - c_j over records clipped to r around c_j (row mean inside the ball), and the first round is
     centred on the box centre (row mean inside the half-box)."""
     clients, k = _wine(1)
     seen = []
@@ -131,7 +131,8 @@ def test_radius_rounds_noise_sums_relative_to_the_centres(monkeypatch):
     assert r < math.sqrt(13)
 
 
-def test_radius_rounds_leave_out_records_farther_than_r_and_not_the_first_round():
+def test_radius_rounds_clip_records_farther_than_r_and_not_the_first_round():
+    from securefkm.algorithms._kmeans import assign
     from securefkm.layers import ClientContext, RoundContext, RunInfo
     from securefkm.messages import Broadcast
 
@@ -148,7 +149,24 @@ def test_radius_rounds_leave_out_records_farther_than_r_and_not_the_first_round(
                             broadcast=Broadcast(action="train", centres=C))
 
     np.testing.assert_array_equal(dp.client_data(X, ClientContext(0, 4), ctx(0)), X)  # first round: all
-    np.testing.assert_array_equal(dp.client_data(X, ClientContext(0, 4), ctx(1)), X[[0, 2]])
+    got = dp.client_data(X, ClientContext(0, 4), ctx(1))
+    np.testing.assert_array_equal(got[[0, 2]], X[[0, 2]])  # within r of their centre: unchanged
+    # beyond r: on the segment to their nearest centre, a hair inside the sphere of radius r
+    for i in (1, 3):
+        np.testing.assert_allclose(got[i], 0.5 * X[i] / np.linalg.norm(X[i]), rtol=1e-8)
+        assert np.linalg.norm(got[i]) <= 0.5
+    np.testing.assert_array_equal(assign(got, C)[0], assign(X, C)[0])  # nearest centres unchanged
+    assert np.all(np.abs(got) <= 1.0)  # still in the box
+    # records on a Voronoi boundary keep their side, and the batched path equals the single one
+    rng = np.random.default_rng(3)
+    Y = rng.uniform(-1, 1, size=(2000, 2))
+    clipped = dp.client_data(Y, ClientContext(0, 4), ctx(1))
+    labels, d2 = assign(clipped, C)
+    np.testing.assert_array_equal(labels, assign(Y, C)[0])
+    assert d2.max() <= 0.25
+    batch = dp.client_datas([Y, X], [ClientContext(0, 4), ClientContext(1, 4)], ctx(1))
+    np.testing.assert_array_equal(batch[0], clipped)
+    np.testing.assert_array_equal(batch[1], got)
 
 
 def test_hierarchical_shrink_is_post_processing_of_released_values():

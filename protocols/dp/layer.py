@@ -473,11 +473,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 f"declared box (first: row {i}); the sensitivity assumes records inside bounds=(low, high). "
                 "Widen bounds, or use clip= to clip records explicitly."
             )
-        return self._keep_within_radius(X, ctx)
+        return self._clip_to_radius(X, ctx)
 
     def client_datas(self, Xs, clients, ctx):
         if self.clip is None and not self._any_outside_box(Xs):  # the common case: one check for all
-            return [self._keep_within_radius(X, ctx) for X in Xs]
+            return [self._clip_to_radius(X, ctx) for X in Xs]
         return [self.client_data(X, c, ctx) for X, c in zip(Xs, clients)]  # names the first offender
 
     _BOX_CHECK_ROWS = 1 << 16  # records checked per vectorised pass (bounds the temporary copy)

@@ -36,9 +36,9 @@ e buys one more round. E1 was read off forced R = 1, 2, 3 on seeds 1000-1019 of 
 grid with the step shrinkage below (0.25 before it, seeds 100-123; the benchmark reports
 seeds 0-29).
 
-*Radius*: Lloyd rounds after the first keep only records within FastLloyd's radius
-r = diag * 0.8 / (2 k^(1/d)) of their centre, capped at 1.25 times the radius of the d-ball of
-volume vol(box) / k (binds from d = 6 on), and noise the sums relative to the centres
+*Radius*: Lloyd rounds after the first clip every record to FastLloyd's radius
+r = diag * 0.8 / (2 k^(1/d)) around its nearest centre, capped at 1.25 times the radius of the
+d-ball of volume vol(box) / k (binds from d = 6 on), and noise the sums relative to the centres
 (sensitivity r instead of the half-diagonal; :mod:`protocols.dp.radius`).
 
 *Post-processing* (``shrink="step"``, free): every noisy cluster mean is shrunk towards its

@@ -26,7 +26,7 @@ class PostProcessing:
             pos = n > 0
             if pos.any():
                 means = S[pos] / n[pos, None]
-                if rows is not None:  # radius round: every kept record is within r of its centre
+                if rows is not None:  # radius round: every (clipped) record is within r of its centre
                     means = self._project_ball(means, rows[pos], r)
                 S[pos] = self._project_rows(means, self._d) * n[pos, None]
             out[s] = S
