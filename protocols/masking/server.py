@@ -206,7 +206,8 @@ class MaskingServer(RoundChecks, ServerSession):
             dropped = tuple(sorted(self.u2 - set(self.u3)))
             self._unmask_msg = {"survivors": surv, "dropped": dropped}
             if not self.consistency:
-                return {c: self._unmask_msg for c in alive if c in set(self.u3)}
+                u3 = set(surv)
+                return {c: self._unmask_msg for c in alive if c in u3}
             signers = [c for c in alive if c in self.signatures]
             if self.plan.graph.kind == "complete":
                 msg = {**self._unmask_msg, "signatures": dict(self.signatures)}
