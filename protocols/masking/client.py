@@ -218,31 +218,25 @@ class MaskingClient(ClientSession):
                 f"my secrets need threshold {self.t_share}"
             )
         # pairwise mask seeds and share-encryption keys, computed once here
-        self.pair_seeds: dict[int, bytes] = {}
-        self.recv_keys: dict[int, bytes] = {}
-        send_keys: dict[int, bytes] = {}
-        bind = self.digest
         loaded = self.__dict__.pop("_loaded", None)
         c_key, s_key = loaded if loaded is not None else (keys.load_x25519(self.c_sk), keys.load_x25519(self.s_sk))
-        for v in peers:
-            adv = adverts[v]
-            try:
-                s_shared = keys.x25519_agree(s_key, adv["s_pk"])
-                c_shared = keys.x25519_agree(c_key, adv["c_pk"])
-            except keys.CryptoFailure as exc:
-                self._refuse(f"client {v}'s advertised key is invalid ({exc})")
-            self.pair_seeds[v] = keys.hkdf(s_shared, keys.mask_seed_info(self.rid, self.me, v, bind))
-            send_keys[v], self.recv_keys[v] = keys.share_keys(c_shared, self.rid, self.me, v)
-        self.peer_pks = {v: adverts[v]["s_pk"] for v in peers}
+        try:
+            derived = keys.pair_keys(s_key, c_key, self.rid, self.me, peers,
+                                     [adverts[v]["s_pk"] for v in peers], [adverts[v]["c_pk"] for v in peers],
+                                     self.digest)
+        except keys.PeerKeyError as exc:
+            self._refuse(f"client {exc.peer}'s advertised key is invalid ({exc.failure})")
+        self.pair_seeds: dict[int, bytes] = {v: d[0] for v, d in zip(peers, derived)}
+        self.recv_keys: dict[int, bytes] = {v: d[2] for v, d in zip(peers, derived)}
         self.b_seed = os.urandom(32)
         s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
-        out = {}
-        self.held: dict[int, tuple[bytes, bytes]] = {}
-        for i, h in enumerate(holders):
-            if h == self.me:
-                self.held[self.me] = (s_shares[i], b_shares[i])
-                continue
-            out[h] = keys.encrypt_shares(send_keys[h], self.rid, self.me, h, s_shares[i] + b_shares[i])
+        at = holders.index(self.me)
+        self.held: dict[int, tuple[bytes, bytes]] = {self.me: (s_shares[at], b_shares[at])}
+        # the peers are the holders without me, in the same (sorted) order
+        del s_shares[at], b_shares[at]
+        blobs = keys.encrypt_shares_many([d[1] for d in derived], self.rid, self.me, peers,
+                                         [a + b for a, b in zip(s_shares, b_shares)])
+        out = dict(zip(peers, blobs))
         del self.c_sk, self.s_sk
         self.done.append("share")
         return out
@@ -273,9 +267,10 @@ class MaskingClient(ClientSession):
             )
         expander = MaskExpander(self.length, self.cipher)
         y = self.vector.astype(np.uint64, copy=True)
-        expander.add(y, self.b_seed, +1)
-        for v in mask_peers:
-            expander.add(y, self.pair_seeds[v], +1 if self.me < v else -1)
+        me, seeds = self.me, self.pair_seeds
+        # + PRG(b) + sum_{v > me} PRG(s_uv) - sum_{v < me} PRG(s_uv), modulo 2**64
+        expander.add_signed(y, [self.b_seed] + [seeds[v] for v in mask_peers if me < v],
+                            [seeds[v] for v in mask_peers if me > v])
         self.mask_peers = tuple(mask_peers)
         # nothing but the held shares is needed any more
         del self.b_seed, self.pair_seeds, self.recv_keys

@@ -316,8 +316,7 @@ class MaskingServer(RoundChecks, ServerSession):
             self._abort("unmask", f"secret reconstruction failed ({exc})")
         acc = self.acc.copy()
         expander = MaskExpander(plan.length, self.cipher)
-        for b in b_seeds:
-            expander.add(acc, b, -1)
+        expander.add_signed(acc, (), b_seeds)
         surv_set = set(survivors)
         for v, s_sk in zip(dropped, s_keys):
             if keys.x25519_public(s_sk) != self.adverts[v]["s_pk"]:
