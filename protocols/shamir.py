@@ -174,26 +174,18 @@ def _evaluate(coeffs: np.ndarray, xs: np.ndarray) -> np.ndarray:
     return mulmod_matmul(vandermonde(xs, coeffs.shape[0]), coeffs)
 
 
-def share_many(secrets: Sequence[bytes], threshold: int, xs: Sequence[int]) -> list[list[bytes]]:
-    """Share several secrets at once; returns ``out[j][i]`` = share of ``secrets[j]`` for ``xs[i]``.
-
-    One matrix product evaluates every limb of every secret at every point, so sharing two
-    32-byte secrets among 1000 holders is one ``(1000, t) @ (t, 18)`` product.
-    """
-    xs_arr = _check_xs(xs)
-    t = _check_threshold(threshold, xs_arr.size)
+def _secret_limbs(secrets: Sequence[bytes]) -> tuple[list[bytes], list[int], np.ndarray]:
     secrets = [bytes(s) for s in secrets]
     for s in secrets:
         if not 1 <= len(s) <= 0xFFFF:
             raise InputError(f"each secret must be 1..65535 bytes, got {len(s)}.")
     limbs = [_to_limbs(s) for s in secrets]
-    sizes = [len(limb) for limb in limbs]
-    consts = np.concatenate(limbs)
-    coeffs = np.empty((t, consts.size), dtype=np.int64)
-    coeffs[0] = consts
-    if t > 1:
-        coeffs[1:] = random_field_elements((t - 1, consts.size))
-    ys = _evaluate(coeffs, xs_arr).astype("<u4")
+    return secrets, [len(limb) for limb in limbs], np.concatenate(limbs)
+
+
+def _serialise(secrets: list[bytes], sizes: list[int], xs_arr: np.ndarray, ys: np.ndarray) -> list[list[bytes]]:
+    """``out[j][i]``: the share of ``secrets[j]`` at ``xs_arr[i]`` from the limb values ``ys``."""
+    ys = ys.astype("<u4")
     out: list[list[bytes]] = []
     offset = 0
     for s, m in zip(secrets, sizes):
@@ -205,6 +197,97 @@ def share_many(secrets: Sequence[bytes], threshold: int, xs: Sequence[int]) -> l
         raw, size = rec.tobytes(), rec.dtype.itemsize
         out.append([raw[i : i + size] for i in range(0, len(raw), size)])
     return out
+
+
+def share_many(secrets: Sequence[bytes], threshold: int, xs: Sequence[int]) -> list[list[bytes]]:
+    """Share several secrets at once; returns ``out[j][i]`` = share of ``secrets[j]`` for ``xs[i]``.
+
+    One matrix product evaluates every limb of every secret at every point, so sharing two
+    32-byte secrets among 1000 holders is one ``(1000, t) @ (t, 18)`` product.
+    """
+    xs_arr = _check_xs(xs)
+    t = _check_threshold(threshold, xs_arr.size)
+    secrets, sizes, consts = _secret_limbs(secrets)
+    coeffs = np.empty((t, consts.size), dtype=np.int64)
+    coeffs[0] = consts
+    if t > 1:
+        coeffs[1:] = random_field_elements((t - 1, consts.size))
+    return _serialise(secrets, sizes, xs_arr, _evaluate(coeffs, xs_arr))
+
+
+class Sharing:
+    """Fresh random sharing polynomials, evaluated at a fixed set of points before the
+    secrets are known; made by :func:`prepare_sharings`, used once by :meth:`share`.
+
+    For each of ``width`` limbs a polynomial ``f(x) = c + a_1 x + ... + a_{t-1} x**(t-1)``
+    with uniform ``a_j`` from the OS CSPRNG, as in :func:`share_many`; ``part[i, l]`` holds
+    ``(f(x_i) - c) mod p``, which does not depend on ``c``. :meth:`share` adds the secrets'
+    limbs ``c``: the shares are exactly those :func:`share_many` makes from the same
+    coefficients (same values, same bytes). ``part`` is as secret as the coefficients
+    (with one share it gives the secret): it is erased by :meth:`share`, which refuses a
+    second use (two secrets under one polynomial would leak their difference).
+    """
+
+    def __init__(self, xs: np.ndarray, threshold: int, part: np.ndarray):
+        self.xs, self.threshold, self.part = xs, threshold, part
+
+    def share(self, secrets: Sequence[bytes], xs: Sequence[int]) -> list[list[bytes]]:
+        """``out[j][i]``: the share of ``secrets[j]`` at ``xs[i]``, each of ``xs`` one of the
+        prepared points; the secrets' limbs must fill the prepared width."""
+        part = self.part
+        if part is None:
+            raise InputError("this Sharing was already used: prepare fresh polynomials for new secrets.")
+        self.part = None
+        secrets, sizes, consts = _secret_limbs(secrets)
+        if consts.size != part.shape[1]:
+            raise InputError(f"the secrets have {consts.size} limbs, the sharing was prepared for {part.shape[1]}.")
+        xs_arr = _check_xs(xs)
+        if xs_arr.size < self.threshold:
+            raise InputError(f"threshold={self.threshold} must be between 1 and the number of share holders ({xs_arr.size}).")
+        rows = np.searchsorted(self.xs, xs_arr)
+        if np.any(rows >= self.xs.size) or np.any(self.xs[np.minimum(rows, self.xs.size - 1)] != xs_arr):
+            raise InputError("xs names a point this sharing was not prepared for.")
+        return _serialise(secrets, sizes, xs_arr, (part[rows].astype(np.int64) + consts) % P)
+
+
+def prepare_sharings(xs_rows, threshold: int, width: int, chunk_elems: int = 1 << 20) -> list[Sharing]:
+    """One :class:`Sharing` per row of ``xs_rows`` (shape ``(N, m)``: each row the points of
+    one dealer's holders), for secrets of ``width`` limbs in all, vectorised across rows.
+
+    The random parts ``sum_{j=1}^{t-1} a_j x**j mod p`` of all rows are computed together:
+    one Vandermonde matrix and one product when every row holds the same points (the
+    complete graph), else chunks of rows as stacked products (the sparse graph: every
+    client's holders differ). Same values as :func:`share_many` would compute row by row.
+    """
+    xs_rows = np.asarray(xs_rows)
+    if xs_rows.ndim != 2 or xs_rows.shape[1] == 0:
+        raise InputError("xs_rows must be a non-empty 2-D array: one row of points per dealer.")
+    xs_rows = xs_rows.astype(np.int64)
+    n, m = xs_rows.shape
+    xs_rows = np.sort(xs_rows, axis=1)
+    if n and (xs_rows.min() < 1 or xs_rows.max() >= P):
+        raise InputError(f"xs must lie in [1, {P - 1}] (x = 0 would reveal the secret).")
+    if m > 1 and np.any(xs_rows[:, 1:] == xs_rows[:, :-1]):
+        raise InputError("xs contains duplicates; each share holder needs a distinct evaluation point.")
+    t = _check_threshold(threshold, m)
+    width = int(width)
+    parts = np.zeros((n, m, width), dtype=np.uint32)
+    if t > 1 and n:
+        if n > 1 and np.all(xs_rows == xs_rows[0]):
+            v = vandermonde(xs_rows[0], t)[:, 1:]  # (m, t - 1): x**1 .. x**(t-1)
+            step = max(1, chunk_elems // ((t - 1) * width + m * width))
+            for s in range(0, n, step):
+                c = min(step, n - s)
+                coeffs = random_field_elements((t - 1, c * width))  # column block r: dealer s + r
+                parts[s : s + c] = mulmod_matmul(v, coeffs).reshape(m, c, width).transpose(1, 0, 2)
+        else:
+            step = max(1, chunk_elems // (m * max(t, 2 * width)))
+            for s in range(0, n, step):
+                rows = xs_rows[s : s + step]
+                c = len(rows)
+                v = vandermonde(rows.reshape(-1), t)[:, 1:].reshape(c, m, t - 1)
+                parts[s : s + c] = mulmod_matmul(v, random_field_elements((c, t - 1, width)))
+    return [Sharing(xs_rows[i], t, parts[i]) for i in range(n)]
 
 
 def share(secret: bytes, threshold: int, xs: Sequence[int]) -> list[bytes]:

@@ -163,3 +163,66 @@ def test_share_many_is_the_polynomial_evaluation_and_reconstructs_with_dropouts(
     if t > 1:
         with pytest.raises(shamir.ShareError):
             shamir.reconstruct([out[0][i] for i in range(t - 1)], t)
+
+
+def _share_many_with(monkeypatch, coeffs, secrets, t, xs):
+    monkeypatch.setattr(shamir, "random_field_elements", lambda shape: coeffs.reshape(shape).copy())
+    try:
+        return shamir.share_many(secrets, t, xs)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("same_points", [False, True])
+@pytest.mark.parametrize("t, m", [(1, 4), (2, 3), (22, 43), (65, 70), (66, 70)])
+def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypatch, same_points, t, m):
+    """Sharings prepared for many dealers (stacked products, or one Vandermonde matrix when
+    all share their points) give byte for byte the shares share_many makes from the same
+    coefficients, for any subset of the prepared points."""
+    rng = np.random.default_rng(t * 100 + m + same_points)
+    n, width = 5, 2 * shamir.n_limbs(32)
+    base = rng.choice(30_000, m, replace=False) + 1
+    rows = np.array([base if same_points else rng.choice(30_000, m, replace=False) + 1 for _ in range(n)])
+    rows[:, 0] = shamir.P - 1
+    drawn = []
+    real = shamir.random_field_elements
+
+    def recording(shape):
+        out = real(shape)
+        drawn.append(out.copy())
+        return out
+
+    monkeypatch.setattr(shamir, "random_field_elements", recording)
+    sharings = shamir.prepare_sharings(rows, t, width, chunk_elems=3 * m * max(t, 2 * width))  # several chunks
+    monkeypatch.undo()
+    if t > 1:  # the coefficients of dealer i, as share_many would draw them: (t - 1, width)
+        if same_points:
+            allc = np.concatenate(drawn, axis=1)  # (t - 1, n * width), dealer-major columns
+            per_dealer = [allc[:, i * width : (i + 1) * width] for i in range(n)]
+        else:
+            per_dealer = list(np.concatenate(drawn, axis=0))
+    for i, sharing in enumerate(sharings):
+        secrets = [os.urandom(32), os.urandom(32)]
+        pts = sorted(int(x) for x in rng.choice(rows[i], size=int(rng.integers(t, m + 1)), replace=False))
+        got = sharing.share(secrets, pts)
+        want = (shamir.share_many(secrets, t, pts) if t == 1 else
+                _share_many_with(monkeypatch, per_dealer[i], secrets, t, pts))
+        assert got == want
+        assert shamir.reconstruct_many([got[0][:t], got[1][-t:]], t) == secrets
+        with pytest.raises(InputError, match="already used"):
+            sharing.share(secrets, pts)
+
+
+def test_prepared_sharing_refuses_foreign_points_and_bad_rows():
+    (sh,) = shamir.prepare_sharings([[5, 3, 9]], 2, 9)
+    with pytest.raises(InputError, match="not prepared"):
+        sh.share([os.urandom(32)], [3, 4])
+    with pytest.raises(InputError, match="duplicates"):
+        shamir.prepare_sharings([[1, 2, 2]], 2, 9)
+    with pytest.raises(InputError, match="lie in"):
+        shamir.prepare_sharings([[0, 2, 3]], 2, 9)
+    with pytest.raises(InputError, match="threshold"):
+        shamir.prepare_sharings([[1, 2, 3]], 4, 9)
+    (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 18)
+    with pytest.raises(InputError, match="limbs"):
+        sh.share([os.urandom(32)], [1, 2])

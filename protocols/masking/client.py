@@ -5,8 +5,10 @@ One :class:`MaskingClient` per client and round. It answers the stages in order
 ``consistency_check``, then ``unmask``) and refuses
 (:class:`~securefkm.layers.ProtocolRefusal`) any request an honest client must not
 answer. The session is a plain picklable object: a deployment can persist it between
-messages. Secrets are erased as soon as they are no longer needed: the X25519 private keys
-after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
+messages. Its Shamir polynomials (random coefficients only) are drawn when it opens,
+together for all sessions a layer opens at once (:meth:`MaskingClient.prepare_sharing`).
+Secrets are erased as soon as they are no longer needed: the X25519 private keys and the
+prepared polynomials after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
 after the masked input, the held shares after the unmask stage.
 
 Consistency check (active-server variant, Bonawitz et al. Fig. 4 round 3): the client signs
@@ -32,6 +34,7 @@ from .graph import RoundPlan
 from .prg import MaskExpander
 
 _SHARE_LEN = 6 + 4 * shamir.n_limbs(32)  # one share of a 32-byte secret
+_SECRET_LIMBS = 2 * shamir.n_limbs(32)  # the limbs of the two secrets a client shares
 
 # (tuple, frozenset of it) of the last survivor / dropout lists read: see _id_set
 _ID_SET_MEMO: list[tuple[tuple, frozenset]] = []
@@ -100,6 +103,25 @@ class MaskingClient(ClientSession):
         self.done: list[str] = []
         self.revealed: dict[int, str] = {}  # peer -> share type revealed ("b" or "s")
         self.signed_u3: tuple[int, ...] | None = None
+
+    @staticmethod
+    def prepare_sharing(sessions: list[MaskingClient]) -> None:
+        """Draw each session's Shamir polynomials for its two secrets (the mask key ``s`` and
+        the self-mask seed ``b``, 32 bytes each) at all of its possible holders -- itself and
+        its neighbours -- before the secrets exist, vectorised across the sessions
+        (:func:`protocols.shamir.prepare_sharings`: one Vandermonde matrix per holder set).
+        The share stage then only adds the secrets' limbs for the holders that advertised
+        keys: the same shares as sharing there and then, the same randomness (fresh uniform
+        coefficients from the OS CSPRNG), erased at the share stage like the secrets."""
+        groups: dict[tuple[int, int], list[tuple[MaskingClient, list[int]]]] = {}
+        for session in sessions:
+            points = sorted(v + 1 for v in session.neigh | {session.me})
+            if 1 <= session.t_share <= len(points):  # else the share stage refuses anyway
+                groups.setdefault((len(points), session.t_share), []).append((session, points))
+        for (_, t), members in groups.items():
+            sharings = shamir.prepare_sharings([points for _, points in members], t, _SECRET_LIMBS)
+            for (session, _), sharing in zip(members, sharings):
+                session._sharing = sharing
 
     def __getstate__(self):
         # loaded key objects are not picklable; a restored session reloads the raw keys
@@ -229,7 +251,11 @@ class MaskingClient(ClientSession):
         self.pair_seeds: dict[int, bytes] = {v: d[0] for v, d in zip(peers, derived)}
         self.recv_keys: dict[int, bytes] = {v: d[2] for v, d in zip(peers, derived)}
         self.b_seed = os.urandom(32)
-        s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
+        sharing = self.__dict__.pop("_sharing", None)
+        if sharing is not None:  # polynomials drawn when the session opened (prepare_sharing)
+            s_shares, b_shares = sharing.share([self.s_sk, self.b_seed], [h + 1 for h in holders])
+        else:
+            s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
         at = holders.index(self.me)
         self.held: dict[int, tuple[bytes, bytes]] = {self.me: (s_shares[at], b_shares[at])}
         # the peers are the holders without me, in the same (sorted) order

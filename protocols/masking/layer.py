@@ -277,6 +277,16 @@ class PairwiseMasking(Aggregator):
         )
 
     def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
+        return self.client_sessions([client], ctx, [sums])[0]
+
+    def client_sessions(self, clients, ctx: RoundContext, sums_list) -> list[MaskingClient]:
+        """The clients' sessions; their Shamir polynomials are drawn together
+        (:meth:`MaskingClient.prepare_sharing`, vectorised across the clients)."""
+        sessions = [self._client_session(c, ctx, sums) for c, sums in zip(clients, sums_list)]
+        MaskingClient.prepare_sharing(sessions)
+        return sessions
+
+    def _client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
         plan = self.plan(ctx)
         n = len(ctx.sampled)
         encoded = self.codec.encode(sums, ctx.specs, n)
