@@ -122,3 +122,19 @@ def test_sessions_open_with_prepared_sharings_used_once_at_the_share_stage(graph
     assert 3 not in contributors
     expect = sum(np.asarray(sums[c]["count"]) for c in contributors)
     assert np.array_equal(agg["count"], expect)
+
+
+def test_batched_sessions_encode_each_client_as_alone():
+    n = 30
+    layer = PairwiseMasking()
+    sums = random_sums(n, np.random.default_rng(6))
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    many = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    for c in range(n):
+        alone = layer.client_session(ClientContext(c, 10), ctx, sums[c])
+        assert alone.vector.dtype == many[c].vector.dtype == np.uint64
+        assert np.array_equal(alone.vector, many[c].vector) and alone.vector[-1] == 1
+        expect = layer.codec.encode(sums[c], ctx.specs, n)
+        assert np.array_equal(many[c].vector[:-1], expect)
