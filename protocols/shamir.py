@@ -241,11 +241,20 @@ class Sharing:
         secrets, sizes, consts = _secret_limbs(secrets)
         if consts.size != part.shape[1]:
             raise InputError(f"the secrets have {consts.size} limbs, the sharing was prepared for {part.shape[1]}.")
-        xs_arr = _check_xs(xs)
-        if xs_arr.size < self.threshold:
-            raise InputError(f"threshold={self.threshold} must be between 1 and the number of share holders ({xs_arr.size}).")
-        rows = np.searchsorted(self.xs, xs_arr)
-        if np.any(rows >= self.xs.size) or np.any(self.xs[np.minimum(rows, self.xs.size - 1)] != xs_arr):
+        try:
+            points = [int(x) for x in xs]
+        except (TypeError, ValueError):
+            raise InputError(f"xs must be a sequence of ints, got {xs!r}.") from None
+        if len(set(points)) != len(points):
+            raise InputError("xs contains duplicates; each share holder needs a distinct evaluation point.")
+        if len(points) < self.threshold:
+            raise InputError(f"threshold={self.threshold} must be between 1 and the number of share holders ({len(points)}).")
+        # every point must be a prepared one (those were range-checked by prepare_sharings)
+        if min(points) < 1 or max(points) >= P:
+            raise InputError("xs names a point this sharing was not prepared for.")
+        xs_arr = np.array(points, dtype=np.int64)
+        rows = np.minimum(np.searchsorted(self.xs, xs_arr), self.xs.size - 1)
+        if (self.xs[rows] != xs_arr).any():
             raise InputError("xs names a point this sharing was not prepared for.")
         return _serialise(secrets, sizes, xs_arr, (part[rows].astype(np.int64) + consts) % P)
 

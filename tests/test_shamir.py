@@ -226,3 +226,11 @@ def test_prepared_sharing_refuses_foreign_points_and_bad_rows():
     (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 18)
     with pytest.raises(InputError, match="limbs"):
         sh.share([os.urandom(32)], [1, 2])
+
+
+def test_prepared_sharing_checks_points_like_share_many():
+    secrets = [os.urandom(32)]
+    for bad, match in [([1, 1], "duplicates"), ([1, 2**70], "not prepared"), ([0, 1], "not prepared"), ([1], "threshold")]:
+        (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 9)
+        with pytest.raises(InputError, match=match):
+            sh.share(secrets, bad)
