@@ -222,6 +222,64 @@ def test_refuses_too_few_survivors_and_self_not_survivor():
         clients[1].respond("unmask", {"survivors": (0, 2, 3, 4), "dropped": (1,)})
 
 
+def test_survivor_set_memo_is_by_identity_of_int_tuples_only():
+    from protocols.masking.client import _id_set
+
+    t = tuple(range(50))
+    assert _id_set(t) is _id_set(t) and _id_set(t) == frozenset(range(50))
+    assert _id_set(tuple(range(50))) == _id_set(t)  # an equal fresh tuple: same set
+    lst = list(range(5))
+    first = _id_set(lst)
+    lst.append(99)  # a mutable list is never memoised
+    assert 99 in _id_set(lst) and 99 not in first
+    mixed = (np.int64(1), 2)
+    assert _id_set(mixed) == frozenset({1, 2}) and _id_set(mixed) is not _id_set(mixed)
+
+
+def test_unmask_answers_and_refusals_same_with_a_shared_survivor_tuple():
+    """In process every client gets the same survivor tuple object (read once, memoised);
+    the answers and refusals are those of per-client copies, as from a network."""
+    shared = {"survivors": (0, 1, 2, 3), "dropped": (4,)}
+    a, b = _after_masked_input(threshold=3), _after_masked_input(threshold=3)
+    for c in range(4):
+        got = a[c].respond("unmask", shared)
+        want = b[c].respond("unmask", {"survivors": list(shared["survivors"]), "dropped": list(shared["dropped"])})
+        assert got.keys() == want.keys() and {k: set(v) for k, v in got.items()} == {k: set(v) for k, v in want.items()}
+        assert set(got["b"]) == {0, 1, 2, 3} and set(got["s"]) == {4}
+    clients = _after_masked_input()  # t = 4 of 5
+    dup = {"survivors": (0, 1, 1, 2, 2), "dropped": (3, 4)}  # 3 distinct survivors: below the minimum
+    for c in (0, 1):
+        with pytest.raises(ProtocolRefusal, match="minimum"):
+            clients[c].respond("unmask", dup)
+    clients = _after_masked_input(threshold=3)
+    with pytest.raises(ProtocolRefusal, match="not listed as a survivor"):
+        clients[4].respond("unmask", shared)
+
+
+def test_refuses_too_few_surviving_holders_in_the_sparse_graph():
+    """The holder count is taken over the client's neighbourhood: a survivor list that is
+    long enough overall but keeps fewer than t of its holders is refused."""
+    n = 200
+    sums = random_sums(n, np.random.default_rng(12))
+    layer = PairwiseMasking(graph="sparse", neighbours=8, threshold=5)
+    server, clients = open_sessions(layer, n, sums)
+    alive = tuple(range(n))
+    for stage in STAGES[:3]:
+        msgs = server.messages(stage, alive)
+        server.receive(stage, {c: clients[c].respond(stage, m) for c, m in msgs.items()})
+    me = 0
+    neigh = set(server.plan.graph.neighbours(me).tolist())
+    keep = sorted(neigh)[:3]  # me + 3 holders = 4 < t = 5
+    survivors = tuple(c for c in range(n) if c == me or c not in neigh or c in keep)
+    dropped = tuple(sorted(neigh - set(keep)))
+    with pytest.raises(ProtocolRefusal, match="4 of my neighbourhood survived"):
+        clients[me].respond("unmask", {"survivors": survivors, "dropped": dropped})
+    survivors = tuple(sorted(set(survivors) | {sorted(neigh - set(keep))[0]}))
+    dropped = dropped[1:] if dropped[0] in survivors else dropped
+    out = clients[me].respond("unmask", {"survivors": survivors, "dropped": tuple(sorted(neigh - set(survivors)))})
+    assert len(out["b"]) == 5 and len(out["s"]) == 4
+
+
 def test_refuses_replayed_stage():
     sums = random_sums(3, np.random.default_rng(10))
     _, clients = open_sessions(PairwiseMasking(), 3, sums)

@@ -85,3 +85,152 @@ def test_thousand_peers_in_milliseconds():
     elapsed = time.perf_counter() - t0
     assert elapsed < 1.0, f"sharing two secrets among 1000 peers took {elapsed:.3f}s"
     assert shamir.reconstruct(out[1][300:967], 667) == secrets[1]
+
+
+def _exact_matmul(a, b):
+    return np.array([[sum(int(x) * int(y) for x, y in zip(a[i], b[:, j])) % shamir.P for j in range(b.shape[1])]
+                     for i in range(a.shape[0])], dtype=np.int64).reshape(a.shape[0], b.shape[1])
+
+
+@pytest.mark.parametrize("inner", [1, 2, 17, 63, 64, 65, 130])
+def test_mulmod_matmul_paths_equal_python_ints(inner):
+    """The one-product path (inner size <= SMALL_INNER) and the four-product path both give
+    the exact product mod p, also at the extremes (every entry p - 1: the largest sums)."""
+    rng = np.random.default_rng(inner)
+    for a, b in [
+        (rng.integers(0, shamir.P, (9, inner)), rng.integers(0, shamir.P, (inner, 11))),
+        (np.full((3, inner), shamir.P - 1), np.full((inner, 4), shamir.P - 1)),
+        (np.full((2, inner), shamir.P - 1), np.full((inner, 3), 2**31 - 2**16 - 1)),  # low half all ones
+    ]:
+        exact = _exact_matmul(a, b)
+        assert np.array_equal(shamir.mulmod_matmul(a, b), exact)
+        assert np.array_equal(shamir._matmul_split_both(a, b), exact)
+        if inner <= shamir.SMALL_INNER:
+            assert np.array_equal(shamir._matmul_split_b(a, b), exact)
+    with pytest.raises(InputError):
+        shamir._matmul_split_b(np.ones((1, shamir.SMALL_INNER + 1), dtype=np.int64),
+                               np.ones((shamir.SMALL_INNER + 1, 1), dtype=np.int64))
+
+
+def test_vandermonde_equals_python_powers():
+    rng = np.random.default_rng(3)
+    xs = np.concatenate([rng.integers(1, shamir.P, 20), [1, 2, shamir.P - 1, shamir.P - 2]]).astype(np.int64)
+    for t in [1, 2, 3, 4, 5, 22, 26, 64, 65, 100]:
+        expect = np.array([[pow(int(x), j, shamir.P) for j in range(t)] for x in xs], dtype=np.int64)
+        assert np.array_equal(shamir.vandermonde(xs, t), expect), t
+
+
+@pytest.mark.parametrize("t, holders", [(1, 3), (22, 43), (19, 37), (64, 80), (70, 100)])
+def test_share_many_is_the_polynomial_evaluation_and_reconstructs_with_dropouts(monkeypatch, t, holders):
+    """Every share is the coefficients' polynomial evaluated at its point (checked against
+    Python integers with the coefficients share_many drew), and any t of them -- a random
+    subset, as after dropouts -- give the secrets back, through both reconstructions."""
+    from protocols.masking.server import reconstruct_per_holder_set
+
+    rng = np.random.default_rng(t * 1000 + holders)
+    xs = sorted(int(x) + 1 for x in rng.choice(50_000, holders, replace=False))
+    xs[-1] = shamir.P - 1  # the largest point
+    secrets = [os.urandom(32), os.urandom(32), b"\x00\x01", b"\xff" * 32]
+    drawn = []
+    real = shamir.random_field_elements
+
+    def recording(shape):
+        out = real(shape)
+        out.flat[: out.size // 7] = shamir.P - 1  # extremes among the coefficients
+        drawn.append(out.copy())
+        return out
+
+    monkeypatch.setattr(shamir, "random_field_elements", recording)
+    out = shamir.share_many(secrets, t, xs)
+    monkeypatch.undo()
+    consts = np.concatenate([shamir._to_limbs(s) for s in secrets])
+    coeffs = np.vstack([consts[None, :]] + drawn) if drawn else consts[None, :]
+    offset = 0
+    for j, s in enumerate(secrets):
+        m = shamir.n_limbs(len(s))
+        for i, x in enumerate(xs):
+            sx, length, ys = shamir.parse_share(out[j][i])
+            assert (sx, length) == (x, len(s))
+            expect = [sum(int(coeffs[d, offset + limb]) * pow(x, d, shamir.P) for d in range(t)) % shamir.P
+                      for limb in range(m)]
+            assert ys.tolist() == expect
+        offset += m
+    for _ in range(3):
+        alive = sorted(rng.choice(holders, size=int(rng.integers(t, holders + 1)), replace=False).tolist())
+        groups = [[out[j][i] for i in alive] for j in range(len(secrets))]
+        assert shamir.reconstruct_many(groups, t) == secrets
+        assert reconstruct_per_holder_set(groups, t) == secrets
+    if t > 1:
+        with pytest.raises(shamir.ShareError):
+            shamir.reconstruct([out[0][i] for i in range(t - 1)], t)
+
+
+def _share_many_with(monkeypatch, coeffs, secrets, t, xs):
+    monkeypatch.setattr(shamir, "random_field_elements", lambda shape: coeffs.reshape(shape).copy())
+    try:
+        return shamir.share_many(secrets, t, xs)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("same_points", [False, True])
+@pytest.mark.parametrize("t, m", [(1, 4), (2, 3), (22, 43), (65, 70), (66, 70)])
+def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypatch, same_points, t, m):
+    """Sharings prepared for many dealers (stacked products, or one Vandermonde matrix when
+    all share their points) give byte for byte the shares share_many makes from the same
+    coefficients, for any subset of the prepared points."""
+    rng = np.random.default_rng(t * 100 + m + same_points)
+    n, width = 5, 2 * shamir.n_limbs(32)
+    base = rng.choice(30_000, m, replace=False) + 1
+    rows = np.array([base if same_points else rng.choice(30_000, m, replace=False) + 1 for _ in range(n)])
+    rows[:, 0] = shamir.P - 1
+    drawn = []
+    real = shamir.random_field_elements
+
+    def recording(shape):
+        out = real(shape)
+        drawn.append(out.copy())
+        return out
+
+    monkeypatch.setattr(shamir, "random_field_elements", recording)
+    sharings = shamir.prepare_sharings(rows, t, width, chunk_elems=3 * m * max(t, 2 * width))  # several chunks
+    monkeypatch.undo()
+    if t > 1:  # the coefficients of dealer i, as share_many would draw them: (t - 1, width)
+        if same_points:
+            allc = np.concatenate(drawn, axis=1)  # (t - 1, n * width), dealer-major columns
+            per_dealer = [allc[:, i * width : (i + 1) * width] for i in range(n)]
+        else:
+            per_dealer = list(np.concatenate(drawn, axis=0))
+    for i, sharing in enumerate(sharings):
+        secrets = [os.urandom(32), os.urandom(32)]
+        pts = sorted(int(x) for x in rng.choice(rows[i], size=int(rng.integers(t, m + 1)), replace=False))
+        got = sharing.share(secrets, pts)
+        want = (shamir.share_many(secrets, t, pts) if t == 1 else
+                _share_many_with(monkeypatch, per_dealer[i], secrets, t, pts))
+        assert got == want
+        assert shamir.reconstruct_many([got[0][:t], got[1][-t:]], t) == secrets
+        with pytest.raises(InputError, match="already used"):
+            sharing.share(secrets, pts)
+
+
+def test_prepared_sharing_refuses_foreign_points_and_bad_rows():
+    (sh,) = shamir.prepare_sharings([[5, 3, 9]], 2, 9)
+    with pytest.raises(InputError, match="not prepared"):
+        sh.share([os.urandom(32)], [3, 4])
+    with pytest.raises(InputError, match="duplicates"):
+        shamir.prepare_sharings([[1, 2, 2]], 2, 9)
+    with pytest.raises(InputError, match="lie in"):
+        shamir.prepare_sharings([[0, 2, 3]], 2, 9)
+    with pytest.raises(InputError, match="threshold"):
+        shamir.prepare_sharings([[1, 2, 3]], 4, 9)
+    (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 18)
+    with pytest.raises(InputError, match="limbs"):
+        sh.share([os.urandom(32)], [1, 2])
+
+
+def test_prepared_sharing_checks_points_like_share_many():
+    secrets = [os.urandom(32)]
+    for bad, match in [([1, 1], "duplicates"), ([1, 2**70], "not prepared"), ([0, 1], "not prepared"), ([1], "threshold")]:
+        (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 9)
+        with pytest.raises(InputError, match=match):
+            sh.share(secrets, bad)

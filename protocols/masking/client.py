@@ -5,8 +5,10 @@ One :class:`MaskingClient` per client and round. It answers the stages in order
 ``consistency_check``, then ``unmask``) and refuses
 (:class:`~securefkm.layers.ProtocolRefusal`) any request an honest client must not
 answer. The session is a plain picklable object: a deployment can persist it between
-messages. Secrets are erased as soon as they are no longer needed: the X25519 private keys
-after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
+messages. Its Shamir polynomials (random coefficients only) are drawn when it opens,
+together for all sessions a layer opens at once (:meth:`MaskingClient.prepare_sharing`).
+Secrets are erased as soon as they are no longer needed: the X25519 private keys and the
+prepared polynomials after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
 after the masked input, the held shares after the unmask stage.
 
 Consistency check (active-server variant, Bonawitz et al. Fig. 4 round 3): the client signs
@@ -32,6 +34,32 @@ from .graph import RoundPlan
 from .prg import MaskExpander
 
 _SHARE_LEN = 6 + 4 * shamir.n_limbs(32)  # one share of a 32-byte secret
+_SECRET_LIMBS = 2 * shamir.n_limbs(32)  # the limbs of the two secrets a client shares
+
+# (tuple, frozenset of it) of the last survivor / dropout lists read: see _id_set
+_ID_SET_MEMO: list[tuple[tuple, frozenset]] = []
+
+
+def _id_set(ids) -> frozenset:
+    """``frozenset(ids)``, memoised on the identity of an immutable tuple of integers.
+
+    The unmask request lists every survivor, so reading it is O(n) per client and O(n**2)
+    per simulated round (1.9 s of a 10,000-client round). In process, the server hands
+    every client the very same tuple object; a tuple of ints cannot change, so its set is
+    computed once and reused while that object is alive (the memo keeps a reference, so the
+    identity cannot be recycled). Anything else (lists, a fresh tuple per client as from a
+    network transport) is converted as before: the checks see the same set either way.
+    """
+    if type(ids) is tuple:
+        for held, cached in _ID_SET_MEMO:
+            if held is ids:
+                return cached
+        if all(type(i) is int for i in ids):
+            out = frozenset(ids)
+            _ID_SET_MEMO.insert(0, (ids, out))
+            del _ID_SET_MEMO[2:]  # survivors and dropped of the current round
+            return out
+    return frozenset(ids)
 
 
 class MaskingClient(ClientSession):
@@ -76,6 +104,25 @@ class MaskingClient(ClientSession):
         self.revealed: dict[int, str] = {}  # peer -> share type revealed ("b" or "s")
         self.signed_u3: tuple[int, ...] | None = None
 
+    @staticmethod
+    def prepare_sharing(sessions: list[MaskingClient]) -> None:
+        """Draw each session's Shamir polynomials for its two secrets (the mask key ``s`` and
+        the self-mask seed ``b``, 32 bytes each) at all of its possible holders -- itself and
+        its neighbours -- before the secrets exist, vectorised across the sessions
+        (:func:`protocols.shamir.prepare_sharings`: one Vandermonde matrix per holder set).
+        The share stage then only adds the secrets' limbs for the holders that advertised
+        keys: the same shares as sharing there and then, the same randomness (fresh uniform
+        coefficients from the OS CSPRNG), erased at the share stage like the secrets."""
+        groups: dict[tuple[int, int], list[tuple[MaskingClient, list[int]]]] = {}
+        for session in sessions:
+            points = sorted(v + 1 for v in session.neigh | {session.me})
+            if 1 <= session.t_share <= len(points):  # else the share stage refuses anyway
+                groups.setdefault((len(points), session.t_share), []).append((session, points))
+        for (_, t), members in groups.items():
+            sharings = shamir.prepare_sharings([points for _, points in members], t, _SECRET_LIMBS)
+            for (session, _), sharing in zip(members, sharings):
+                session._sharing = sharing
+
     def __getstate__(self):
         # loaded key objects are not picklable; a restored session reloads the raw keys
         return {k: v for k, v in self.__dict__.items() if k != "_loaded"}
@@ -117,7 +164,8 @@ class MaskingClient(ClientSession):
 
     def _check_survivors(self, survivors) -> None:
         """Refusals shared by the consistency check and the unmask stage."""
-        survivors = set(survivors)
+        if not isinstance(survivors, (set, frozenset)):
+            survivors = _id_set(survivors)
         if self.complete and not survivors <= self.neigh | {self.me}:
             self._refuse(f"the survivor list names clients {sorted(survivors - self.neigh - {self.me})[:5]} who were not sampled this round")
         if self.me not in survivors:
@@ -127,10 +175,12 @@ class MaskingClient(ClientSession):
                 f"only {len(survivors)} survivors listed, fewer than the round's minimum "
                 f"{self.min_survivors}: the sum would expose too few clients"
             )
-        mine = set(self.mask_peers) | {self.me}
-        if len(survivors & mine) < self.t_share:
+        # |survivors & (mask_peers + me)|, counted over my O(k) neighbourhood, not the O(n)
+        # list (I am a survivor, checked above, and never one of my mask peers)
+        alive = len(survivors.intersection(self.mask_peers)) + 1
+        if alive < self.t_share:
             self._refuse(
-                f"only {len(survivors & mine)} of my neighbourhood survived, fewer than the "
+                f"only {alive} of my neighbourhood survived, fewer than the "
                 f"threshold {self.t_share}"
             )
 
@@ -190,31 +240,29 @@ class MaskingClient(ClientSession):
                 f"my secrets need threshold {self.t_share}"
             )
         # pairwise mask seeds and share-encryption keys, computed once here
-        self.pair_seeds: dict[int, bytes] = {}
-        self.recv_keys: dict[int, bytes] = {}
-        send_keys: dict[int, bytes] = {}
-        bind = self.digest
         loaded = self.__dict__.pop("_loaded", None)
         c_key, s_key = loaded if loaded is not None else (keys.load_x25519(self.c_sk), keys.load_x25519(self.s_sk))
-        for v in peers:
-            adv = adverts[v]
-            try:
-                s_shared = keys.x25519_agree(s_key, adv["s_pk"])
-                c_shared = keys.x25519_agree(c_key, adv["c_pk"])
-            except keys.CryptoFailure as exc:
-                self._refuse(f"client {v}'s advertised key is invalid ({exc})")
-            self.pair_seeds[v] = keys.hkdf(s_shared, keys.mask_seed_info(self.rid, self.me, v, bind))
-            send_keys[v], self.recv_keys[v] = keys.share_keys(c_shared, self.rid, self.me, v)
-        self.peer_pks = {v: adverts[v]["s_pk"] for v in peers}
+        try:
+            derived = keys.pair_keys(s_key, c_key, self.rid, self.me, peers,
+                                     [adverts[v]["s_pk"] for v in peers], [adverts[v]["c_pk"] for v in peers],
+                                     self.digest)
+        except keys.PeerKeyError as exc:
+            self._refuse(f"client {exc.peer}'s advertised key is invalid ({exc.failure})")
+        self.pair_seeds: dict[int, bytes] = {v: d[0] for v, d in zip(peers, derived)}
+        self.recv_keys: dict[int, bytes] = {v: d[2] for v, d in zip(peers, derived)}
         self.b_seed = os.urandom(32)
-        s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
-        out = {}
-        self.held: dict[int, tuple[bytes, bytes]] = {}
-        for i, h in enumerate(holders):
-            if h == self.me:
-                self.held[self.me] = (s_shares[i], b_shares[i])
-                continue
-            out[h] = keys.encrypt_shares(send_keys[h], self.rid, self.me, h, s_shares[i] + b_shares[i])
+        sharing = self.__dict__.pop("_sharing", None)
+        if sharing is not None:  # polynomials drawn when the session opened (prepare_sharing)
+            s_shares, b_shares = sharing.share([self.s_sk, self.b_seed], [h + 1 for h in holders])
+        else:
+            s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
+        at = holders.index(self.me)
+        self.held: dict[int, tuple[bytes, bytes]] = {self.me: (s_shares[at], b_shares[at])}
+        # the peers are the holders without me, in the same (sorted) order
+        del s_shares[at], b_shares[at]
+        blobs = keys.encrypt_shares_many([d[1] for d in derived], self.rid, self.me, peers,
+                                         [a + b for a, b in zip(s_shares, b_shares)])
+        out = dict(zip(peers, blobs))
         del self.c_sk, self.s_sk
         self.done.append("share")
         return out
@@ -245,9 +293,10 @@ class MaskingClient(ClientSession):
             )
         expander = MaskExpander(self.length, self.cipher)
         y = self.vector.astype(np.uint64, copy=True)
-        expander.add(y, self.b_seed, +1)
-        for v in mask_peers:
-            expander.add(y, self.pair_seeds[v], +1 if self.me < v else -1)
+        me, seeds = self.me, self.pair_seeds
+        # + PRG(b) + sum_{v > me} PRG(s_uv) - sum_{v < me} PRG(s_uv), modulo 2**64
+        expander.add_signed(y, [self.b_seed] + [seeds[v] for v in mask_peers if me < v],
+                            [seeds[v] for v in mask_peers if me > v])
         self.mask_peers = tuple(mask_peers)
         # nothing but the held shares is needed any more
         del self.b_seed, self.pair_seeds, self.recv_keys
@@ -302,8 +351,8 @@ class MaskingClient(ClientSession):
     def _unmask(self, message):
         self._enter("unmask")
         try:
-            survivors = set(message["survivors"])
-            dropped = set(message["dropped"])
+            survivors = _id_set(message["survivors"])
+            dropped = _id_set(message["dropped"])
         except (KeyError, TypeError, ValueError):
             self._refuse("the unmask request must list survivors and dropped clients")
         if not survivors.isdisjoint(dropped):

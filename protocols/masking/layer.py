@@ -277,12 +277,22 @@ class PairwiseMasking(Aggregator):
         )
 
     def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
+        return self.client_sessions([client], ctx, [sums])[0]
+
+    def client_sessions(self, clients, ctx: RoundContext, sums_list) -> list[MaskingClient]:
+        """The clients' sessions; their Shamir polynomials are drawn together
+        (:meth:`MaskingClient.prepare_sharing`, vectorised across the clients)."""
         plan = self.plan(ctx)
-        n = len(ctx.sampled)
-        encoded = self.codec.encode(sums, ctx.specs, n)
-        vector = np.empty(plan.length, dtype=np.uint64)
-        vector[:-1] = encoded
-        vector[-1] = 1  # check slot: the unmasked sum must equal the number of contributors
+        # every client's input encoded in one pass: row i is exactly client i's encoding
+        # (FixedPointCodec.encode_signed_many; the first failing client's error otherwise)
+        vectors = np.empty((len(sums_list), plan.length), dtype=np.uint64)
+        vectors[:, :-1] = self.codec.encode_signed_many(sums_list, ctx.specs, len(ctx.sampled)).view(np.uint64)
+        vectors[:, -1] = 1  # check slot: the unmasked sum must equal the number of contributors
+        sessions = [self._client_session(c, ctx, plan, v) for c, v in zip(clients, vectors)]
+        MaskingClient.prepare_sharing(sessions)
+        return sessions
+
+    def _client_session(self, client: ClientContext, ctx: RoundContext, plan: RoundPlan, vector) -> MaskingClient:
         identity = None
         if self.registry is not None:
             # out-of-band provisioning of the client's long-term identity key (simulated PKI)

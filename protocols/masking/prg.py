@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from securefkm.exceptions import InputError
 
 CIPHERS = ("chacha20", "aes-ctr")
+#: largest keystream matrix (bytes) that MaskExpander.add_signed fills before one reduction
+BATCH_BYTES = 1 << 20
 _ZERO_NONCE = bytes(16)
 
 
@@ -50,6 +52,7 @@ class MaskExpander:
         # update_into needs len(buf) >= len(data) + block_size - 1 (block size <= 16 bytes)
         self._buf = bytearray(self.nbytes + 16)
         self._view = np.frombuffer(self._buf, dtype="<u8", count=self.length)  # wire order: little-endian
+        self._rows = bytearray()  # add_signed's scratch matrix, grown on demand
 
     def mask(self, seed: bytes) -> np.ndarray:
         """The mask words for ``seed`` (a view into an internal buffer: copy to keep it)."""
@@ -64,6 +67,37 @@ class MaskExpander:
             np.add(acc, m, out=acc)
         else:
             np.subtract(acc, m, out=acc)
+
+
+    def add_signed(self, acc: np.ndarray, plus, minus=()) -> None:
+        """``acc += sum(PRG(s) for s in plus) - sum(PRG(s) for s in minus)`` modulo ``2**64``
+        (in place): the same words as :meth:`add` seed by seed (addition modulo ``2**64``
+        is exact in any order). Short masks (such as a client's ``k + 1``) are written one
+        per row of a scratch matrix of at most ``BATCH_BYTES`` and each matrix is reduced
+        with one sum, instead of one numpy call per seed; masks longer than half of
+        ``BATCH_BYTES`` go seed by seed through :meth:`add`."""
+        per = BATCH_BYTES // self.nbytes
+        for seeds, sign in ((plus, 1), (minus, -1)):
+            seeds = list(seeds)
+            if per < 2 or len(seeds) < 2:
+                for seed in seeds:
+                    self.add(acc, seed, sign)
+                continue
+            for start in range(0, len(seeds), per):
+                total = self._keystream_sum(seeds[start : start + per])
+                (np.add if sign > 0 else np.subtract)(acc, total, out=acc)
+
+    def _keystream_sum(self, seeds: list) -> np.ndarray:
+        """``sum(PRG(s) for s in seeds)`` modulo ``2**64`` through the scratch matrix."""
+        nb, count = self.nbytes, len(seeds)
+        if len(self._rows) < count * nb + 16:
+            self._rows = bytearray(count * nb + 16)
+        rows, zeros = memoryview(self._rows), self._zeros
+        for i, seed in enumerate(seeds):
+            # update_into needs nb + 15 bytes of room; the slack is the next row, written after
+            _cipher(seed, self.cipher).encryptor().update_into(zeros, rows[i * nb : (i + 1) * nb + 16])
+        words = np.frombuffer(self._rows, dtype="<u8", count=count * self.length).reshape(count, self.length)
+        return words.sum(axis=0, dtype=np.uint64)
 
 
 def expand(seed: bytes, length: int, cipher: str = "chacha20") -> np.ndarray:

@@ -206,7 +206,8 @@ class MaskingServer(RoundChecks, ServerSession):
             dropped = tuple(sorted(self.u2 - set(self.u3)))
             self._unmask_msg = {"survivors": surv, "dropped": dropped}
             if not self.consistency:
-                return {c: self._unmask_msg for c in alive if c in set(self.u3)}
+                u3 = set(surv)
+                return {c: self._unmask_msg for c in alive if c in u3}
             signers = [c for c in alive if c in self.signatures]
             if self.plan.graph.kind == "complete":
                 msg = {**self._unmask_msg, "signatures": dict(self.signatures)}
@@ -315,8 +316,7 @@ class MaskingServer(RoundChecks, ServerSession):
             self._abort("unmask", f"secret reconstruction failed ({exc})")
         acc = self.acc.copy()
         expander = MaskExpander(plan.length, self.cipher)
-        for b in b_seeds:
-            expander.add(acc, b, -1)
+        expander.add_signed(acc, (), b_seeds)
         surv_set = set(survivors)
         for v, s_sk in zip(dropped, s_keys):
             if keys.x25519_public(s_sk) != self.adverts[v]["s_pk"]:

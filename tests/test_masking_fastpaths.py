@@ -1,0 +1,140 @@
+"""The batched paths of pairwise masking equal the per-item ones they replaced: key
+derivation for all of a client's peers (pair_keys), share encryption with one nonce read
+(encrypt_shares_many), keystream sums (MaskExpander.add_signed), and a client's masked
+vector against the protocol's formula computed seed by seed."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_masking import STAGES, make_ctx, random_sums
+
+from protocols.masking import PairwiseMasking, keys, prg
+from securefkm.layers import ClientContext
+
+
+def test_pair_keys_equal_the_per_peer_derivations():
+    c_sk, _, c_key = keys.x25519_keypair(with_key=True)
+    s_sk, _, s_key = keys.x25519_keypair(with_key=True)
+    rid, digest, me = keys.round_id(3, 7, "update"), os.urandom(32), 50
+    peers = [1, 2, 49, 51, 99, 10_000]
+    s_pks = [keys.x25519_keypair()[1] for _ in peers]
+    c_pks = [keys.x25519_keypair()[1] for _ in peers]
+    got = keys.pair_keys(s_key, c_key, rid, me, peers, s_pks, c_pks, digest)
+    for (seed, send, recv), v, s_pk, c_pk in zip(got, peers, s_pks, c_pks):
+        assert seed == keys.hkdf(keys.x25519_agree(s_sk, s_pk), keys.mask_seed_info(rid, me, v, digest))
+        assert (send, recv) == keys.share_keys(keys.x25519_agree(c_sk, c_pk), rid, me, v)
+    bad = list(c_pks)
+    bad[3] = bytes(32)  # a small-order point: the shared secret would be all zeros
+    with pytest.raises(keys.PeerKeyError) as info:
+        keys.pair_keys(s_key, c_key, rid, me, peers, s_pks, bad, digest)
+    assert info.value.peer == 51 and isinstance(info.value.failure, keys.CryptoFailure)
+
+
+def test_encrypt_shares_many_equals_encrypt_shares(monkeypatch):
+    rid = keys.round_id(0, 1, "update")
+    receivers = [3, 8, 20]
+    ks = [os.urandom(32) for _ in receivers]
+    payloads = [os.urandom(84) for _ in receivers]
+    stream = os.urandom(12 * len(receivers))
+    monkeypatch.setattr(keys.os, "urandom", lambda n: stream[:n])
+    many = keys.encrypt_shares_many(ks, rid, 5, receivers, payloads)
+    one_by_one = []
+    for i, (k, r, p) in enumerate(zip(ks, receivers, payloads)):
+        monkeypatch.setattr(keys.os, "urandom", lambda n, i=i: stream[12 * i : 12 * i + n])
+        one_by_one.append(keys.encrypt_shares(k, rid, 5, r, p))
+    monkeypatch.undo()
+    assert many == one_by_one
+    for k, r, p, blob in zip(ks, receivers, payloads, keys.encrypt_shares_many(ks, rid, 5, receivers, payloads)):
+        assert keys.decrypt_shares(k, rid, 5, r, blob) == p
+        with pytest.raises(keys.CryptoFailure):
+            keys.decrypt_shares(k, rid, 6, r, blob)  # another sender: the associated data differ
+
+
+@pytest.mark.parametrize("cipher", prg.CIPHERS)
+@pytest.mark.parametrize("length, n_plus, n_minus", [(1, 3, 2), (16, 1, 0), (16, 30, 13), (16, 0, 9000), (40_000, 2, 3), (70_000, 3, 1)])
+def test_add_signed_equals_adding_seed_by_seed(cipher, length, n_plus, n_minus):
+    """Batched rows, several scratch matrices (9,000 seeds of 128 bytes > BATCH_BYTES) and
+    the seed-by-seed fallback for long masks all give the words of repeated add()."""
+    rng = np.random.default_rng(length + n_plus)
+    plus = [os.urandom(32) for _ in range(n_plus)]
+    minus = [os.urandom(32) for _ in range(n_minus)]
+    start = rng.integers(0, 2**63, length, dtype=np.uint64) * np.uint64(2)
+    ref = start.copy()
+    one = prg.MaskExpander(length, cipher)
+    for s in plus:
+        one.add(ref, s, +1)
+    for s in minus:
+        one.add(ref, s, -1)
+    got = start.copy()
+    prg.MaskExpander(length, cipher).add_signed(got, plus, minus)
+    assert np.array_equal(got, ref)
+
+
+def test_client_masked_vector_is_the_protocol_formula():
+    """y_u = x_u + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv) mod 2**64, each
+    mask expanded on its own: checked for every client of a sparse 150-client round."""
+    n = 150
+    layer = PairwiseMasking(graph="sparse", neighbours=10)
+    sums = random_sums(n, np.random.default_rng(4))
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    server = layer.server_session(ctx)
+    clients = {c: layer.client_session(ClientContext(c, 10), ctx, sums[c]) for c in range(n)}
+    alive = tuple(range(n))
+    for stage in STAGES[:2]:
+        msgs = server.messages(stage, alive)
+        server.receive(stage, {c: clients[c].respond(stage, m) for c, m in msgs.items()})
+    msgs = server.messages("masked_input", alive)
+    for c, m in msgs.items():
+        cl = clients[c]
+        x, b, seeds = cl.vector.copy(), cl.b_seed, dict(cl.pair_seeds)
+        y = cl.respond("masked_input", m)
+        ref = x + prg.expand(b, cl.length)
+        for v in sorted(int(u) for u in m):
+            ref = ref + prg.expand(seeds[v], cl.length) if c < v else ref - prg.expand(seeds[v], cl.length)
+        assert np.array_equal(y, ref), c
+
+
+@pytest.mark.parametrize("graph, n", [("sparse", 60), ("complete", 12)])
+def test_sessions_open_with_prepared_sharings_used_once_at_the_share_stage(graph, n):
+    """client_sessions draws every client's sharing polynomials together; the share stage
+    consumes them (nothing of them stays in the session), and the round's sum is exact."""
+    layer = PairwiseMasking(graph=graph, **({"neighbours": 8} if graph == "sparse" else {}))
+    sums = random_sums(n, np.random.default_rng(5))
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    server = layer.server_session(ctx)
+    sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    assert all(s._sharing.part is not None for s in sessions)
+    alive = tuple(range(n))
+    for stage in STAGES:
+        msgs = server.messages(stage, alive)
+        server.receive(stage, {c: sessions[c].respond(stage, m) for c, m in msgs.items() if c != 3})
+        alive = tuple(c for c in alive if c != 3)
+        if stage == "share":
+            assert not any(hasattr(s, "_sharing") for i, s in enumerate(sessions) if i != 3)
+    agg, contributors = server.result()
+    assert 3 not in contributors
+    expect = sum(np.asarray(sums[c]["count"]) for c in contributors)
+    assert np.array_equal(agg["count"], expect)
+
+
+def test_batched_sessions_encode_each_client_as_alone():
+    n = 30
+    layer = PairwiseMasking()
+    sums = random_sums(n, np.random.default_rng(6))
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    many = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    for c in range(n):
+        alone = layer.client_session(ClientContext(c, 10), ctx, sums[c])
+        assert alone.vector.dtype == many[c].vector.dtype == np.uint64
+        assert np.array_equal(alone.vector, many[c].vector) and alone.vector[-1] == 1
+        expect = layer.codec.encode(sums[c], ctx.specs, n)
+        assert np.array_equal(many[c].vector[:-1], expect)
