@@ -33,6 +33,7 @@ def auto_count_share(d: int) -> float:
     Uses only d (public)."""
     return 1.0 / (1.0 + math.sqrt(d) / MEAN_OFFSET_FRACTION)
 
+
 class Calibration:
     """Mixin of :class:`~protocols.dp.GaussianDP`: sensitivities and per-field sigmas."""
 

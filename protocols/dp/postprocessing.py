@@ -80,8 +80,8 @@ class PostProcessing:
         stronger plug-in factor (d instead of d - 2) of the step shrinkage: it put every
         noise-dominated row exactly on the target, so in the first round of a plan several centres
         coincided on the overall mean and the next round's cells were cut by the noise (iris at
-        eps 0.5: 10% of the tuning seeds above 3 times the optimum; issue 20, fifth revision). Only released values and the public sigmas are read: no privacy
-        cost, nothing charged.
+        eps 0.5: 10% of the tuning seeds above 3 times the optimum; issue 20, fifth revision).
+        Only released values and the public sigmas are read: no privacy cost, nothing charged.
 
         ``"step"`` (the DP plan's choice since issue 20's second revision): each row's *step*
         m_j - c_j from its broadcast centre c_j (public: the round's input) is shrunk by the same

@@ -8,7 +8,9 @@ x' = c_j + (x - c_j) r / ||x - c_j|| (``client_data``: a function of the record 
 and r), and the layer noises T_j = S_j - N_j c_j instead of S_j - N_j (box centre). One record
 then moves T by at most r: the sum sensitivity is r instead of the box's half-diagonal. x' lies
 on the segment from c_j to x, inside c_j's Voronoi cell (convex, and it contains c_j), so the
-algorithm still assigns it to c_j, and inside the box (convex, holding c_j and x). The noisy mean
+algorithm still assigns it to c_j, and inside the box whenever c_j is (the box is convex; the
+layer projects the released means into it). The sensitivity needs only ||x' - c_j|| <= r; the
+box check applies to the records as given, before clipping. The noisy mean
 c_j + T'_j / N'_j is projected onto the ball B(c_j, r) (every record's x' lies in it, so the true
 mean does: post-processing that can only move the estimate closer).
 
