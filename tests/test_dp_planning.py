@@ -169,6 +169,19 @@ def test_radius_rounds_clip_records_farther_than_r_and_not_the_first_round():
     np.testing.assert_array_equal(batch[1], got)
 
 
+def test_clipped_radius_rounds_find_a_cluster_beyond_r_of_every_centre():
+    """Iris at eps 1, tuning seed 1030, central, seeded noise: after the first round no centre
+    lies within r of setosa; dropping the records beyond r (FastLloyd's rule, the library's until
+    issue 20's fifth revision) left it without a centre (4.19 times the optimum), clipping them
+    to r pulls a centre to it (1.22)."""
+    clients, k = fl.setting_data("iris", 1030)
+    X = np.vstack(clients)
+    dp = GaussianDP(1.0, fl.setting_delta(len(X)), bounds=(-1.0, 1.0), mode="central", rng="seeded")
+    est = WeightedFederatedKMeans(k, protection=[dp], random_state=1030, crypto="ideal").fit(clients)
+    assert est.dp_plan_.rounds == 3 and est.privacy_spent_[0] <= 1.0
+    assert loss(X, est.cluster_centers_) / reference_loss(X, k) < 1.5
+
+
 def test_hierarchical_shrink_is_post_processing_of_released_values():
     dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="hierarchical")
     dp._d = 3
