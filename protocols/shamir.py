@@ -247,8 +247,7 @@ class Sharing:
             raise InputError(f"xs must be a sequence of ints, got {xs!r}.") from None
         if len(set(points)) != len(points):
             raise InputError("xs contains duplicates; each share holder needs a distinct evaluation point.")
-        if len(points) < self.threshold:
-            raise InputError(f"threshold={self.threshold} must be between 1 and the number of share holders ({len(points)}).")
+        _check_threshold(self.threshold, len(points))
         # every point must be a prepared one (those were range-checked by prepare_sharings)
         if min(points) < 1 or max(points) >= P:
             raise InputError("xs names a point this sharing was not prepared for.")

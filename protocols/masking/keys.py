@@ -96,30 +96,19 @@ def mask_seed_info(rid: bytes, u: int, v: int, digest: bytes) -> bytes:
     return DOMAIN + b"|mask|" + rid + struct.pack("<qq", lo, hi) + b"|" + digest
 
 
-_PAIR = struct.Struct("<qq")
-_ID = struct.Struct("<q")
-
-
 def pair_keys(s_key: X25519PrivateKey, c_key: X25519PrivateKey, rid: bytes, me: int, peers, s_pks, c_pks, digest: bytes):
-    """For each peer ``v``: ``(mask seed s_uv, send key me -> v, receive key v -> me)``, the
-    values of :func:`x25519_agree`, :func:`hkdf` with :func:`mask_seed_info` and
-    :func:`share_keys`, with the info strings' constant parts built once per client.
-    Raises ``(v, CryptoFailure)`` wrapped in :class:`PeerKeyError` for an invalid key."""
-    agree, derive = x25519_agree, hkdf  # looked up per call: the benchmark counts them
-    mask_head, mask_tail = DOMAIN + b"|mask|" + rid, b"|" + digest
-    share_head = DOMAIN + b"|share-enc|" + rid
-    pack = _PAIR.pack
+    """For each peer ``v``: ``(mask seed s_uv, send key me -> v, receive key v -> me)`` by
+    :func:`x25519_agree`, :func:`hkdf` with :func:`mask_seed_info` and :func:`share_keys`, as
+    one call per client. Raises :class:`PeerKeyError` (``.peer``, ``.failure``) for a peer whose
+    advertised key fails the agreement."""
     out = []
     for v, s_pk, c_pk in zip(peers, s_pks, c_pks):
         try:
-            s_shared = agree(s_key, s_pk)
-            c_shared = agree(c_key, c_pk)
+            s_shared = x25519_agree(s_key, s_pk)
+            c_shared = x25519_agree(c_key, c_pk)
         except CryptoFailure as exc:
             raise PeerKeyError(v, exc) from None
-        ids = pack(me, v) if me < v else pack(v, me)
-        seed = derive(s_shared, mask_head + ids + mask_tail)
-        okm = derive(c_shared, share_head + ids, 64)  # (lo -> hi, hi -> lo), as share_keys
-        out.append((seed, okm[:32], okm[32:]) if me < v else (seed, okm[32:], okm[:32]))
+        out.append((hkdf(s_shared, mask_seed_info(rid, me, v, digest)), *share_keys(c_shared, rid, me, v)))
     return out
 
 
@@ -140,24 +129,20 @@ def share_keys(c_shared: bytes, rid: bytes, u: int, v: int) -> tuple[bytes, byte
 
 
 # ---------------------------------------------------------------- AEAD
-def encrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, payload: bytes) -> bytes:
-    """ChaCha20-Poly1305 ``nonce || ciphertext`` with (round, sender, receiver) as AD."""
-    nonce = os.urandom(12)
+def encrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, payload: bytes, nonce: bytes | None = None) -> bytes:
+    """ChaCha20-Poly1305 ``nonce || ciphertext`` with (round, sender, receiver) as AD; the
+    96-bit nonce fresh from the OS CSPRNG unless given (:func:`encrypt_shares_many`)."""
+    nonce = os.urandom(12) if nonce is None else nonce
     ad = rid + struct.pack("<qq", sender, receiver)
     return nonce + ChaCha20Poly1305(key).encrypt(nonce, payload, ad)
 
 
 def encrypt_shares_many(keys, rid: bytes, sender: int, receivers, payloads) -> list[bytes]:
-    """:func:`encrypt_shares` to several receivers: the same ciphertexts and associated
-    data, with all the random 96-bit nonces read in one ``os.urandom`` call."""
+    """:func:`encrypt_shares` to several receivers, all the random 96-bit nonces read in one
+    ``os.urandom`` call."""
     nonces = os.urandom(12 * len(receivers))
-    head = rid + _ID.pack(sender)
-    pack = _ID.pack
-    out = []
-    for i, (key, receiver, payload) in enumerate(zip(keys, receivers, payloads)):
-        nonce = nonces[12 * i : 12 * i + 12]
-        out.append(nonce + ChaCha20Poly1305(key).encrypt(nonce, payload, head + pack(receiver)))
-    return out
+    return [encrypt_shares(key, rid, sender, receiver, payload, nonces[12 * i : 12 * i + 12])
+            for i, (key, receiver, payload) in enumerate(zip(keys, receivers, payloads))]
 
 
 def decrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, blob: bytes) -> bytes:

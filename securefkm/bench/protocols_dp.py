@@ -340,6 +340,48 @@ def seeded_grid(cells, seeds=range(1000, 1030), modes=("central", "distributed")
     return out_all
 
 
+#: off-table shapes of issue 20 item 3: (n, k, d, cluster_std, make_blobs random_state)
+OFF_TABLE_SHAPES = (
+    (300, 4, 2, 1.0, 100), (200, 3, 2, 1.5, 101), (500, 5, 3, 1.0, 102), (1000, 8, 6, 2.0, 103),
+    (400, 3, 10, 3.0, 104), (2000, 10, 16, 3.0, 105), (3000, 6, 5, 1.5, 106),
+    (300, 3, 2, 1.0, 300), (500, 4, 2, 1.5, 301), (250, 5, 2, 0.8, 302), (1000, 6, 2, 1.5, 303),
+    (400, 2, 2, 2.0, 304),
+)
+
+
+def off_table_grid(shapes=OFF_TABLE_SHAPES, epsilons=(0.25, 0.5, 1.0), seeds=range(1000, 1040), out=print) -> dict:
+    """The defaults against FastLloyd on data shapes outside the issue-20 grid (its item 3):
+    ``make_blobs(n, n_features=d, centers=k, cluster_std=std, random_state=rs)`` min-max scaled
+    to [-1, 1], shuffled by the seed over 2 clients, delta = 1/(N ln N) -- FastLloyd's setting,
+    as :func:`seeded_grid` (seeded noise, ``crypto="ideal"``). Prints mean ± s.e. per shape,
+    epsilon and mode; returns {(shape, eps): {"fastlloyd" | mode: [ratio per seed]}}."""
+    from sklearn.datasets import make_blobs
+
+    from . import dp_fastlloyd as fl
+
+    seeds = list(seeds)
+    results: dict = {}
+    for n, k, d, std, rs in shapes:
+        X0, _ = make_blobs(n, n_features=d, centers=k, cluster_std=std, random_state=rs)
+        lo, hi = X0.min(axis=0), X0.max(axis=0)
+        X0 = 2 * (X0 - lo) / (hi - lo) - 1
+        ref = reference_loss(X0, k)
+        delta = fl.setting_delta(n)
+        for eps in epsilons:
+            cell = results.setdefault(((n, k, d, std, rs), eps), {"fastlloyd": [], "central": [], "distributed": []})
+            for s in seeds:
+                X = X0[np.random.default_rng(s).permutation(n)]
+                clients = np.array_split(X, 2)
+                cell["fastlloyd"].append(loss(X, fl.fastlloyd_fit(clients, k, eps, s)) / ref)
+                for mode in ("central", "distributed"):
+                    centres, spent, _ = default_fit(clients, k, (-1.0, 1.0), eps, delta, s, mode, crypto="ideal", rng="seeded")
+                    assert _spent_ok(spent, eps, delta), (n, k, d, eps, mode, s, spent)
+                    cell[mode].append(loss(X, centres) / ref)
+            out(f"n {n}, k {k}, d {d} (std {std}), eps {eps:g}: FastLloyd {_fmt(cell['fastlloyd'])}; "
+                f"central {_fmt(cell['central'])}; distributed {_fmt(cell['distributed'])}")
+    return results
+
+
 def dwf_target(out=print, fits: int = 5, n_clients: int = 100, epsilon: float = 1.0, delta: float = 1e-5) -> dict:
     """Issue 14's target: ``fits`` DWF fits with the defaults, ``[GaussianDP(epsilon, delta,
     bounds=box, mode="distributed"), PairwiseMasking()]`` on ``n_clients`` clients of the
