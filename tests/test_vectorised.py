@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from securefkm.algorithms import _kmeans
+from securefkm.algorithms import _cellsums, _kmeans
 from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
 from securefkm.algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
 from securefkm.algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
@@ -67,11 +67,56 @@ def test_cell_sums_match_definition_and_thread_count():
 
 
 def test_blocks_cut_each_client_from_its_own_first_row():
-    blocks = list(_kmeans._client_pieces([5, 12, 3, 0, 9], 4))
-    pieces = [p for b in blocks for p in b]
+    blocks = _kmeans._client_pieces([5, 12, 3, 0, 9], 4)
+    pieces = [tuple(p) for b in blocks for p in b.tolist()]
     assert pieces == [(0, 0, 4), (0, 4, 5), (1, 0, 4), (1, 4, 8), (1, 8, 12), (2, 0, 3),
                       (4, 0, 4), (4, 4, 8), (4, 8, 9)]
-    assert all(sum(b - a for _, a, b in blk) <= 4 for blk in blocks)
+    # block b takes the pieces starting in pooled rows [4b, 4b + 4): fewer than 4 + 4 rows
+    assert [[tuple(p) for p in b.tolist()] for b in blocks][:2] == [[(0, 0, 4)], [(0, 4, 5), (1, 0, 4)]]
+    assert all(sum(b - a for _, a, b in blk.tolist()) < 8 for blk in blocks)
+    # 29 rows in chunks of 4 are 8 blocks; 3 threads get 9 (a multiple of 3) of <= 4 rows
+    assert _kmeans._balanced_rows(29, 4, 3) == 4 and _kmeans._balanced_rows(29, 8, 2) == 8
+    assert _kmeans._balanced_rows(100_000, 16384, 2) == 12500  # 8 blocks, not 7
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_cell_sums_do_not_depend_on_blocking_or_threads(threads, monkeypatch):
+    """The same bits whatever the thread count (which sets the block grouping) and
+    whichever implementation of the inner loop runs (compiled or numpy)."""
+    pytest.importorskip("numba")
+    datas = _clients(5, d=9)
+    C = np.random.default_rng(6).normal(size=(11, 9))
+    ref = _kmeans.per_client_cell_sums(datas, C, chunk=256, n_threads=1)
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)  # every block compiled
+    got = _kmeans.per_client_cell_sums(datas, C, chunk=256, n_threads=threads)
+    for a, b in zip(ref[0] + ref[1], got[0] + got[1]):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
+def test_compiled_loop_equals_numpy_loop(k, d):
+    """The compiled inner loop and numpy's give the same bits, ties included (integer
+    data, a duplicated centre: the first of equal distances wins in both), on clients given
+    as non-contiguous views and Fortran-ordered arrays."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(k * 100 + d)
+    C = rng.integers(-3, 4, size=(k, d)).astype(float)
+    if k > 1:
+        C[-1] = C[0]  # a tie on every record nearest to it
+    wide = rng.integers(-4, 5, size=(3000, 2 * d)).astype(float) + rng.normal(size=(3000, 2 * d)) * (k % 2)
+    datas = [wide[:700, ::2], np.asfortranarray(wide[700:1900, :d]), wide[1900:1905, d:], wide[1905:, :d]]
+    row_base = np.repeat(np.arange(len(datas), dtype=np.int64) * k, [len(X) for X in datas])
+    Xb = np.concatenate(datas)
+    cc = np.einsum("ij,ij->i", C, C)
+    out = []
+    for fast in (False, True):  # the compiled loop runs sub-blocks of 2048 records: 2 here
+        sums, counts = np.zeros((len(datas) * k, d)), np.zeros(len(datas) * k)
+        _cellsums.block_cell_sums(Xb, -2.0 * C.T, cc, row_base, sums, counts, fast)
+        out.append((sums, counts))
+    assert np.array_equal(out[0][0], out[1][0]) and np.array_equal(out[0][1], out[1][1])
+    assert out[0][1].sum() == len(Xb)
+    if k > 1:
+        assert not out[0][1].reshape(len(datas), k)[:, -1].any()  # the duplicate never wins
 
 
 @pytest.mark.parametrize("name, make", ALGOS[:3])

@@ -15,6 +15,7 @@ import numpy as np
 from scipy import sparse
 
 from ..exceptions import InputError
+from ._cellsums import block_cell_sums, scratch, use_compiled
 
 
 def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -68,67 +69,44 @@ def segment_sums(segments: np.ndarray, X: np.ndarray, n_segments: int, weights: 
 CHUNK_ROWS = 16384
 
 
-def _client_pieces(sizes, chunk: int):
-    """Blocks of at most ``chunk`` rows over the clients' records, as lists of
-    ``(client, start, stop)``. A client's rows are cut at multiples of ``chunk`` from *its
-    own* first row, whatever clients come before it, so each client's partial sums are the
-    same floating-point additions whether it is processed alone or with others."""
-    block, rows = [], 0
-    for c, n in enumerate(sizes):
-        for start in range(0, n, chunk):
-            stop = min(n, start + chunk)
-            if rows + stop - start > chunk and block:
-                yield block
-                block, rows = [], 0
-            block.append((c, start, stop))
-            rows += stop - start
-    if block:
-        yield block
+def _client_pieces(sizes, chunk: int, block_rows: int | None = None) -> list[np.ndarray]:
+    """The clients' records cut into pieces and grouped into blocks: a list of (pieces, 3)
+    int64 arrays of ``(client, start, stop)`` rows, in client order.
+
+    A client's rows are cut at multiples of ``chunk`` from *its own* first row, whatever
+    clients come before it, so each client's partial sums are the same floating-point
+    additions whether it is processed alone or with others. Which block a piece goes to
+    changes no result: block ``b`` takes the pieces that start in rows
+    ``[b * block_rows, (b + 1) * block_rows)`` of the pooled order (default ``chunk``), so
+    ``block_rows`` can be chosen to balance the blocks over the threads
+    (:func:`_balanced_rows`); a block has fewer than ``block_rows`` + ``chunk`` rows."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = -(-sizes // chunk)
+    client = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
+    start = (np.arange(len(client), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * chunk
+    stop = np.minimum(sizes[client], start + chunk)
+    pooled_start = np.cumsum(stop - start) - (stop - start)
+    block = pooled_start // (block_rows or chunk)
+    return np.split(np.stack([client, start, stop], axis=1), np.flatnonzero(np.diff(block)) + 1) if len(client) else []
 
 
-_SCRATCH = threading.local()
+def _balanced_rows(total: int, chunk: int, threads: int) -> int:
+    """Rows per block for ``total`` rows over ``threads`` threads: at most ``chunk``, and a
+    number of blocks that is a multiple of ``threads`` (7 blocks on 2 threads take 4 block
+    times; 8 blocks of 7/8 the size take 3.5)."""
+    n_blocks = -(-max(total, 1) // chunk)
+    n_blocks = -(-n_blocks // threads) * threads
+    return -(-max(total, 1) // n_blocks)
 
 
-def _scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
-    """A per-thread reusable float buffer of at least ``shape`` (a view of that shape).
-
-    The pooled kernel's per-block temporaries (the block's records, its distances: MBs)
-    would otherwise be fresh allocations each block; while the round's messages stay alive
-    the allocator keeps mapping new pages for them, and the page faults cost more than the
-    distance product itself (measured at 10,000 clients of 1M x 32, k=50)."""
-    size = shape[0] * shape[1]
-    buf = getattr(_SCRATCH, name, None)
-    if buf is None or buf.size < size:
-        buf = np.empty(max(size, 1))
-        setattr(_SCRATCH, name, buf)
-    return buf[:size].reshape(shape)
-
-
-def labels_only(X: np.ndarray, C: np.ndarray, C2T: np.ndarray | None = None, cc: np.ndarray | None = None,
-                out: np.ndarray | None = None) -> np.ndarray:
-    """Nearest centre of each record, as :func:`assign` (same ties), without the distances
-    (``out``: an (n, k) buffer for them, else a fresh one)."""
-    d = np.matmul(X, -2.0 * C.T if C2T is None else C2T, out=out)
-    d += np.einsum("ij,ij->i", C, C)[None, :] if cc is None else cc[None, :]
-    return np.argmin(d, axis=1)
-
-
-def _block_sums(datas, block, C, C2T, cc):
-    """Per-(client, cell) sums and counts of one block: (first client, sums of shape
-    (n block clients * k, d), float counts), rows ordered by (local client, cell)."""
-    k = len(C)
-    parts = [datas[c][a:b] for c, a, b in block]
-    n = sum(len(p) for p in parts)
-    Xb = parts[0] if len(parts) == 1 else np.concatenate(parts, out=_scratch("records", (n, C.shape[1])))
-    labels = labels_only(Xb, C, C2T, cc, out=_scratch("distances", (n, k)))
-    first, last = block[0][0], block[-1][0]
-    rows = (last - first + 1) * k
-    seg = np.repeat(np.array([(c - first) * k for c, _, _ in block], dtype=np.int64), [b - a for _, a, b in block])
-    seg += labels
-    m = sparse.csc_matrix(
-        (np.ones(len(Xb)), seg.astype(np.int32), np.arange(len(Xb) + 1, dtype=np.int32)), shape=(rows, len(Xb))
-    )
-    return first, m @ Xb, np.bincount(seg, minlength=rows).astype(np.float64)
+def _block_sums(datas, block, C2T, cc, sums, counts, fast):
+    """Per-(client, cell) sums and counts of one block into ``sums`` / ``counts`` (zeros of
+    (n block clients * k, d) and (n block clients * k,)), rows ordered by (local client, cell)."""
+    k = len(cc)
+    parts = [datas[c][a:b] for c, a, b in block.tolist()]
+    Xb = parts[0] if len(parts) == 1 else np.concatenate(parts, out=scratch("records", (sum(map(len, parts)), C2T.shape[0])))
+    row_base = np.repeat((block[:, 0] - block[0, 0]) * k, block[:, 2] - block[:, 1])
+    block_cell_sums(Xb, C2T, cc, row_base, sums, counts, fast)
 
 
 _BLAS = None
@@ -149,52 +127,105 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     """For several clients at once: each client's per-cell coordinate sums (a list of
     (k, d) arrays) and counts (a list of (k,) float arrays) w.r.t. the same centres ``C``.
 
-    One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`), computed by
-    ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
-    single-threaded BLAS, as scikit-learn's Lloyd kernel does: per block one distance
-    product and one argmin, and the per-(client, cell) sums as one sparse product whose CSC
-    matrix is built without sorting (each record is one column holding a 1 in row
-    ``local client * k + label``). scipy adds each row's records in record order and a
-    client cut over several blocks adds its blocks' partial sums in block order, so a
-    client's result equals the one it gets alone (``client_updates([X])``) bit for bit. No
-    copy of the pooled records is made.
+    One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`),
+    computed by ``n_threads`` threads (default: the CPU count) with single-threaded BLAS, as
+    scikit-learn's Lloyd kernel does: per block one distance product, then one pass that
+    assigns each record and adds it to its (client, cell) row (:func:`._cellsums.cell_sums`:
+    compiled without the GIL for large blocks, numpy otherwise; the same bits either way).
+    A row adds its records in record order and a client cut over several blocks adds its
+    blocks' partial sums in block order, so a client's result equals the one it gets alone
+    (``client_updates([X])``) bit for bit. No copy of the pooled records is made.
 
-    A client that lies in one block (every client of at most ``chunk`` records) gets a view
-    of its rows of the block's result: no (n_clients, k, d) array is allocated and filled.
-    At 10,000 clients the round's messages are 128 MB (k=50, d=32) of new memory; writing
-    them once more into a fresh array of that size cost more than the distance products.
+    Every block writes into its own rows of one output allocated for the whole call, and
+    each client gets a view of its rows: at 10,000 clients the round's messages are 128 MB
+    (k=50, d=32) of new memory, and one allocation of that size is backed by huge pages
+    (numpy advises them above 4 MB) where one per block faulted in 4 kB pages, which cost
+    more than the distance products.
     """
     k, d = C.shape
     n_clients = len(datas)
-    sums: list = [None] * n_clients
-    counts: list = [None] * n_clients
     C = np.ascontiguousarray(C, dtype=np.float64)
     C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
-    for first, s, c in map_blocks(datas, lambda b: _block_sums(datas, b, C, C2T, cc), chunk, n_threads):
-        for j in range(len(c) // k):
-            i, rows = first + j, slice(j * k, (j + 1) * k)
-            if sums[i] is None:
-                sums[i], counts[i] = s[rows], c[rows]
-            else:  # a client cut over blocks: its partial sums, in block order
-                sums[i], counts[i] = sums[i] + s[rows], counts[i] + c[rows]
-    for i in range(n_clients):
-        if sums[i] is None:  # no records: in no block
-            sums[i], counts[i] = np.zeros((k, d)), np.zeros(k)
+    sizes = [len(X) for X in datas]
+    chunk = chunk or CHUNK_ROWS
+    threads = _threads(n_threads)
+    blocks = _client_pieces(sizes, chunk, _balanced_rows(sum(sizes), chunk, threads))
+    if not blocks:  # no client has records
+        return [np.zeros((k, d)) for _ in datas], [np.zeros(k) for _ in datas]
+    firsts = np.array([b[0, 0] for b in blocks], dtype=np.int64)
+    lasts = np.array([b[-1, 0] for b in blocks], dtype=np.int64)
+    group0 = np.concatenate([[0], np.cumsum(lasts - firsts + 1)])  # each block's first (client, cell) group
+    out_sums, out_counts = np.zeros((group0[-1] * k, d)), np.zeros(group0[-1] * k)
+    fast = use_compiled(sum(sizes) * k)
+
+    def run(i):
+        rows = slice(group0[i] * k, group0[i + 1] * k)
+        _block_sums(datas, blocks[i], C2T, cc, out_sums[rows], out_counts[rows], fast)
+
+    for _ in map_blocks(datas, run, n_threads=threads, blocks=range(len(blocks))):
+        pass
+    groups, group_counts = out_sums.reshape(-1, k, d), out_counts.reshape(-1, k)
+    # a client's first group: in the first block reaching it (none if it has no records)
+    clients = np.arange(n_clients)
+    b = np.minimum(np.searchsorted(lasts, clients, side="left"), len(blocks) - 1)
+    first_group = (group0[:-1][b] + clients - firsts[b]).tolist()
+    sums = [groups[g] if n else np.zeros((k, d)) for g, n in zip(first_group, sizes)]
+    counts = [group_counts[g] if n else np.zeros(k) for g, n in zip(first_group, sizes)]
+    for b in np.flatnonzero(firsts[1:] == lasts[:-1]) + 1:  # a client cut over blocks: partial sums in block order
+        i = int(firsts[b])
+        sums[i], counts[i] = sums[i] + groups[group0[b]], counts[i] + group_counts[group0[b]]
     return sums, counts
 
 
-def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None):
-    """``fn(block)`` for the blocks of :func:`_client_pieces`, in block order, computed by
-    ``n_threads`` threads (default: the CPU count; numpy and scipy release the GIL) with
-    single-threaded BLAS. The caller combines the results in the order they come."""
-    blocks = list(_client_pieces([len(X) for X in datas], chunk or CHUNK_ROWS))
-    threads = min(len(blocks), n_threads or os.cpu_count() or 1)
+_POOLS: dict = {}
+_POOLS_LOCK = threading.Lock()
+_POOL_PREFIX = "securefkm-blocks"
+os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the threads
+
+
+def _threads(n_threads: int | None) -> int:
+    """The thread count of the pooled kernels: ``n_threads``, else the CPU count; one
+    inside a block worker (a nested pooled call runs in its caller's thread)."""
+    if threading.current_thread().name.startswith(_POOL_PREFIX):
+        return 1
+    return max(1, n_threads or os.cpu_count() or 1)
+
+
+def shutdown_pools() -> None:
+    """Stop the kernel's worker threads (they and their scratch buffers are made again on
+    the next pooled call); for a clean memory measurement, or a long-lived process that is
+    done with fitting."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.shutdown(wait=True)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``threads`` threads, kept between calls (a round at 100 clients
+    is a few ms: starting threads each time cost a tenth of it)."""
+    with _POOLS_LOCK:
+        if threads not in _POOLS:
+            _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_PREFIX)
+        return _POOLS[threads]
+
+
+def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None, blocks=None):
+    """``fn(block)`` for the blocks of :func:`_client_pieces` (or for the given ``blocks``),
+    in block order, computed by ``n_threads`` threads (default: the CPU count; numpy, scipy
+    and the compiled loops release the GIL) with single-threaded BLAS. The caller combines
+    the results in the order they come."""
+    threads = _threads(n_threads)
+    if blocks is None:
+        sizes = [len(X) for X in datas]
+        blocks = _client_pieces(sizes, chunk or CHUNK_ROWS, _balanced_rows(sum(sizes), chunk or CHUNK_ROWS, threads))
+    threads = min(len(blocks), threads)
     with _single_threaded_blas():
         if threads <= 1:
             yield from (fn(b) for b in blocks)
         else:
-            with ThreadPoolExecutor(threads) as pool:
-                yield from pool.map(fn, blocks)
+            yield from _pool(threads).map(fn, blocks)
 
 
 def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):

@@ -372,6 +372,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         k, d = C.shape
 
         def block_sums(block):
+            block = block.tolist()
             parts = [datas[c][a:b] for c, a, b in block]
             Xb = parts[0] if len(parts) == 1 else np.concatenate(parts)
             W = fuzzy_memberships(Xb, C, m)

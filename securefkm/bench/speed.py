@@ -74,6 +74,10 @@ class _Round:
 
     def __call__(self):
         self.state.centres = self.C  # the same work every round
+        # the round is recorded in full; the records of earlier calls are dropped, so that a
+        # call pays for one round and not for the growing history of all calls so far (at
+        # 10,000 clients a round's messages are 128 MB: 4 GB after the bench's 30 calls)
+        self.fed.transcript.rounds.clear()
         self.fed.run_round(self.state, round=self.r)
         self.r += 1
 
@@ -84,19 +88,38 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def side_by_side(fns: dict, repeats: int) -> dict:
-    """Median time of each callable, calls alternated (one warm-up each)."""
+def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
+    """Median time of each callable, calls alternated (one warm-up each).
+
+    With ``batch`` > 1 a sample is the mean of ``batch`` back-to-back calls after one
+    untimed call: each side is timed in its steady state, as in a fit (rounds, or Lloyd
+    iterations, one after the other), and not charged for what the other side left running
+    -- scikit-learn's OpenMP threads spin for a while after its kernel returns, and
+    whatever runs next on a 2-core machine lost a core to them (measured at 100k x 16: a
+    round run right after the kernel took 13.2 ms, the same round run after another round
+    7.7 ms; with ``OMP_WAIT_POLICY=passive`` 7.7 and 5.7 ms, the kernel's time unchanged)."""
     for f in fns.values():
         f()
     times = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
-            times[k].append(_timed(f))
+            if batch == 1:
+                times[k].append(_timed(f))
+                continue
+            f()
+            t = time.perf_counter()
+            for _ in range(batch):
+                f()
+            times[k].append((time.perf_counter() - t) / batch)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
 def traced_peak(fn) -> int:
-    """Peak bytes allocated (tracemalloc) while ``fn`` runs, above what existed before."""
+    """Peak bytes allocated (tracemalloc) while ``fn`` runs, above what existed before; the
+    pooled kernel's threads are stopped first, so their scratch buffers are counted."""
+    from ..algorithms._kmeans import shutdown_pools
+
+    shutdown_pools()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     fn()
@@ -114,15 +137,16 @@ def _split(X, k, n_clients, seed=0):
     return np.concatenate(clients), clients, C
 
 
-def measure(X, k, n_clients=100, repeats=10, seed=0, algorithms=("DWF",), with_fit=False):
-    """Median round time per algorithm and of the scikit-learn kernel (and fit), alternated."""
+def measure(X, k, n_clients=100, repeats=10, seed=0, algorithms=("DWF",), with_fit=False, batch=None):
+    """Median round time per algorithm and of the scikit-learn kernel (and fit), alternated
+    in batches (:func:`side_by_side`; default: 5 calls per sample up to 100k records, else 2)."""
     pooled, clients, C = _split(X, k, n_clients, seed)
     fns = {"kernel": _SklearnKernel(pooled, C)}
     for a in algorithms:
         fns[a] = _Round(a, clients, C)
     if with_fit:
         fns["fit"] = lambda: KMeans(k, init=C, n_init=1, max_iter=1, algorithm="lloyd").fit(pooled)
-    out = side_by_side(fns, repeats)
+    out = side_by_side(fns, repeats, batch or (5 if len(X) <= 100_000 else 2))
     out["peak"] = {a: traced_peak(_Round(a, clients, C)) for a in algorithms}
     out["data_bytes"] = pooled.nbytes
     return out
@@ -271,7 +295,8 @@ def _uptime() -> str:
 
 def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", "masked")):
     """Print the tables of ``parts`` ("rounds": table 1; "masked": tables 2 and 3)."""
-    out(f"securefkm bench speed: medians of {repeats} alternated repeats, {os.cpu_count()} CPUs, same threads "
+    out(f"securefkm bench speed: medians of {repeats} alternated repeats (table 1: each a batch of back-to-back "
+        f"calls after an untimed one), {os.cpu_count()} CPUs, same threads "
         f"for both sides (scikit-learn's OpenMP threads; ours: one thread per block of records); {_uptime()}\n")
     rows = _rounds_table(repeats, out) if "rounds" in parts else []
     if "masked" in parts:
