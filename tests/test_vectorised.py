@@ -166,3 +166,49 @@ def test_round_pauses_cyclic_gc_and_restores_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_small_fits_never_import_numba():
+    """The compiled loop is for large calls only: a small fit does not pay numba's import
+    (0.2 s) or compilation; a large call does use it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from securefkm.algorithms import _kmeans\n"
+        "rng = np.random.default_rng(0)\n"
+        "datas = [rng.normal(size=(100, 2)) for _ in range(50)]\n"
+        "_kmeans.per_client_cell_sums(datas, rng.normal(size=(5, 2)))\n"
+        "small = 'numba' in sys.modules\n"
+        "_kmeans.per_client_cell_sums([rng.normal(size=(30_000, 4))], rng.normal(size=(10, 4)))\n"
+        "print(small, 'numba' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_clients_back_to_back_in_memory_are_read_in_place():
+    """Clients that are consecutive slices of one array are read where they lie (no copy
+    of the block's records) and give the same bits as separate copies; slices out of order,
+    or with gaps, are copied."""
+    rng = np.random.default_rng(8)
+    pooled = rng.normal(size=(3000, 6))
+    views = np.array_split(pooled, 9)
+    C = rng.normal(size=(4, 6))
+    blocks = _kmeans._client_pieces([len(X) for X in views], 1024)
+    multi = next(b for b in blocks if len(b) > 1)
+    assert np.shares_memory(_kmeans._block_records(views, multi, 6), pooled)
+    reordered = views[::-1]
+    gapped = [X[:-1] for X in views]
+    for datas in (reordered, gapped):
+        b = _kmeans._client_pieces([len(X) for X in datas], 1024)[0]
+        assert len(b) > 1
+        records = _kmeans._block_records(datas, b, 6)
+        assert not np.shares_memory(records, pooled)
+        assert np.array_equal(records, np.concatenate([datas[c][a:e] for c, a, e in b.tolist()]))
+    for datas in (views, reordered, gapped):
+        copies = [X.copy() for X in datas]
+        a = _kmeans.per_client_cell_sums(datas, C, chunk=1024, n_threads=2)
+        b = _kmeans.per_client_cell_sums(copies, C, chunk=1024, n_threads=2)
+        assert all(np.array_equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))

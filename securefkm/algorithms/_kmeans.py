@@ -99,12 +99,31 @@ def _balanced_rows(total: int, chunk: int, threads: int) -> int:
     return -(-max(total, 1) // n_blocks)
 
 
+def _block_records(datas, block, d: int) -> np.ndarray:
+    """The block's records as one (rows, d) array: a view of the clients' own memory when
+    its pieces lie back to back in it -- clients that are consecutive slices of one C-ordered
+    float64 array, as a simulation's data set usually is -- else a copy into the thread's
+    scratch buffer. The view spans only the pieces' own memory, all alive while ``datas`` is."""
+    clients, starts, stops = block[:, 0], block[:, 1], block[:, 2]
+    rows = int((stops - starts).sum())
+    if len(block) == 1:
+        return datas[clients[0]][starts[0] : stops[0]]
+    arrays = [datas[c] for c in clients.tolist()]
+    if all(X.dtype == np.float64 and X.flags.c_contiguous and X.shape[1:] == (d,) for X in arrays):
+        row_bytes = 8 * d
+        addresses = np.array([X.__array_interface__["data"][0] for X in arrays], dtype=np.int64)
+        if np.array_equal(addresses[1:] + starts[1:] * row_bytes, addresses[:-1] + stops[:-1] * row_bytes):
+            head = arrays[0][starts[0] :]
+            return np.lib.stride_tricks.as_strided(head, shape=(rows, d), strides=head.strides)
+    parts = [X[a:b] for X, a, b in zip(arrays, starts.tolist(), stops.tolist())]
+    return np.concatenate(parts, out=scratch("records", (rows, d)))
+
+
 def _block_sums(datas, block, C2T, cc, sums, counts, fast):
     """Per-(client, cell) sums and counts of one block into ``sums`` / ``counts`` (zeros of
     (n block clients * k, d) and (n block clients * k,)), rows ordered by (local client, cell)."""
     k = len(cc)
-    parts = [datas[c][a:b] for c, a, b in block.tolist()]
-    Xb = parts[0] if len(parts) == 1 else np.concatenate(parts, out=scratch("records", (sum(map(len, parts)), C2T.shape[0])))
+    Xb = _block_records(datas, block, C2T.shape[0])
     row_base = np.repeat((block[:, 0] - block[0, 0]) * k, block[:, 2] - block[:, 1])
     block_cell_sums(Xb, C2T, cc, row_base, sums, counts, fast)
 

@@ -129,12 +129,15 @@ def traced_peak(fn) -> int:
 
 
 def _split(X, k, n_clients, seed=0):
+    """(pooled, clients, centres): the records shuffled once into ``pooled``, the clients
+    consecutive slices of it (as a simulation holds a data set: one array, no copy per
+    client), and ``k`` centres drawn from the records."""
     rng = np.random.default_rng(seed)
     X = np.ascontiguousarray(X, dtype=np.float64)
-    order = rng.permutation(len(X))
-    clients = [X[idx] for idx in np.array_split(order, n_clients)]
+    pooled = X[rng.permutation(len(X))]
+    clients = np.array_split(pooled, n_clients)
     C = X[rng.choice(len(X), k, replace=False)].copy()
-    return np.concatenate(clients), clients, C
+    return pooled, clients, C
 
 
 def measure(X, k, n_clients=100, repeats=10, seed=0, algorithms=("DWF",), with_fit=False, batch=None):
