@@ -421,7 +421,7 @@ class Federation:
                 StageRecord(
                     UPDATE_STAGE,
                     sent=dict(requests),
-                    received={c: _copy_payload(r.items) for c, r in replies.items()},
+                    received={c: _copy_payload(r.items) if r.items else {} for c, r in replies.items()},
                     dropped=tuple(c for c in sampled if c not in replies and c not in refused),
                     refused=refused,
                 )
