@@ -212,3 +212,23 @@ def test_clients_back_to_back_in_memory_are_read_in_place():
         a = _kmeans.per_client_cell_sums(datas, C, chunk=1024, n_threads=2)
         b = _kmeans.per_client_cell_sums(copies, C, chunk=1024, n_threads=2)
         assert all(np.array_equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))
+        # one group per client (the list of views) or, with a client without records, the mapping
+        c = _kmeans.per_client_cell_sums(datas + [np.zeros((0, 6))], C, chunk=1024, n_threads=2)
+        assert all(np.array_equal(x, y) for x, y in zip(a[0] + a[1], c[0][:-1] + c[1][:-1]))
+        assert not c[0][-1].any() and not c[1][-1].any()
+
+
+def test_kernel_threads_default_and_worker_setting(monkeypatch):
+    """The kernels use the CPU count unless told (a worker with one CPU sets 1); a call's
+    n_threads wins; a call nested in a block worker runs in that worker's thread."""
+    import os
+
+    from securefkm import _kernel_threads
+
+    monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
+    assert _kmeans._threads(None) == max(1, os.cpu_count() or 1)
+    _kernel_threads.set_kernel_threads(1)
+    assert _kmeans._threads(None) == 1 and _kmeans._threads(3) == 3
+    _kernel_threads.set_kernel_threads(None)
+    nested = list(_kmeans._pool(2).map(lambda _: _kmeans._threads(4), range(2)))
+    assert nested == [1, 1]

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy import sparse
 
+from .._kernel_threads import kernel_threads
 from ..exceptions import InputError
 from ._cellsums import block_cell_sums, scratch, use_compiled
 
@@ -184,12 +185,14 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     for _ in map_blocks(datas, run, n_threads=threads, blocks=range(len(blocks))):
         pass
     groups, group_counts = out_sums.reshape(-1, k, d), out_counts.reshape(-1, k)
-    # a client's first group: in the first block reaching it (none if it has no records)
-    clients = np.arange(n_clients)
-    b = np.minimum(np.searchsorted(lasts, clients, side="left"), len(blocks) - 1)
-    first_group = (group0[:-1][b] + clients - firsts[b]).tolist()
-    sums = [groups[g] if n else np.zeros((k, d)) for g, n in zip(first_group, sizes)]
-    counts = [group_counts[g] if n else np.zeros(k) for g, n in zip(first_group, sizes)]
+    if len(groups) == n_clients and all(sizes):  # no client cut or without records: group i is client i's
+        sums, counts = list(groups), list(group_counts)
+    else:  # a client's first group: in the first block reaching it (none if it has no records)
+        clients = np.arange(n_clients)
+        b = np.minimum(np.searchsorted(lasts, clients, side="left"), len(blocks) - 1)
+        first_group = (group0[:-1][b] + clients - firsts[b]).tolist()
+        sums = [groups[g] if n else np.zeros((k, d)) for g, n in zip(first_group, sizes)]
+        counts = [group_counts[g] if n else np.zeros(k) for g, n in zip(first_group, sizes)]
     for b in np.flatnonzero(firsts[1:] == lasts[:-1]) + 1:  # a client cut over blocks: partial sums in block order
         i = int(firsts[b])
         sums[i], counts[i] = sums[i] + groups[group0[b]], counts[i] + group_counts[group0[b]]
@@ -203,11 +206,12 @@ os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of t
 
 
 def _threads(n_threads: int | None) -> int:
-    """The thread count of the pooled kernels: ``n_threads``, else the CPU count; one
-    inside a block worker (a nested pooled call runs in its caller's thread)."""
+    """The thread count of the pooled kernels: ``n_threads``, else
+    :func:`securefkm._kernel_threads.kernel_threads`; one inside a block worker (a nested
+    pooled call runs in its caller's thread)."""
     if threading.current_thread().name.startswith(_POOL_PREFIX):
         return 1
-    return max(1, n_threads or os.cpu_count() or 1)
+    return max(1, n_threads or kernel_threads())
 
 
 def shutdown_pools() -> None:

@@ -196,7 +196,8 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
     algorithm = clients[0].algorithm
     ctx = clients[0].round_context(request)
     datas = prepared_datas(clients, ctx)
-    rngs = [c.rng(request) for c in clients]
+    # one question for the batch: the clients share the algorithm and the broadcast
+    rngs = [c.rng(request) for c in clients] if algorithm.client_rng_needed(request.broadcast) else [None] * len(clients)
     updates = algorithm.client_updates(datas, request.broadcast, rngs, [c.memory for c in clients])
     return finish_updates(clients, updates, ctx)
 

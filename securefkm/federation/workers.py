@@ -48,6 +48,7 @@ from typing import Any
 
 from joblib.externals.loky import ProcessPoolExecutor
 
+from .._kernel_threads import set_kernel_threads
 from ..exceptions import InputError
 from ..layers import ClientContext
 from .client import ClientRuntime, serve
@@ -106,6 +107,9 @@ class Shard:
     """
 
     def __init__(self, payload: bytes):
+        # a worker has one CPU of the machine's (one process per CPU; Ray: num_cpus <= 1):
+        # its clients' pooled k-means kernel runs in its own thread, not one per CPU
+        set_kernel_threads(1)
         ids, arrays, states, algorithm, layers, aggregator, info = pickle.loads(payload)
         self.clients = {
             i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st)

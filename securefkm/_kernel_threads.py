@@ -1,0 +1,20 @@
+"""How many threads the pooled k-means kernels (``algorithms._kmeans``) use when a call
+does not say: the CPU count, unless this process runs clients for a worker that owns one CPU
+(``federation.workers.Shard`` sets 1). Its own module so that both can import it."""
+
+from __future__ import annotations
+
+import os
+
+_DEFAULT: int | None = None
+
+
+def set_kernel_threads(n_threads: int | None) -> None:
+    """Threads of the pooled kernels when a call does not say (None: the CPU count)."""
+    global _DEFAULT
+    _DEFAULT = n_threads
+
+
+def kernel_threads() -> int:
+    """The default thread count of the pooled kernels."""
+    return max(1, _DEFAULT or os.cpu_count() or 1)
