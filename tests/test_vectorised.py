@@ -232,3 +232,31 @@ def test_kernel_threads_default_and_worker_setting(monkeypatch):
     _kernel_threads.set_kernel_threads(None)
     nested = list(_kmeans._pool(2).map(lambda _: _kmeans._threads(4), range(2)))
     assert nested == [1, 1]
+
+
+def _cell_sums_in_child(queue):
+    rng = np.random.default_rng(0)
+    datas = [rng.normal(size=(300, 3)) for _ in range(8)]
+    sums, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(4, 3)), chunk=256, n_threads=2)
+    queue.put(float(sum(s.sum() for s in sums)))
+
+
+def test_kept_thread_pool_survives_fork():
+    """The kernel's pool is kept between calls; a forked child (multiprocessing's fork start
+    method) has none of its threads and must build its own instead of waiting forever."""
+    import multiprocessing
+
+    rng = np.random.default_rng(0)
+    datas = [rng.normal(size=(300, 3)) for _ in range(8)]
+    expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(4, 3)), chunk=256, n_threads=2)
+    assert 2 in _kmeans._POOLS  # the parent's pool exists when the child is forked
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_cell_sums_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    assert queue.get(timeout=5) == float(sum(s.sum() for s in expected))

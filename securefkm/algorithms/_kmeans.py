@@ -202,7 +202,17 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
 _POOLS: dict = {}
 _POOLS_LOCK = threading.Lock()
 _POOL_PREFIX = "securefkm-blocks"
-os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the threads
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's pool threads (and maybe a lock some thread
+    held): it starts with no pools and a fresh lock."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _threads(n_threads: int | None) -> int:
