@@ -260,3 +260,14 @@ def test_kept_thread_pool_survives_fork():
         child.kill()
     assert not alive and child.exitcode == 0
     assert queue.get(timeout=5) == float(sum(s.sum() for s in expected))
+
+
+def test_scratch_buffers_kept_only_up_to_a_size(monkeypatch):
+    """The kernel's threads live as long as the process: a thread keeps its scratch buffer
+    for the next block, except a giant one (the numpy loop's distances for a large k)."""
+    monkeypatch.setattr(_cellsums, "SCRATCH_KEEP_BYTES", 8 * 1000)
+    monkeypatch.setattr(_cellsums, "_SCRATCH", __import__("threading").local())
+    small1, small2 = _cellsums.scratch("x", (10, 10)), _cellsums.scratch("x", (5, 10))
+    assert np.shares_memory(small1, small2)
+    big1, big2 = _cellsums.scratch("y", (100, 100)), _cellsums.scratch("y", (100, 100))
+    assert not np.shares_memory(big1, big2)

@@ -39,6 +39,11 @@ JIT_MIN_WORK = 1 << 18
 #: at 10,000 clients of 1M x 32 on 2 threads)
 SUB_ROWS = 2048
 
+#: scratch buffers up to this size are kept by their thread between calls (a block of
+#: 16,384 records of 32 features is 4 MB; the numpy loop's distances for k = 1,000, 131 MB,
+#: are not kept by the kernel's long-lived threads)
+SCRATCH_KEEP_BYTES = 1 << 26
+
 _COMPILED = None  # the compiled loop, False when numba is unavailable
 _SCRATCH = threading.local()
 
@@ -54,6 +59,8 @@ def scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
     buf = getattr(_SCRATCH, name, None)
     if buf is None or buf.size < size:
         buf = np.empty(max(size, 1))
+        if buf.nbytes > SCRATCH_KEEP_BYTES:  # the kernel's threads live on: keep no giant buffer
+            return buf[:size].reshape(shape)
         setattr(_SCRATCH, name, buf)
     return buf[:size].reshape(shape)
 

@@ -150,11 +150,13 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`),
     computed by ``n_threads`` threads (default: the CPU count) with single-threaded BLAS, as
     scikit-learn's Lloyd kernel does: per block one distance product, then one pass that
-    assigns each record and adds it to its (client, cell) row (:func:`._cellsums.cell_sums`:
-    compiled without the GIL for large blocks, numpy otherwise; the same bits either way).
-    A row adds its records in record order and a client cut over several blocks adds its
-    blocks' partial sums in block order, so a client's result equals the one it gets alone
-    (``client_updates([X])``) bit for bit. No copy of the pooled records is made.
+    assigns each record and adds it to its (client, cell) row
+    (:func:`._cellsums.block_cell_sums`: compiled without the GIL for large calls, numpy
+    otherwise; the same bits either way). A row adds its records in record order and a
+    client cut over several blocks adds its blocks' partial sums in block order, so a
+    client's result equals the one it gets alone (``client_updates([X])``) bit for bit. The
+    pooled records are never copied as a whole: a block is read in place when its clients
+    lie back to back in memory, else copied into its thread's scratch buffer.
 
     Every block writes into its own rows of one output allocated for the whole call, and
     each client gets a view of its rows: at 10,000 clients the round's messages are 128 MB
