@@ -432,3 +432,25 @@ def test_auto_radius_is_fastlloyds_capped_by_the_volume_matched_ball():
     # a flat side (zero width) or no sides: FastLloyd's radius
     assert auto_radius(2 * math.sqrt(30), 2, 30, sides=np.r_[np.full(29, 2.0), 0.0]) == pytest.approx(fastlloyd(2, 30))
     assert auto_radius(2 * math.sqrt(30), 2, 30) == pytest.approx(fastlloyd(2, 30))
+
+
+def test_private_seeding_grid_follows_the_plans_noise():
+    """With the plan's noise level e, the 2-D/3-D private seeding grid has clip(0.3 / e, 4, 16)
+    cells per cluster (16-32 were too noisy at 0.02 < e < 0.1); without a plan, 16."""
+    from securefkm.algorithms._seeding import lsh_bits
+
+    assert lsh_bits(5, 2) == 7 and lsh_bits(5, 2, noise_level=0.0035) == 7  # large data: 16 per cluster
+    assert lsh_bits(5, 2, noise_level=0.088) == 5  # 4 cells per cluster: 20 -> 32 buckets
+    assert lsh_bits(2, 2, noise_level=0.04) == 4 and lsh_bits(2, 2) == 6
+    assert lsh_bits(10, 8, noise_level=0.088) == lsh_bits(10, 8)  # hyperplanes (d > 3): unchanged
+    # the estimator hands the plan's e to the seeding round: 250 records, k = 5, eps 1 (e = 0.088)
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(250, n_features=2, centers=5, cluster_std=0.8, random_state=302)
+    X = 2 * (X - X.min(axis=0)) / (X.max(axis=0) - X.min(axis=0)) - 1
+    dp = GaussianDP(1.0, fl.setting_delta(250), bounds=(-1.0, 1.0), rng="seeded")
+    est = WeightedFederatedKMeans(5, protection=[dp], random_state=1000).fit(np.array_split(X, 2))
+    assert est.dp_plan_.private_start and 0.08 < est.dp_plan_.noise_level < 0.1
+    first = est.transcript_.rounds[0]
+    assert first.action == "init.private"
+    assert {b.params["bits"] for b in first.broadcasts.values()} == {5}

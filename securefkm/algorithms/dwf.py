@@ -66,6 +66,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         init="k-means++",
         init_bounds=None,
         score_round: bool = False,
+        seeding_noise: float | None = None,
     ):
         self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
         self.weighting = check_choice(weighting, "weighting", ("dynamic", "equal"))
@@ -80,6 +81,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         self.init_ = init
         self.init_bounds = init_bounds
         self.score_round = bool(score_round)
+        #: the DP plan's noise level e, which sizes the private seeding's grid (_seeding.lsh_bits)
+        self.seeding_noise = seeding_noise
         self.name = "dwf" if weighting == "dynamic" else "ewf"
 
     # ----------------------------------------------------------------- server
@@ -95,7 +98,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
                 self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
-                n_features=self.n_features_,
+                n_features=self.n_features_, noise_level=self.seeding_noise,
             )
         if state.phase == "score":
             return Broadcast(action="score", centres=state.centres, sample="all")

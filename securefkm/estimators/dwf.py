@@ -141,4 +141,5 @@ class WeightedFederatedKMeans(FederatedClusterer):
             init=init,
             init_bounds=init_bounds,
             score_round=self._n_runs() > 1,
+            seeding_noise=plan.noise_level if plan is not None and plan.private_start else None,
         )
