@@ -67,7 +67,7 @@ def seeding_action(init) -> str | None:
     return SEEDING_ACTIONS.get(init)
 
 
-#: with a known noise level e (the DP plan's), a grid has C_NOISE / e cells per cluster,
+#: with a known noise level e (the DP plan's), a grid has GRID_CELLS_NOISE / e cells per cluster,
 #: between 4 and 16 (below)
 GRID_CELLS_NOISE = 0.3
 
