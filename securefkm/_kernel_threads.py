@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 
+from ._validation import check_int
+
 _DEFAULT: int | None = None
 
 
 def set_kernel_threads(n_threads: int | None) -> None:
     """Threads of the pooled kernels when a call does not say (None: the CPU count)."""
     global _DEFAULT
+    if n_threads is not None:
+        n_threads = check_int(n_threads, "n_threads", minimum=1)
     _DEFAULT = n_threads
 
 

@@ -271,3 +271,28 @@ def test_scratch_buffers_kept_only_up_to_a_size(monkeypatch):
     assert np.shares_memory(small1, small2)
     big1, big2 = _cellsums.scratch("y", (100, 100)), _cellsums.scratch("y", (100, 100))
     assert not np.shares_memory(big1, big2)
+
+
+def test_bad_kernel_settings_name_the_argument():
+    from securefkm import _kernel_threads
+    from securefkm.exceptions import InputError
+
+    with pytest.raises(InputError, match="n_threads"):
+        _kernel_threads.set_kernel_threads(0)
+    with pytest.raises(InputError, match="seeding_noise"):
+        WeightedFederatedKMeansAlgorithm(3, seeding_noise=-0.1)
+
+
+def test_a_worker_shard_runs_the_kernel_in_one_thread(monkeypatch):
+    """A worker process or Ray actor owns one CPU: building its shard sets the kernels' default
+    to one thread (without it, n_workers processes would each start a thread per CPU)."""
+    import pickle
+
+    from securefkm import _kernel_threads
+    from securefkm.federation.workers import Shard
+
+    monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert _kmeans._threads(None) == 4
+    Shard(pickle.dumps(([], [], [], None, [], None, None)))
+    assert _kmeans._threads(None) == 1

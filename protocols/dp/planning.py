@@ -13,7 +13,8 @@ The rule
 budget goes to Lloyd rounds; the first round's Voronoi cells around well-separated points near
 the box centre cut the data into k groups as random hyperplanes through the centre would.
 When e < E_p, a private seeding round (``init="private"``: noisy counts and sums of grid or
-hyperplane buckets, :mod:`securefkm.algorithms._seeding`) weighted R, i.e. given as much of
+hyperplane buckets, :mod:`securefkm.algorithms._seeding`; in d <= 3 a grid of clip(0.3 / e, 4, 16)
+cells per cluster, the estimator handing e to the round) weighted R, i.e. given as much of
 mu^2 as the R Lloyd rounds together (``round_weights={"init.private": R}``): with that little
 noise a data-dependent start is worth one more release, and a
 few Lloyd rounds from data-independent points stay in local optima of well-separated data

@@ -100,6 +100,13 @@ def _balanced_rows(total: int, chunk: int, threads: int) -> int:
     return -(-max(total, 1) // n_blocks)
 
 
+def _blocks(sizes, chunk: int | None, threads: int) -> list[np.ndarray]:
+    """The pooled kernels' blocks of clients of ``sizes`` records: pieces cut at ``chunk``
+    (default :data:`CHUNK_ROWS`), grouped for ``threads`` threads (:func:`_balanced_rows`)."""
+    chunk = chunk or CHUNK_ROWS
+    return _client_pieces(sizes, chunk, _balanced_rows(sum(sizes), chunk, threads))
+
+
 def _block_records(datas, block, d: int) -> np.ndarray:
     """The block's records as one (rows, d) array: a view of the clients' own memory when
     its pieces lie back to back in it -- clients that are consecutive slices of one C-ordered
@@ -169,9 +176,8 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     C = np.ascontiguousarray(C, dtype=np.float64)
     C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
     sizes = [len(X) for X in datas]
-    chunk = chunk or CHUNK_ROWS
     threads = _threads(n_threads)
-    blocks = _client_pieces(sizes, chunk, _balanced_rows(sum(sizes), chunk, threads))
+    blocks = _blocks(sizes, chunk, threads)
     if not blocks:  # no client has records
         return [np.zeros((k, d)) for _ in datas], [np.zeros(k) for _ in datas]
     firsts = np.array([b[0, 0] for b in blocks], dtype=np.int64)
@@ -253,8 +259,7 @@ def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None
     the results in the order they come."""
     threads = _threads(n_threads)
     if blocks is None:
-        sizes = [len(X) for X in datas]
-        blocks = _client_pieces(sizes, chunk or CHUNK_ROWS, _balanced_rows(sum(sizes), chunk or CHUNK_ROWS, threads))
+        blocks = _blocks([len(X) for X in datas], chunk, threads)
     threads = min(len(blocks), threads)
     with _single_threaded_blas():
         if threads <= 1:

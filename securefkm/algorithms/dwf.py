@@ -82,7 +82,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         self.init_bounds = init_bounds
         self.score_round = bool(score_round)
         #: the DP plan's noise level e, which sizes the private seeding's grid (_seeding.lsh_bits)
-        self.seeding_noise = seeding_noise
+        self.seeding_noise = None if seeding_noise is None else check_float(
+            seeding_noise, "seeding_noise", minimum=0.0, min_inclusive=False)
         self.name = "dwf" if weighting == "dynamic" else "ewf"
 
     # ----------------------------------------------------------------- server
