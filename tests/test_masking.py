@@ -77,10 +77,10 @@ def drive(layer, n, sums, drops=None, specs=SPECS, digests=None, hook=None, pers
     return server.result(), clients, server
 
 
-def check_sum(result, sums, codec=None):
+def check_sum(result, sums, specs=SPECS, codec=None):
     agg, contributors = result
     codec = codec or FixedPointCodec()
-    for s in SPECS:
+    for s in specs:
         plain = sum(np.asarray(sums[c][s.name]) for c in contributors)
         if s.integer:
             assert np.array_equal(agg[s.name], plain), s.name
@@ -120,12 +120,18 @@ def test_n3_default_threshold_tolerates_no_dropout():
         drive(PairwiseMasking(), 3, sums, {"masked_input": [2]})
 
 
-@pytest.mark.parametrize("cipher", ["chacha20", "aes-ctr"])
-def test_n10_max_dropouts_spread_over_stages(cipher):
-    sums = random_sums(10, np.random.default_rng(3))
+LONG_SPECS = (FieldSpec("count", (1,), "count", integer=True), FieldSpec("total", (200,), "sum"))
+
+
+@pytest.mark.parametrize("cipher", ["auto", "chacha20", "aes-ctr", "shake256"])
+@pytest.mark.parametrize("specs", [SPECS, LONG_SPECS], ids=["5 words", "202 words"])
+def test_n10_max_dropouts_spread_over_stages(cipher, specs):
+    """Every PRG, on a mask short enough for "auto" to pick SHAKE-256 and one long enough
+    for ChaCha20: the dropped clients' masks are recomputed by the server exactly."""
+    sums = random_sums(10, np.random.default_rng(3), specs)
     layer = PairwiseMasking(cipher=cipher)  # t = 7: 3 may drop
-    result = drive(layer, 10, sums, {"advertise": [4], "share": [7], "masked_input": [9]})[0]
-    check_sum(result, sums)
+    result = drive(layer, 10, sums, {"advertise": [4], "share": [7], "masked_input": [9]}, specs=specs)[0]
+    check_sum(result, sums, specs)
     assert result[1] == (0, 1, 2, 3, 5, 6, 8)
 
 

@@ -138,3 +138,32 @@ def test_batched_sessions_encode_each_client_as_alone():
         assert np.array_equal(alone.vector, many[c].vector) and alone.vector[-1] == 1
         expect = layer.codec.encode(sums[c], ctx.specs, n)
         assert np.array_equal(many[c].vector[:-1], expect)
+
+
+def test_auto_prg_is_shake256_up_to_1kib_then_chacha20():
+    assert prg.resolve_cipher("auto", 128) == "shake256"  # 1,024 bytes
+    assert prg.resolve_cipher("auto", 129) == "chacha20"
+    assert prg.resolve_cipher("aes-ctr", 1) == "aes-ctr"
+    assert prg.MaskExpander(16).cipher == "shake256" and prg.MaskExpander(1000).cipher == "chacha20"
+    with pytest.raises(prg.InputError, match="cipher must be one of"):
+        prg.resolve_cipher("rc4", 16)
+
+
+@pytest.mark.parametrize("length", [16, 128, 129, 5000])
+def test_masks_are_the_standard_prg_outputs(length):
+    """Known answers: a mask is SHAKE-256 (FIPS 202) of the seed, or the ChaCha20 keystream
+    under the seed with a zero counter||nonce, read as little-endian uint64 words; "auto"
+    gives the one its rule names."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    seed = bytes(range(32))
+    shake = np.frombuffer(hashlib.shake_256(seed).digest(8 * length), dtype="<u8")
+    chacha = np.frombuffer(Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor().update(bytes(8 * length)), dtype="<u8")
+    assert np.array_equal(prg.expand(seed, length, "shake256"), shake)
+    assert np.array_equal(prg.expand(seed, length, "chacha20"), chacha)
+    assert np.array_equal(prg.expand(seed, length), shake if length <= 128 else chacha)
+    assert prg.keystream_bytes(seed, 8 * length, "shake256") == shake.tobytes()
+    with pytest.raises(prg.InputError, match="32 bytes"):
+        prg.expand(seed[:16], length)

@@ -72,7 +72,7 @@ class MaskingClient(ClientSession):
         vector: np.ndarray,
         digest: bytes,
         *,
-        cipher: str = "chacha20",
+        cipher: str = "auto",
         identity_private: bytes | None = None,
         registry: dict[int, bytes] | None = None,
         consistency: bool = False,

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 DOMAIN = b"securefkm/pairwise-masking/v1"
+_Q = struct.Struct("<q")
 
 
 class CryptoFailure(Exception):
@@ -141,8 +142,12 @@ def encrypt_shares_many(keys, rid: bytes, sender: int, receivers, payloads) -> l
     """:func:`encrypt_shares` to several receivers, all the random 96-bit nonces read in one
     ``os.urandom`` call."""
     nonces = os.urandom(12 * len(receivers))
-    return [encrypt_shares(key, rid, sender, receiver, payload, nonces[12 * i : 12 * i + 12])
-            for i, (key, receiver, payload) in enumerate(zip(keys, receivers, payloads))]
+    ad = rid + struct.pack("<q", sender)  # + the receiver: rid + pack("<qq", sender, receiver)
+    out = []
+    for i, (key, receiver, payload) in enumerate(zip(keys, receivers, payloads)):
+        nonce = nonces[12 * i : 12 * i + 12]
+        out.append(nonce + ChaCha20Poly1305(key).encrypt(nonce, payload, ad + _Q.pack(receiver)))
+    return out
 
 
 def decrypt_shares(key: bytes, rid: bytes, sender: int, receiver: int, blob: bytes) -> bytes:

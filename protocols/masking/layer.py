@@ -118,7 +118,8 @@ class PairwiseMasking(Aggregator):
     codec:
         :class:`~protocols.codec.FixedPointCodec` (default 24 fractional bits, no bound).
     cipher:
-        Keystream of the mask PRG: ``"chacha20"`` or ``"aes-ctr"``.
+        The mask PRG: ``"auto"`` (default: SHAKE-256 for masks up to 1 KiB, ChaCha20 above,
+        see :mod:`protocols.masking.prg`), ``"chacha20"``, ``"aes-ctr"`` or ``"shake256"``.
     allow_plain_set_fields:
         Run on an algorithm that sends set-fields (k-FED, child/parent, aligning, FedFCM with
         k-means averaging, outside their secure mode). Masking then hides only the sum-fields
@@ -143,7 +144,7 @@ class PairwiseMasking(Aggregator):
         bind_broadcast: bool = True,
         sign_keys: bool = False,
         codec: FixedPointCodec | None = None,
-        cipher: str = "chacha20",
+        cipher: str = "auto",
         *,
         corrupt_fraction: float = CORRUPT_FRACTION,
         dropout_fraction: float = DROPOUT_FRACTION,

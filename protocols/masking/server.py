@@ -146,7 +146,7 @@ class MaskingServer(RoundChecks, ServerSession):
         plan: RoundPlan,
         codec: FixedPointCodec,
         *,
-        cipher: str = "chacha20",
+        cipher: str = "auto",
         bind_broadcast: bool = True,
         registry: dict[int, bytes] | None = None,
         consistency: bool = False,
