@@ -60,7 +60,12 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import least_squares
 
-from securefkm.algorithms._fcm import exact_sq_distances, fuzzy_memberships, local_fcm
+from securefkm.algorithms._fcm import (
+    exact_sq_distances,
+    fuzzy_memberships,
+    local_fcm,
+    membership_weights,
+)
 from securefkm.exceptions import InputError
 
 from .passive import _check_tol, _check_transcript
@@ -103,7 +108,7 @@ def _residuals(X, sys_, scale, surrogate=False):
     """
     parts = []
     for C, m, S, W in sys_["fedavg"]:
-        U = fuzzy_memberships(X, C, m) ** m
+        U = membership_weights(X, C, m)  # the client's own computation of u_ij^m
         parts.append(((U.T @ X) - S).ravel() / scale)
         parts.append(U.sum(axis=0) - W)
     for C, m, q, _n, memb, spread in sys_["validity"]:

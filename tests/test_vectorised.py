@@ -296,3 +296,59 @@ def test_a_worker_shard_runs_the_kernel_in_one_thread(monkeypatch):
     assert _kmeans._threads(None) == 4
     Shard(pickle.dumps(([], [], [], None, [], None, None)))
     assert _kmeans._threads(None) == 1
+
+
+@pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 5), (8, 2), (9, 16), (20, 16), (64, 7), (128, 3)])
+def test_compiled_fcm_weights_equal_numpy(k, d):
+    """Fuzzy c-means weights u_ij^2 from the compiled loop and from numpy (eq. 5, then the
+    power of eq. 6) are the same bits: row sums of fewer and more than 8 centres (numpy's
+    pairwise sum), wide scales, non-contiguous and Fortran-ordered records."""
+    pytest.importorskip("numba")
+    from securefkm.algorithms._fcm import membership_weights
+
+    rng = np.random.default_rng(k * 31 + d)
+    C = rng.normal(size=(k, d)) * 3
+    wide = rng.normal(size=(2500, 2 * d)) * rng.uniform(0.01, 50, size=2 * d)
+    for X in (wide[:, ::2], np.asfortranarray(wide[:1200, :d]), wide[1000:1003, d:]):
+        ref = membership_weights(X, C, 2.0, fast=False).copy()
+        got = membership_weights(X, C, 2.0, fast=True)
+        assert np.array_equal(got, ref)
+        np.testing.assert_allclose(np.sqrt(ref).sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_fcm_weights_of_records_on_centres():
+    """A record on a centre (d = 0 exactly: eq. 5's limit, full membership there, shared
+    equally between coinciding centres) and one a hair's breadth away, compiled and numpy
+    alike; the direct distances see the zero that the BLAS expansion loses to rounding."""
+    pytest.importorskip("numba")
+    from securefkm.algorithms._fcm import direct_sq_distances, membership_weights
+
+    rng = np.random.default_rng(3)
+    C = rng.normal(size=(5, 4)) * 1e3
+    C[3] = C[1]
+    X = rng.normal(size=(300, 4)) * 1e3
+    X[120], X[150] = C[2], C[1]
+    X[200] = C[4] + 1e-9
+    assert direct_sq_distances(X[120:121], C)[0, 2] == 0.0 and direct_sq_distances(X[200:201], C)[0, 4] > 0.0
+    got = membership_weights(X, C, 2.0, fast=True)
+    assert np.array_equal(got, membership_weights(X, C, 2.0, fast=False))
+    assert np.array_equal(got[120], np.eye(5)[2]) and np.array_equal(got[150], [0, 0.25, 0, 0.25, 0])
+    assert got[200, 4] > 0.999999
+
+
+@pytest.mark.parametrize("m", [2.0, 1.7])
+def test_fuzzy_pooled_compiled_round_equals_per_client_numpy(m, monkeypatch):
+    """A fedavg fuzzy c-means round computed pooled with the compiled loop (clients cut
+    across blocks, 2 threads) gives every client the sums it computes alone with numpy."""
+    pytest.importorskip("numba")
+    monkeypatch.setattr(_kmeans, "CHUNK_ROWS", 512)
+    datas = [X for X in _clients(6, d=5) if len(X)]
+    algo = FederatedFuzzyCMeansAlgorithm(9, averaging="fedavg", m=m)
+    bc = _broadcast(algo, datas, 9)
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 1 << 60)
+    alone = [algo.client_update(X, bc, None, {}) for X in datas]
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)
+    pooled = algo.client_updates(datas, bc, [None] * len(datas), [{} for _ in datas])
+    for a, b in zip(alone, pooled):
+        for key in a.sums:
+            assert np.array_equal(a.sums[key], b.sums[key]), key

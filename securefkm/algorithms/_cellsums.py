@@ -65,18 +65,18 @@ def scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
-def compiled():
-    """The compiled loop (compiled, or loaded from numba's disk cache, on first use), or
-    None without numba."""
+def compiled(name: str = "fused"):
+    """The compiled loop ``name`` of :mod:`._cellsums_jit` (compiled, or loaded from numba's
+    disk cache, on first use), or None without numba."""
     global _COMPILED
     if _COMPILED is None:
         try:
-            from ._cellsums_jit import fused
+            from . import _cellsums_jit
 
-            _COMPILED = fused
+            _COMPILED = _cellsums_jit
         except ImportError:
             _COMPILED = False
-    return _COMPILED or None
+    return getattr(_COMPILED, name) if _COMPILED else None
 
 
 def use_compiled(work: int) -> bool:

@@ -31,6 +31,7 @@ import numpy as np
 
 from .._validation import check_array, check_float, check_int, check_random_state
 from ..exceptions import InputError
+from ._cellsums import compiled, scratch
 from ._kmeans import seed_kmeans_plusplus, sq_distances
 
 #: relative size below which an expanded squared distance is recomputed exactly
@@ -82,6 +83,60 @@ def memberships_from_sq_distances(D: np.ndarray, m: float = 2.0) -> np.ndarray:
 def fuzzy_memberships(X: np.ndarray, C: np.ndarray, m: float = 2.0) -> np.ndarray:
     """Membership matrix U (n, c) of records X w.r.t. centres C (Stallmann & Wilbik eq. 5)."""
     return memberships_from_sq_distances(exact_sq_distances(X, C), m)
+
+
+#: most centres the compiled membership loop handles (numpy's pairwise row sum is one
+#: block of 8 interleaved partial sums up to 128 values; above, it splits recursively)
+COMPILED_MAX_CENTRES = 128
+
+
+def direct_sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Squared distances (n, k) as ``sum_t (x_t - c_t) ** 2``, the features added in order.
+
+    Unlike the BLAS expansion (:func:`exact_sq_distances`), each entry depends on its
+    record and centre alone, not on how many records the call holds (BLAS picks other
+    kernels, with other summation orders, for other matrix sizes: measured, a record's
+    products differ in the last bits between a 50-row call and a 1-, 2- or 17-row one), and
+    it is exactly 0 only on the centre. A client's round sums are then the same bits
+    whether it computes alone or pooled with others (the vectorised rounds' contract)."""
+    X = np.asarray(X, dtype=np.float64)
+    C = np.asarray(C, dtype=np.float64)
+    n, d = X.shape
+    D = np.zeros((n, len(C)))
+    if d == 0:
+        return D
+    diff = np.subtract(X[:, 0:1], C[None, :, 0])
+    np.multiply(diff, diff, out=D)
+    for t in range(1, d):
+        np.subtract(X[:, t : t + 1], C[None, :, t], out=diff)
+        np.multiply(diff, diff, out=diff)
+        D += diff
+    return D
+
+
+def membership_weights(X: np.ndarray, C: np.ndarray, m: float = 2.0, fast: bool = False) -> np.ndarray:
+    """The weights ``u_ij ** m`` of eq. 6 in a federated-averaging round: eq. 5's memberships
+    from :func:`direct_sq_distances` (:func:`memberships_from_sq_distances`) raised to ``m``.
+
+    With ``fast`` (a pooled round's large calls: :func:`._cellsums.use_compiled`), m = 2 and
+    at most :data:`COMPILED_MAX_CENTRES` centres, one compiled pass per record
+    (``_cellsums_jit.fcm_weights_m2``) instead of numpy's 3 d + 10 passes over (n, k)
+    temporaries; it repeats numpy's operations in numpy's order, so both give the same bits
+    (the tests compare them). The result is then a per-thread scratch buffer, valid until
+    this thread's next call. Other m stay on numpy (its ``power`` may use SIMD code whose
+    last bits a compiled ``pow`` does not reproduce)."""
+    m = float(m)
+    C = np.asarray(C, dtype=np.float64)
+    if fast and m == 2.0 and 1 <= len(C) <= COMPILED_MAX_CENTRES and len(X) and X.shape[1]:
+        kernel = compiled("fcm_weights_m2")
+        if kernel is not None:
+            W = scratch("fcm_weights", (len(X), len(C)))
+            kernel(np.asarray(X, dtype=np.float64), np.ascontiguousarray(C.T), W)
+            return W
+    W = memberships_from_sq_distances(direct_sq_distances(X, C), m)
+    if m != 1.0:
+        W **= m
+    return W
 
 
 def weighted_sums(X: np.ndarray, U: np.ndarray, m: float = 2.0) -> tuple[np.ndarray, np.ndarray]:

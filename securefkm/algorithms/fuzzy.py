@@ -69,13 +69,14 @@ from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
 from . import secure_centres as sc
+from ._cellsums import use_compiled
 from ._fcm import (
     centres_from_sums,
     check_fuzzifier,
     fedfuzzdb_terms,
     fuzzy_db_from_parts,
-    fuzzy_memberships,
     local_fcm,
+    membership_weights,
 )
 from ._kmeans import map_blocks, weighted_kmeans
 from .base import Algorithm, AlgorithmState
@@ -370,14 +371,13 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         m = broadcast.params["m"]
         C = np.asarray(broadcast.centres, dtype=np.float64)
         k, d = C.shape
+        fast = use_compiled(sum(len(X) for X in datas) * k)
 
         def block_sums(block):
             block = block.tolist()
             parts = [datas[c][a:b] for c, a, b in block]
             Xb = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            W = fuzzy_memberships(Xb, C, m)
-            if m != 1.0:
-                W **= m
+            W = membership_weights(Xb, C, m, fast)  # u_ij^m; with fast, a per-thread scratch
             out, off = [], 0
             for c, a, b in block:
                 Wi, Xi = W[off : off + b - a], Xb[off : off + b - a]
