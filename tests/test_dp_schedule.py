@@ -251,3 +251,42 @@ def test_private_seeding_falls_back_to_the_largest_buckets_not_to_the_box():
     centres = _seeding._private_seeding_centres({"bucket_counts": counts, "bucket_sums": sums}, k, rng, (-10, 10))
     assert centres.shape == (k, d)
     assert np.all(np.abs(centres) <= 3)  # near the data / the overall mean, not box corners (|x| ~ 10)
+
+
+def test_last_round_weights_noise_the_last_planned_round_less_and_charge_it_exactly(monkeypatch):
+    """``last_round_weights={"train": 2}``: the last of DWF's planned training rounds (from its
+    ``planned_sequence``) is noised at z / sqrt(2), the others at z; the calibrated schedule is
+    [(1, 2), (2, 1)] and the charge is the exact GDP composition of those three rounds."""
+    from securefkm.estimators.dwf import WeightedFederatedKMeans
+
+    sigmas = []
+
+    def record(val, sigma, step, source=None):
+        sigmas.append(sigma)
+        return np.array(val, dtype=np.float64)
+
+    monkeypatch.setattr(GaussianDP, "_noise_fine", staticmethod(record))
+    clients = _clients()
+    start = np.array([[-0.5, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), last_round_weights={"train": 2.0})
+    est = WeightedFederatedKMeans(2, init=start, max_rounds=3, tol=0.0, protection=[dp], random_state=0)
+    est.fit(clients)
+    rep = est.protection_report_["GaussianDP"]
+    z = rep["noise_multiplier"]
+    assert rep["planned_schedule"] == [(1.0, 2), (2.0, 1)]
+    assert rep["last_round_noise_multipliers"] == {"train": pytest.approx(z / math.sqrt(2))}
+    counts = sigmas[0::2]  # (count, sum) per round, in spec order
+    assert len(counts) == 3
+    assert counts[0] == pytest.approx(counts[1]) and counts[2] == pytest.approx(counts[0] / math.sqrt(2))
+    eps = rep["privacy_spent"][0]
+    assert eps == pytest.approx(gdp_epsilon(math.sqrt(2 / z**2 + 2 / z**2), 1e-5), abs=1e-9)
+    assert eps <= 1.0
+    # same budget as 4 equal rounds: mu^2 = 2 / z^2 + 2 / z^2 = 4 / z_u^2 -> z = z_u
+    assert z == pytest.approx(noise_multiplier_for(1.0, 1e-5, 4, 1.0), rel=0.03)
+    # without a planned_sequence the weight is not used at all (neither calibrated nor applied)
+    algo = SeedThenTrain(rounds=2)
+    plain = GaussianDP(1.0, 1e-5, bounds=(-1, 1), last_round_weights={"train": 2.0})
+    Federation(algo, _clients(), protection=[plain], max_rounds=2).run()
+    assert plain.report()["planned_schedule"] == [(1.0, 3)] and plain.report()["last_round_noise_multipliers"] == {}
+    with pytest.raises(InputError, match="last_round_weights"):
+        GaussianDP(1.0, 1e-5, bounds=(-1, 1), last_round_weights={"train": 0.0})

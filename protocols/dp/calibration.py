@@ -140,7 +140,7 @@ class Calibration:
         """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of
         ``action`` (``ctx``: the round, for its radius bound, see :mod:`protocols.dp.radius`)."""
         d = self._d
-        z = self._z_for(action)
+        z = self._z_for(action, ctx)
         centred = self.centred_pairs(specs)
         r = self._round_radius(ctx)
         deltas = {

@@ -90,6 +90,15 @@ are counted per noise level, and the reported epsilon is that of the history tak
 level, the most rounds any client took (exact under full participation, an upper bound
 otherwise). ``before_round`` refuses a round that would take this history past the target.
 
+``last_round_weights={action: w}`` gives the *last* planned round of an action in each run
+weight w instead (its other rounds keep their ``round_weights`` weight). Which round that is
+comes from the algorithm's ``planned_sequence(max_rounds)`` (the actions of one run's rounds in
+order, public) and the runtime's round index ``ctx.round``, so the server and every client
+(distributed mode) pick the same round; an algorithm without ``planned_sequence`` gets no
+last-round weights, in the calibration and in the noise alike. The DP plan uses it for its
+final Lloyd round (:mod:`protocols.dp.planning`): that round's noise is what stays in the
+returned centres.
+
 Modes and trust models
 ----------------------
 ``mode="central"`` -- *trusted aggregator*. Clients send exact sum-fields (use a secure
@@ -205,7 +214,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     shares); ``round_weights`` ({action: w}, default w = 1:
     a round of that action gets noise multiplier z / sqrt(w), i.e. w times a weight-1 round's
     share of the budget; z is calibrated so that the whole planned schedule meets the target,
-    see "Weighted round schedules" in the module docstring); ``centre_sums`` (``bounds`` only,
+    see "Weighted round schedules" in the module docstring); ``last_round_weights`` ({action: w}:
+    the last planned round of that action in each run gets weight w instead, e.g. the DP plan's
+    ``{"train": R - 1}``: the final Lloyd round, whose noise stays in the returned centres, as
+    much of the budget as the R - 1 before it together; needs the algorithm's
+    ``planned_sequence``, see "Weighted round schedules"); ``centre_sums`` (``bounds`` only,
     default True: sums that declare their weights are noised translated by the box centre,
     sensitivity the box's half-diagonal; see "Centred sums"); ``project_means`` (default True:
     the noisy mean of every released weighted sum is projected into the records' domain, the
@@ -233,6 +246,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         allow_plain_set_fields: bool = False,
         count_share: float | str | None = "auto",
         round_weights: dict | None = None,
+        last_round_weights: dict | None = None,
         shrink: str | None = None,
         centre_sums: bool = True,
         project_means: bool = True,
@@ -267,6 +281,17 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             self.round_weights = {
                 a: check_float(w, f"round_weights[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in round_weights.items()
             }
+        self.last_round_weights = None
+        if last_round_weights is not None:
+            if not isinstance(last_round_weights, dict) or not all(isinstance(a, str) for a in last_round_weights):
+                raise InputError(
+                    f"last_round_weights must be a dict {{action: weight}} (e.g. {{'train': 2.0}}), got {last_round_weights!r}."
+                )
+            self.last_round_weights = {
+                a: check_float(w, f"last_round_weights[{a!r}]", minimum=0.0, min_inclusive=False)
+                for a, w in last_round_weights.items()
+            }
+        self._last_index: dict = {}
         self.shrink = None if shrink is None else check_choice(shrink, "shrink", SHRINKS)
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
         self.mode = check_choice(mode, "mode", MODES)
@@ -374,7 +399,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             rounds = min(rounds, self._cap.max_rounds)
         self._planned = rounds
         self._schedule = None
-        if self.round_weights is not None:
+        self._setup_last_rounds(info)
+        if self.round_weights is not None or self._last_index:
             self._schedule = self._planned_schedule(info, rounds)
         if self.noise_multiplier is not None:
             self.z = self.noise_multiplier
@@ -432,7 +458,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         if not specs and self.mode != "local":
             return
         cap = self._cap.max_rounds if self._cap is not None else None
-        z = self._z_for(ctx.action)
+        z = self._z_for(ctx.action, ctx)
         # the history after this round: per level the most rounds any one client took, so only
         # level z can grow, to one more than the most a sampled, uncapped client has at z
         levels = self._levels
@@ -624,7 +650,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 # Under-noised sum already decoded: abort; the runtime sees that the aggregate
                 # was released and charges it through after_aborted_round at the actual noise.
                 factor = math.sqrt(agg.n_contributors / m)
-                z_round = self._z_for(ctx.action)
+                z_round = self._z_for(ctx.action, ctx)
                 raise RoundAbortedError(
                     f"GaussianDP(mode='distributed'): only {agg.n_contributors} clients survived, fewer than "
                     f"min_clients={m}; the aggregate carries too little noise and is discarded (charged at "
@@ -651,7 +677,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         if agg.items and self.mode != "local":
             self._plain_rounds += 1
         if released:
-            self._charge(agg.contributors, self._z_for(ctx.action))
+            self._charge(agg.contributors, self._z_for(ctx.action, ctx))
 
     def after_aborted_round(self, ctx, leaked, error):
         """Charge what an aborted round let the server learn (the runtime derives ``leaked``):
@@ -664,7 +690,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         noised_sum = bool(leaked.sums) and self.mode != "central" and bool(self._noised_specs(ctx.specs))
         if not (noised_sum or (self.mode == "local" and leaked.items)):
             return
-        z = self._z_for(ctx.action)
+        z = self._z_for(ctx.action, ctx)
         if self.mode == "distributed" and leaked.sums and leaked.n_contributors < self.min_clients:
             z *= math.sqrt(leaked.n_contributors / self.min_clients)
         self._charge(leaked.contributors, z)
@@ -698,6 +724,10 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             "noise_multiplier": self.z,
             "round_noise_multipliers": (
                 {a: self._z_for(a) for a in self.round_weights} if self.round_weights is not None else {}
+            ),
+            "last_round_noise_multipliers": (
+                {a: self.z / math.sqrt(w) for a, w in self.last_round_weights.items() if a in self._last_index}
+                if self.last_round_weights and self.z is not None else {}
             ),
             "planned_schedule": list(self._schedule) if self._schedule is not None else [(1.0, self._planned)],
             "accountant": self.accountant_name,

@@ -15,7 +15,8 @@ the box centre cut the data into k groups as random hyperplanes through the cent
 When e < E_p, a private seeding round (``init="private"``: noisy counts and sums of grid or
 hyperplane buckets, :mod:`securefkm.algorithms._seeding`; in d <= 3 a grid of clip(0.3 / e, 4, 16)
 cells per cluster, the estimator handing e to the round) weighted R, i.e. given as much of
-mu^2 as the R Lloyd rounds together (``round_weights={"init.private": R}``): with that little
+mu^2 as R weight-1 Lloyd rounds (``round_weights={"init.private": R}``; with the final
+round's weight below, R of 3R - 2): with that little
 noise a data-dependent start is worth one more release, and a
 few Lloyd rounds from data-independent points stay in local optima of well-separated data
 (tuning seeds 1000+, paired, private minus spread: 5-blob sets of 10,000 and 100,000 records
@@ -37,10 +38,38 @@ e buys one more round. E1 was read off forced R = 1, 2, 3 on seeds 1000-1019 of 
 grid with the step shrinkage below (0.25 before it, seeds 100-123; the benchmark reports
 seeds 0-29).
 
+*Final round*: with R >= 3 the last Lloyd round gets weight R - 1 (``last_round_weights=
+{"train": R - 1}``), the earlier ones weight 1: the final round -- whose noise is what stays in
+the returned centres -- gets as much of the budget as the R - 1 rounds before it together,
+which only have to bring the centres near the optimum. A round's noise variance is
+proportional to W / w (W the schedule's total weight, w its own): from a spread start W goes
+from R to 2R - 2, so the final round's variance falls from R to 2 and the earlier rounds' rises
+by (2R - 2) / R; from a private start (seeding weight R) from 2R to 3R - 2, the final round's
+falls from 2R to (3R - 2) / (R - 1). Two-round plans (e >= 0.19, where the first round's noise
+decides the cells) keep equal weights: a heavier second round measured worse there (300
+records, k = 4, eps 0.25: 3.37 / 3.18 -> 3.30 / 3.49 central / distributed at weight 2).
+Chosen on ``protocols_dp.off_table_grid``, tuning seeds 1000-1039 (weights 2, 3, R - 1, R,
+2 (R - 1) measured; docs/protocols/dp-utility.md, issue 20, seventh revision): cells lost to
+FastLloyd in at least one mode 8 of 36 -> 3 of 36; e.g. 400 records, k = 2, eps 1 (R = 4):
+1.047 / 1.044 -> 1.020 / 1.019 (FastLloyd 1.022, whose T = 4 equal rounds weigh 4 where
+the old plan's seeding and rounds weighed 8).
+
 *Radius*: Lloyd rounds after the first clip every record to FastLloyd's radius
 r = diag * 0.8 / (2 k^(1/d)) around its nearest centre, capped at 1.25 times the radius of the
 d-ball of volume vol(box) / k (binds from d = 6 on), and noise the sums relative to the centres
 (sensitivity r instead of the half-diagonal; :mod:`protocols.dp.radius`).
+
+*Low-count rows in 2-D* (R >= 3, free): in d <= 2 the step shrinkage below is off, and a
+cluster whose noisy count is below one count sigma got a mean that is noise over a count near
+0 -- projected onto a face or corner of the box, where the centre stayed without records (200
+records, k = 3, eps 0.5, tuning seeds 1000-1007: 4 of 8 fits ended with such a centre). Such
+rows are now moved next to the clusters with the largest noisy counts (half the radius from their mean,
+towards the row's old centre; :meth:`protocols.dp.postprocessing.PostProcessing._relocated`),
+so that the next round splits those. Two-round plans (e >= 0.19) keep their rows: there the
+count noise is of the order of a cluster's count and relocating measured worse (250 records,
+k = 5, eps 0.25: 5.14 / 5.19 -> 5.81 / 6.57). Measured on ``off_table_grid``, seeds 1000-1039:
+2-D cells lost to FastLloyd in at least one mode 3 -> 1 of 21 (e.g. 300, 4, eps 0.5: 2.45 /
+2.17 -> 1.99 / 1.56 against 2.06; 250, 5, eps 1: 2.10 / 2.03 -> 1.62 / 1.85 against 2.82).
 
 *Post-processing* (``shrink="step"``, free): every noisy cluster mean is shrunk towards its
 broadcast centre by a plug-in empirical-Bayes factor on the step, and a cluster whose noisy
@@ -68,6 +97,7 @@ NOISE_ONE_ROUND = 0.7  # E1: above it, one Lloyd round
 NOISE_PRIVATE_START = 0.1  # E_p: below it, a private seeding round instead of the spread start
 NOISE_START_PRIOR = 0.35  # E_s: above it, the first of several rounds shrinks towards the start
 MAX_ROUNDS = 6
+RELOCATE_MIN_ROUNDS = 3  # d <= 2: plans of at least 3 rounds relocate their low-count rows
 SPREAD = 0.5  # the start's candidates lie in the inner half of the box (per side)
 
 
@@ -81,6 +111,17 @@ class DPPlan:
     one_release_z: float
     n_records: int
     private_start: bool = False  # e < E_p: start from a private seeding round (init="private")
+
+    @property
+    def final_round_weight(self) -> float:
+        """Weight of the last Lloyd round (the others 1): R - 1 when R >= 3, else 1."""
+        return final_round_weight(self.rounds)
+
+    @property
+    def relocate_low_count_rows(self) -> bool:
+        """In d <= 2, rows whose noisy count is below one count sigma move next to the largest
+        clusters (:meth:`protocols.dp.postprocessing.PostProcessing._relocated`): when R >= 3."""
+        return self.rounds >= RELOCATE_MIN_ROUNDS
 
     @property
     def first_round_prior(self) -> str:
@@ -97,11 +138,15 @@ class DPPlan:
                       if self.private_start else
                       "the estimator's init (rounds-only plan)" if self.start is None
                       else "spread (data-independent maximin points in the inner half of the box)"),
+            "final_round_weight": self.final_round_weight,
+            "relocate_low_count_rows": self.relocate_low_count_rows,
             "noise_level": self.noise_level,
             "one_release_noise_multiplier": self.one_release_z,
             "records_declared_public": self.n_records,
             "rule": "protocols.dp.planning (R = 1 if e > 0.7 else 1 + ceil(log2(0.7 / e) / 2) in [2, 6]; "
                     "a private seeding start if e < 0.1, else spread points; "
+                    "the last of R >= 3 Lloyd rounds weighted R - 1 (as much budget as the rounds before it); "
+                    "in d <= 2 with R >= 3, rows below one count sigma moved next to the largest clusters; "
                     "radius-bounded rounds after the first; step shrinkage towards the broadcast centres, "
                     "in the first of several rounds only if e > 0.35)",
         }
@@ -119,6 +164,12 @@ def spread_start(k: int, low: np.ndarray, high: np.ndarray, seed, spread: float 
         picked.append(j)
         dmin = np.minimum(dmin, ((pool - pool[j]) ** 2).sum(axis=1))
     return pool[picked].copy()
+
+
+def final_round_weight(rounds: int) -> float:
+    """Weight of the last of ``rounds`` Lloyd rounds (the others weight 1): R - 1 for R >= 3, so
+    the final round gets as much of the budget as the rounds before it together; 1 for R <= 2."""
+    return float(rounds - 1) if rounds >= 3 else 1.0
 
 
 def lloyd_rounds(noise_level: float) -> int:
@@ -174,14 +225,17 @@ def rounds_plan_for_estimator(est, data, layers) -> DPPlan | None:
 
 def _budget_led_layer(est, layers):
     """The stack's one GaussianDP layer when ``max_rounds`` is unset and the layer leaves its
-    per-round noise to the budget (no ``noise_multiplier``, no ``round_weights``), else None."""
+    per-round noise to the budget (no ``noise_multiplier``, ``round_weights`` or
+    ``last_round_weights``), else None."""
     from .layer import GaussianDP
 
     dps = [la for la in layers if isinstance(la, GaussianDP)]
     if est.max_rounds is not None or len(dps) != 1:
         return None
     dp = dps[0]
-    return None if dp.noise_multiplier is not None or dp.round_weights is not None else dp
+    if dp.noise_multiplier is not None or dp.round_weights is not None or dp.last_round_weights is not None:
+        return None
+    return dp
 
 
 def _client_fraction(est, data) -> float:
@@ -227,5 +281,7 @@ def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:
         dp.shrink = "step"
     if p.private_start:  # the seeding round gets as much of the budget as the Lloyd rounds together
         dp.round_weights = {"init.private": float(p.rounds)}
+    if p.final_round_weight != 1.0 and dp.last_round_weights is None:
+        dp.last_round_weights = {"train": p.final_round_weight}
     dp.plan = p.describe()
     return p

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+#: a relocated low-count row is put this fraction of the plan's radius from the cluster it joins
+#: (:meth:`PostProcessing._relocated`; 0.25 and 1 measured, 0.5 kept: issue 20, seventh revision)
+RELOCATION_STEP = 0.5
+
 
 class PostProcessing:
     """Mixin of :class:`~protocols.dp.GaussianDP`: what is done to released values."""
@@ -65,7 +69,8 @@ class PostProcessing:
 
         Applies to rounds whose noised fields are one ``count`` field of shape (m,) and one
         ``sum`` field of shape (m, d), m >= 2 (DWF's training round: counts n_j and coordinate
-        sums S_j; d >= 3 except for ``"hierarchical"``), except seeding rounds (``init.*``, which
+        sums S_j; d >= 3 except for ``"hierarchical"`` and, under a DP plan of R >= 3 rounds, the 2-D
+        relocation of low-count rows, :meth:`_relocated`), except seeding rounds (``init.*``, which
         shrink their bucket means themselves). The rows with a positive noisy count get
         S_j' = n_j m_j' with m_j' the shrunk mean (``"coordinate"``:
         :func:`~securefkm.algorithms._seeding.shrink_coordinates`, ``"vector"``: the James-Stein
@@ -106,6 +111,12 @@ class PostProcessing:
             return sums
         m, d = total.shape
         hierarchical = self.shrink == "hierarchical"
+        if count.shape[0] == m and m >= 2 and d < 3 and self._relocates_low_rows(ctx, m, d):
+            sigma_count = sigmas[count.name][0]
+            return {**sums, **self._relocated(np.asarray(sums[count.name], dtype=np.float64),
+                                              np.asarray(sums[total.name], dtype=np.float64),
+                                              np.asarray(ctx.broadcast.centres, dtype=np.float64),
+                                              sigma_count, self._relocation_step(d), count.name, total.name)}
         if count.shape[0] != m or m < 2 or (d < 3 and not hierarchical):
             return sums
         from securefkm.algorithms._seeding import shrink_coordinates, shrink_means
@@ -133,6 +144,52 @@ class PostProcessing:
         out = S.copy()
         out[pos] = shrunk * n[pos, None]
         return {**sums, total.name: out}
+
+    def _relocates_low_rows(self, ctx, m: int, d: int) -> bool:
+        """``shrink="step"`` in d <= 2 under a DP plan that asks for it
+        (``plan["relocate_low_count_rows"]``, :mod:`protocols.dp.planning`), in a round with
+        broadcast centres: see :meth:`_relocated`."""
+        if self.shrink != "step" or not (self.plan or {}).get("relocate_low_count_rows"):
+            return False
+        centres = getattr(getattr(ctx, "broadcast", None), "centres", None)
+        return centres is not None and np.shape(centres) == (m, d)
+
+    def _relocation_step(self, d: int) -> float:
+        """How far from the mean of the cluster it joins a relocated row is put: half the
+        plan's radius r (half of the domain's half-diagonal without a radius)."""
+        r = getattr(self, "_radius_value", None)
+        return RELOCATION_STEP * (r if r is not None else self._centred_radius(d))
+
+    @staticmethod
+    def _relocated(n, S, prev, sigma_count, step, count_name, sum_name) -> dict:
+        """2-D rows whose noisy count is below one count-noise sigma (their mean is noise: the
+        centre drew few or no records) are moved next to the clusters with the largest noisy
+        counts: the i-th such row (in row order) to m_b + min(||c_j - m_b||, step) u, m_b the noisy
+        mean of the row with the i-th largest count (cycling) among the others and u the unit
+        vector from m_b towards the row's own broadcast centre c_j; its count becomes the floor
+        sigma_count. Other rows are left as released (no shrinkage in d <= 2). In a radius round
+        the layer's projection onto B(c_j, r) then limits the move to r. Without it such a row's
+        mean lands anywhere in the box (the noise over a count near 0), usually on a face or a
+        corner, and the centre stays without records; next to a large cluster it splits it in
+        the next round -- the usual repair of an empty k-means cluster, here decided from the
+        released counts and the public sigma only (post-processing, no privacy cost). Unchanged
+        when no row or every row is below the floor."""
+        floor = max(sigma_count, 1e-9)
+        low = n < floor
+        if not low.any() or low.all():
+            return {}
+        big = np.flatnonzero(~low)
+        big = big[np.argsort(-n[big], kind="stable")]
+        out, n_out = S.copy(), n.copy()
+        for i, j in enumerate(np.flatnonzero(low)):
+            b = big[i % len(big)]
+            mb = S[b] / n[b]
+            away = prev[j] - mb
+            dist = float(np.linalg.norm(away))
+            new = mb + away * (min(dist, step) / dist) if dist > 0 else mb
+            n_out[j] = floor
+            out[j] = new * floor
+        return {count_name: n_out, sum_name: out}
 
     def _in_first_round(self, ctx) -> bool:
         """The first Lloyd round of a plan with more than one (its centres are the start)."""

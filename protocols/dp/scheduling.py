@@ -13,14 +13,52 @@ from .accounting import schedule_history
 class Scheduling:
     """Mixin of :class:`~protocols.dp.GaussianDP`: noise levels per round and the charged history."""
 
-    def _weight(self, action) -> float:
+    def _weight(self, action, ctx=None) -> float:
+        """Weight of a round of ``action``; with ``ctx``, the last planned round of an action in
+        ``last_round_weights`` gets that weight instead (see :meth:`_setup_last_rounds`)."""
+        if ctx is not None and action is not None and self._is_last_round(action, ctx):
+            return self.last_round_weights[action]
         if self.round_weights is None or action is None:
             return 1.0
         return self.round_weights.get(action, 1.0)
 
-    def _z_for(self, action) -> float:
-        """Noise multiplier of a round of ``action``: z / sqrt(round weight)."""
-        return self.z / math.sqrt(self._weight(action))
+    def _z_for(self, action, ctx=None) -> float:
+        """Noise multiplier of a round of ``action`` (``ctx``: that round): z / sqrt(round weight)."""
+        return self.z / math.sqrt(self._weight(action, ctx))
+
+    def _setup_last_rounds(self, info) -> None:
+        """Round index (within a run) of the last planned round of each action in
+        ``last_round_weights``, from the algorithm's ``planned_sequence(max_rounds)`` (the
+        actions of one run's rounds in order; public). An algorithm without it, or whose
+        sequence disagrees with its ``planned_rounds``, gets no last-round weights (neither in
+        the calibration nor in the noise). The index is the runtime's round counter
+        ``ctx.round``, the same on the server and on every client; an aborted round that
+        released something moves the later rounds one index on, so the weight then falls on
+        the round before the last -- the charge is always the noise actually used, and
+        ``before_round`` refuses a round past the budget."""
+        self._last_index = {}
+        weights = getattr(self, "last_round_weights", None)
+        if not weights:
+            return
+        algo = info.algorithm
+        seq_of = getattr(algo, "planned_sequence", None)
+        if not callable(seq_of):
+            return
+        try:
+            seq = list(seq_of(info.max_rounds))
+            one_run = int(algo.planned_rounds(info.max_rounds))
+        except Exception:  # noqa: BLE001 - an algorithm without a usable sequence: no last-round weights
+            return
+        if len(seq) != one_run:
+            return
+        for action in weights:
+            where = [i for i, a in enumerate(seq) if a == action]
+            if where:
+                self._last_index[action] = where[-1]
+
+    def _is_last_round(self, action, ctx) -> bool:
+        index = getattr(self, "_last_index", {}).get(action)
+        return index is not None and getattr(ctx, "round", None) == index
 
     def _planned_schedule(self, info, rounds: int) -> list[tuple[float, int]]:
         """[(weight, rounds)] the calibration assumes for one client.
@@ -42,10 +80,16 @@ class Scheduling:
                 one_run, actions = 0, None
             if actions and one_run > 0 and info.planned_rounds % one_run == 0 and sum(actions.values()) == one_run:
                 n_runs = info.planned_rounds // one_run
+                last = getattr(self, "_last_index", {})
                 for action, n in actions.items():
-                    weights += [self._weight(action)] * (int(n) * n_runs)
+                    if action in last and int(n) > 0:  # its last round in each run at its own weight
+                        weights += ([self._weight(action)] * (int(n) - 1)
+                                    + [self.last_round_weights[action]]) * n_runs
+                    else:
+                        weights += [self._weight(action)] * (int(n) * n_runs)
         if len(weights) != info.planned_rounds:
-            weights = [max([1.0, *self.round_weights.values()])] * info.planned_rounds
+            weights = [max([1.0, *(self.round_weights or {}).values(),
+                            *(self.last_round_weights or {}).values()])] * info.planned_rounds
         weights = sorted(weights, reverse=True)[: max(rounds, 1)]
         return sorted(Counter(weights).items())
 

@@ -196,6 +196,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             actions[seeding] = 1
         return actions
 
+    def planned_sequence(self, max_rounds):
+        """The actions of one run's rounds in order (``planned_actions`` laid out): the seeding
+        round, if any, then ``max_rounds`` training rounds, then the score round, if any. Lets
+        ``GaussianDP(last_round_weights=...)`` find the last training round."""
+        seeding = _seeding.seeding_action(self.init_)
+        return ([seeding] if seeding is not None else []) + ["train"] * int(max_rounds) + (
+            ["score"] if self.score_round else [])
+
     # ----------------------------------------------------------------- client
     def client_update(self, X, broadcast, rng, memory=None):
         action = broadcast.action
