@@ -456,24 +456,31 @@ def test_private_seeding_grid_follows_the_plans_noise():
     assert {b.params["bits"] for b in first.broadcasts.values()} == {5}
 
 
+def _setting_fits(n, k, std, random_state, epsilon, seeds):
+    """The defaults in FastLloyd's setting (2-D blobs min-max scaled to [-1, 1], shuffled by the
+    seed over 2 clients, delta = 1/(N ln N), seeded noise): yields (estimator, records, best
+    central loss) per seed."""
+    from sklearn.datasets import make_blobs
+
+    X0, _ = make_blobs(n, n_features=2, centers=k, cluster_std=std, random_state=random_state)
+    X0 = 2 * (X0 - X0.min(axis=0)) / (X0.max(axis=0) - X0.min(axis=0)) - 1
+    ref = reference_loss(X0, k)
+    for s in seeds:
+        X = X0[np.random.default_rng(s).permutation(n)]
+        dp = GaussianDP(epsilon, fl.setting_delta(n), bounds=(-1.0, 1.0), rng="seeded")
+        yield WeightedFederatedKMeans(k, protection=[dp], random_state=s, crypto="ideal").fit(np.array_split(X, 2)), X, ref
+
+
 def test_final_lloyd_round_gets_the_budget_of_the_rounds_before_it():
     """R >= 3: the plan weights its last Lloyd round R - 1 (``last_round_weights``), so the noise
     that stays in the centres is smaller. 400 records, k = 2 (a near-optimal cell for FastLloyd),
     eps 1, tuning seeds 1000-1005, seeded noise: mean loss / best central loss 1.031 (1.075 with
     equal weights; FastLloyd 1.019 on these seeds)."""
-    from sklearn.datasets import make_blobs
-
     from protocols.dp.planning import final_round_weight
 
     assert [final_round_weight(r) for r in (1, 2, 3, 4, 6)] == [1.0, 1.0, 2.0, 3.0, 5.0]
-    X0, _ = make_blobs(400, n_features=2, centers=2, cluster_std=2.0, random_state=304)
-    X0 = 2 * (X0 - X0.min(axis=0)) / (X0.max(axis=0) - X0.min(axis=0)) - 1
-    ref = reference_loss(X0, 2)
     ratios = []
-    for s in range(1000, 1006):
-        X = X0[np.random.default_rng(s).permutation(400)]
-        dp = GaussianDP(1.0, fl.setting_delta(400), bounds=(-1.0, 1.0), rng="seeded")
-        est = WeightedFederatedKMeans(2, protection=[dp], random_state=s, crypto="ideal").fit(np.array_split(X, 2))
+    for est, X, ref in _setting_fits(400, 2, 2.0, 304, 1.0, range(1000, 1006)):
         p, rep = est.dp_plan_, est.protection_report_["GaussianDP"]
         assert p.rounds == 4 and p.final_round_weight == 3.0 and p.describe()["final_round_weight"] == 3.0
         assert rep["planned_schedule"] == [(1.0, 3), (3.0, 1), (4.0, 1)]  # Lloyd rounds, the last, the seeding
@@ -520,19 +527,11 @@ def test_2d_plan_leaves_no_centre_without_records():
     1000-1007, seeded noise: with the relocation every returned centre is the nearest of some
     record and the mean loss / best central loss is 1.72 (without it 4 of the 8 fits kept a centre
     on the box's edge without records, mean 2.27; FastLloyd 1.96 over seeds 1000-1039)."""
-    from sklearn.datasets import make_blobs
-
-    X0, _ = make_blobs(200, n_features=2, centers=3, cluster_std=1.5, random_state=101)
-    X0 = 2 * (X0 - X0.min(axis=0)) / (X0.max(axis=0) - X0.min(axis=0)) - 1
-    ref = reference_loss(X0, 3)
     ratios = []
-    for s in range(1000, 1008):
-        X = X0[np.random.default_rng(s).permutation(200)]
-        dp = GaussianDP(0.5, fl.setting_delta(200), bounds=(-1.0, 1.0), rng="seeded")
-        est = WeightedFederatedKMeans(3, protection=[dp], random_state=s, crypto="ideal").fit(np.array_split(X, 2))
+    for est, X, ref in _setting_fits(200, 3, 1.5, 101, 0.5, range(1000, 1008)):
         assert est.dp_plan_.rounds == 3 and est.dp_plan_.start is not None
         assert est.privacy_spent_[0] <= 0.5
         C = est.cluster_centers_
-        assert len(np.unique(((X[:, None] - C[None]) ** 2).sum(axis=2).argmin(axis=1))) == 3, s
+        assert len(np.unique(((X[:, None] - C[None]) ** 2).sum(axis=2).argmin(axis=1))) == 3
         ratios.append(loss(X, C) / ref)
     assert np.mean(ratios) < 2.0

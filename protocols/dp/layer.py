@@ -198,6 +198,15 @@ SET_FIELDS_BOUNDED = ("centres",)
 SHRINKS = ("coordinate", "vector", "hierarchical", "step")
 
 
+def _check_weights(weights, name: str, example: str) -> dict | None:
+    """``{action: positive weight}`` or None; anything else is refused naming ``name``."""
+    if weights is None:
+        return None
+    if not isinstance(weights, dict) or not all(isinstance(a, str) for a in weights):
+        raise InputError(f"{name} must be a dict {{action: weight}} (e.g. {example}), got {weights!r}.")
+    return {a: check_float(w, f"{name}[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in weights.items()}
+
+
 class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
@@ -272,25 +281,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             self.count_share = check_float(
                 count_share, "count_share", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False
             )
-        self.round_weights = None
-        if round_weights is not None:
-            if not isinstance(round_weights, dict) or not all(isinstance(a, str) for a in round_weights):
-                raise InputError(
-                    f"round_weights must be a dict {{action: weight}} (e.g. {{'init.private': 0.5}}), got {round_weights!r}."
-                )
-            self.round_weights = {
-                a: check_float(w, f"round_weights[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in round_weights.items()
-            }
-        self.last_round_weights = None
-        if last_round_weights is not None:
-            if not isinstance(last_round_weights, dict) or not all(isinstance(a, str) for a in last_round_weights):
-                raise InputError(
-                    f"last_round_weights must be a dict {{action: weight}} (e.g. {{'train': 2.0}}), got {last_round_weights!r}."
-                )
-            self.last_round_weights = {
-                a: check_float(w, f"last_round_weights[{a!r}]", minimum=0.0, min_inclusive=False)
-                for a, w in last_round_weights.items()
-            }
+        self.round_weights = _check_weights(round_weights, "round_weights", "{'init.private': 0.5}")
+        self.last_round_weights = _check_weights(last_round_weights, "last_round_weights", "{'train': 2.0}")
         self._last_index: dict = {}
         self.shrink = None if shrink is None else check_choice(shrink, "shrink", SHRINKS)
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
