@@ -340,7 +340,7 @@ def _rounds_table(repeats, out):
 
 def _masked_tables(out, big_masked):
     rows = []
-    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519/HKDF/ChaCha20, graph='auto'), 100 records "
+    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519/HKDF, SHAKE-256 masks, ChaCha20-Poly1305 shares, graph='auto'), 100 records "
         "x 2 features per client, no dropouts")
     out("| clients | graph degree | time | plain (ms) | masked (s) | masked / plain | target | keygen+agree+HKDF | "
         "their cost (s) | masked / crypto | target | peak RSS (MB) |")
