@@ -127,6 +127,13 @@ class Layer:
     def setup(self, info: RunInfo) -> None:
         """Called once at the start of a fit."""
 
+    def survivors_needed(self, ctx: RoundContext) -> int:
+        """Fewest contributors this (client-side) layer's guarantee allows in the round's sum
+        (distributed DP: the survivors its noise shares are sized for). A secure aggregator
+        that honours it aborts before decoding a sum of fewer, so nothing is released and
+        the round is retried for free. Default 0: no requirement."""
+        return 0
+
     def provision_client(self, client: ClientContext) -> None:
         """Out-of-band setup of one client, after :meth:`setup`, for clients that run outside
         this process (worker backends): e.g. enrolling its identity key with a key authority
@@ -249,6 +256,12 @@ class Aggregator(Layer):
             if not hasattr(cls, "of"):
                 raise TypeError(f"{cls.__name__} needs a classmethod of(real) building it from a configured {ideal_of.__name__}")
             ideal_of._ideal_functionality = cls
+
+    def designed_survivors(self, n_sampled: int) -> int:
+        """Survivors out of ``n_sampled`` this aggregator is designed to complete a round with
+        (its declared dropout tolerance); the default of layers that size something by the
+        survivors, e.g. distributed DP's ``min_clients``. Default: all of them."""
+        return int(n_sampled)
 
     @abstractmethod
     def server_session(self, ctx: RoundContext) -> ServerSession: ...

@@ -224,15 +224,32 @@ def test_nothing_released_nothing_charged(data):
     np.testing.assert_array_equal(est.cluster_centers_, free.cluster_centers_)
 
 
+def test_masking_does_not_decode_fewer_survivors_than_distributed_dp_needs(data):
+    """min_clients=5 > masking threshold 3, two of six drop at masked_input: PairwiseMasking
+    takes GaussianDP's survivors_needed as its round's minimum, so it aborts before decoding
+    the under-noised sum of four (nothing released, nothing charged) and the retry completes:
+    privacy spent and centres equal the abort-free fit's. (Before, the sum was decoded, charged
+    at its actual noise, and the budget then refused the retry.)"""
+    kw = dict(crypto="ideal", init="uniform", max_rounds=2)
+    free = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)]).fit(data)
+    est = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)],
+               dropout_rate={1: {"masked_input": [0, 1]}}).fit(data)
+    (a,) = est.transcript_.aborts
+    assert not a.released and a.stage == "masked_input" and a.round == 1
+    assert est.privacy_spent_ == free.privacy_spent_
+    np.testing.assert_array_equal(est.cluster_centers_, free.cluster_centers_)
+
+
 def test_decoded_then_aborted_round_is_charged(data):
-    """min_clients=5 > masking threshold 3: with two clients dropped at masked_input the
-    aggregate is decoded, then GaussianDP aborts (under-noised sum). The runtime sees the
-    release and the layer charges it, at the actual noise, to the four contributors; the
-    round index is not reused. The budget, calibrated for the planned rounds, then refuses
+    """With an aggregator that does not honour survivors_needed (the masking's floor removed
+    here), the sum of four is decoded, then GaussianDP aborts (under-noised sum). The runtime
+    sees the release and the layer charges it, at the actual noise, to the four contributors;
+    the round index is not reused. The budget, calibrated for the planned rounds, then refuses
     the retry (PrivacyBudgetExceededError is never retried): charged, then prevented."""
     kw = dict(crypto="ideal", init="uniform", max_rounds=2)
     fed, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)],
                   dropout_rate={1: {"masked_input": [0, 1]}}).make_federation(data)
+    fed.aggregator._floor_layers = []  # an aggregator without the survivors_needed hook
     with pytest.raises(PrivacyBudgetExceededError) as info:
         fed.run(0)
     (a,) = fed.transcript.aborts
@@ -243,6 +260,27 @@ def test_decoded_then_aborted_round_is_charged(data):
     free, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)]).make_federation(data)
     free.run_round(free.algorithm.init(6, 2, np.random.default_rng(0)), round=0)
     assert fed.privacy_spent()[0] > free.privacy_spent()[0]  # round 0 + the charged abort > round 0
+
+
+def test_distributed_dp_default_min_clients_tolerates_the_masking_dropout_fraction():
+    """Defaults only: GaussianDP(mode="distributed") + PairwiseMasking() on 20 clients sizes the
+    noise for 18 survivors (PairwiseMasking's dropout_fraction 10%); two clients dropping at
+    masked_input then cost nothing (the sum of 18 carries the calibrated noise), and three
+    make the masking abort before decoding, so the fit goes on within its budget. (Before,
+    min_clients was all 20: one dropout after the shares released an under-noised sum and the
+    fit ended with PrivacyBudgetExceededError.)"""
+    rng = np.random.default_rng(0)
+    X = np.clip(rng.normal(size=(2000, 2)) * 0.3 + rng.choice([-0.5, 0.5], size=(2000, 1)), -1, 1)
+    clients = np.array_split(X, 20)
+    for drops, aborted in (([3, 7], 0), ([3, 7, 11], 1)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = WeightedFederatedKMeans(
+                2, protection=[GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), mode="distributed"), PairwiseMasking()],
+                crypto="ideal", random_state=0, dropout_rate={1: {"masked_input": drops}}).fit(clients)
+        assert est.protection_report_["GaussianDP"]["min_clients"] == 18
+        assert est.n_aborted_rounds_ == aborted and not any(a.released for a in est.transcript_.aborts)
+        assert est.privacy_spent_[0] <= 1.0
 
 
 def test_central_dp_abort_before_decoding_is_free_and_retry_matches(data):

@@ -122,9 +122,12 @@ gap by ``tau = 10 sum_{k=1}^{m-1} exp(-2 pi^2 s^2 k/(k+1))`` with s^2 the per-cl
 lattice variance; ``report()["kls21_tau"]`` gives it (negligible when s >= 1), and the
 accountant treats the sum as a Gaussian; (ii) if fewer than ``min_clients`` clients survive
 the noise is smaller than calibrated -- clients decline when fewer than ``min_clients`` are
-sampled, and the round is aborted *after* decoding if fewer survived (the server has then
-seen an under-noised sum; the accountant charges that round at the actual noise), so choose
-``min_clients`` no larger than the aggregator's dropout threshold; (iii) colluding clients
+sampled; PairwiseMasking does not decode a sum of fewer than ``min_clients`` survivors
+(``survivors_needed``: it aborts before anything is released, and the round is retried),
+and by default ``min_clients`` is the survivors it is designed for (all but its
+``dropout_fraction``). With an aggregator that does not honour it, the round is aborted
+*after* decoding if fewer survived (the server has then seen an under-noised sum; the
+accountant charges that round at the actual noise); (iii) colluding clients
 can subtract their own shares: with c colluders the noise falls to (m - c)/m of the
 variance. Does not protect against a server that lies about who was sampled to make
 clients add too little noise beyond (ii).
@@ -214,7 +217,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     ``clip`` (L2 radius, records clipped) or ``bounds`` ((low, high) box, records checked);
     ``mode`` in {"central", "distributed", "local"}; ``accountant`` "prv" (default) or
     "rdp"; ``min_clients`` (distributed mode: survivors the noise is sized for; default
-    the run's clients_per_round); ``noise_multiplier`` (skip calibration, still enforce
+    the survivors the secure aggregator is designed for, ``Aggregator.designed_survivors``:
+    with PairwiseMasking all but its ``dropout_fraction`` (10%) of clients_per_round, else
+    clients_per_round; PairwiseMasking then refuses to decode a sum of fewer); ``noise_multiplier`` (skip calibration, still enforce
     the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
     explicitly requested k-means++ seeding through un-noised; privacy_spent is then
     reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
@@ -337,6 +342,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         caps = [layer for layer in stack if isinstance(layer, ParticipationCap)]
         self._cap = caps[0] if caps else None
         self._secure_aggregator = bool(aggs)
+        self._aggregator = aggs[0] if aggs else None
         me = next(i for i, layer in enumerate(stack) if layer is self)
         for i, layer in enumerate(stack):
             if isinstance(layer, Rounding) and (i < me or self.mode == "central"):
@@ -406,7 +412,12 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._top = Counter()
         self._plain_rounds = 0
         if self.mode == "distributed" and self.min_clients is None:
-            self.min_clients = info.clients_per_round
+            # the survivors the aggregator is designed to complete with (PairwiseMasking: all
+            # but its dropout_fraction), so that its declared dropouts still leave the
+            # calibrated noise in the sum; survivors_needed() makes it abort below that
+            agg = getattr(self, "_aggregator", None)
+            designed = getattr(agg, "designed_survivors", None)
+            self.min_clients = int(designed(info.clients_per_round)) if callable(designed) else info.clients_per_round
         if self.mode == "distributed" and self.min_clients > info.clients_per_round:
             raise ProtectionConfigError(
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
@@ -472,6 +483,15 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 round=ctx.round,
                 stage="before_round",
             )
+
+    def survivors_needed(self, ctx) -> int:
+        """Distributed mode: ``min_clients``, the survivors the noise shares are sized for. A
+        secure aggregator that honours it (PairwiseMasking) aborts before decoding a sum of
+        fewer: nothing is released, nothing charged, and the round is retried; the check
+        after decoding below stays for aggregators that do not."""
+        if self.mode == "distributed" and self.min_clients is not None and self._noised_specs(ctx.specs):
+            return int(self.min_clients)
+        return 0
 
     def client_data(self, X, client, ctx):
         if self.clip is not None:
@@ -724,6 +744,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             "planned_schedule": list(self._schedule) if self._schedule is not None else [(1.0, self._planned)],
             "accountant": self.accountant_name,
             "mode": self.mode,
+            "min_clients": self.min_clients if self.mode == "distributed" else None,
             "target": (self.epsilon, self.delta),
             "planned_compositions": self._planned,
             "max_client_rounds": max(self._counts.values(), default=0),

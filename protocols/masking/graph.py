@@ -213,7 +213,11 @@ def resolve_graph(n: int, kind: str, neighbours, bounds: dict | None = None) -> 
     return "sparse", found[0], found[1]
 
 
-def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int, bounds: dict | None = None) -> RoundPlan:
+def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int, bounds: dict | None = None,
+              survivors_floor: int = 0) -> RoundPlan:
+    """``survivors_floor``: fewest masked inputs the round may decode, on top of the protocol's
+    own minimum (:meth:`securefkm.layers.Layer.survivors_needed` of the client-side layers,
+    capped at the sampled count)."""
     sampled = tuple(sorted(int(c) for c in sampled))
     n = len(sampled)
     kind, k, bell_t = resolve_graph(n, kind, neighbours, bounds)
@@ -225,4 +229,5 @@ def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int
     else:
         t = bell_t if threshold is None and bell_t is not None else resolve_threshold(threshold, m)
         min_surv = max(t, math.ceil(n * t / m - 1e-9))
+    min_surv = max(min_surv, min(int(survivors_floor), n))
     return RoundPlan(rid, sampled, graph, t, min_surv, length)
