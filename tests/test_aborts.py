@@ -280,6 +280,7 @@ def test_distributed_dp_default_min_clients_tolerates_the_masking_dropout_fracti
                 crypto="ideal", random_state=0, dropout_rate={1: {"masked_input": drops}}).fit(clients)
         assert est.protection_report_["GaussianDP"]["min_clients"] == 18
         assert est.n_aborted_rounds_ == aborted and not any(a.released for a in est.transcript_.aborts)
+        assert all("GaussianDP's min_clients" in a.message for a in est.transcript_.aborts)
         assert est.privacy_spent_[0] <= 1.0
 
 

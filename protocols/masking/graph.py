@@ -167,6 +167,7 @@ class RoundPlan:
     min_survivors: int  # clients that must send masked input for the round to complete
     length: int  # words of the masked vector (fields + 1 check slot)
     members: frozenset = field(default=frozenset(), repr=False)
+    survivors_floor: int = 0  # the client-side layers' minimum (distributed DP's min_clients)
 
     def __post_init__(self):
         self.members = frozenset(self.sampled)
@@ -229,5 +230,5 @@ def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int
     else:
         t = bell_t if threshold is None and bell_t is not None else resolve_threshold(threshold, m)
         min_surv = max(t, math.ceil(n * t / m - 1e-9))
-    min_surv = max(min_surv, min(int(survivors_floor), n))
-    return RoundPlan(rid, sampled, graph, t, min_surv, length)
+    floor = min(int(survivors_floor), n)
+    return RoundPlan(rid, sampled, graph, t, max(min_surv, floor), length, survivors_floor=floor)

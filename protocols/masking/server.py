@@ -132,10 +132,15 @@ class RoundChecks:
 
     def _need(self, stage: str, count: int, what: str):
         if count < self.plan.min_survivors:
+            why = ""
+            if self.plan.survivors_floor == self.plan.min_survivors:
+                why = (" -- the survivors a client-side layer needs (GaussianDP's min_clients: its noise "
+                       "shares are sized for them; lower min_clients, or declare more dropouts with "
+                       "PairwiseMasking(dropout_fraction=...))")
             self._abort(
                 stage,
                 f"only {count} clients {what}, fewer than the threshold of "
-                f"{self.plan.min_survivors} survivors (sampled {len(self.plan.sampled)})",
+                f"{self.plan.min_survivors} survivors (sampled {len(self.plan.sampled)}){why}",
             )
 
 
