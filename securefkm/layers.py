@@ -257,6 +257,16 @@ class Aggregator(Layer):
                 raise TypeError(f"{cls.__name__} needs a classmethod of(real) building it from a configured {ideal_of.__name__}")
             ideal_of._ideal_functionality = cls
 
+    def validate_stack(self, stack: Sequence[Layer], algorithm: Any) -> None:
+        super().validate_stack(stack, algorithm)
+        # the client-side layers, whose survivors_needed() is the round's minimum of contributors
+        self._floor_layers = [layer for layer in stack if layer.side == "client"]
+
+    def survivors_floor(self, ctx: RoundContext) -> int:
+        """Fewest contributors the client-side layers allow in this round's sum
+        (:meth:`Layer.survivors_needed`): a secure aggregator aborts before decoding fewer."""
+        return max((layer.survivors_needed(ctx) for layer in getattr(self, "_floor_layers", ())), default=0)
+
     def designed_survivors(self, n_sampled: int) -> int:
         """Survivors out of ``n_sampled`` this aggregator is designed to complete a round with
         (its declared dropout tolerance); the default of layers that size something by the

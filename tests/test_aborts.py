@@ -345,3 +345,25 @@ def test_paillier_minimum_abort_is_retried_with_a_fresh_ticket(data, keypair):
     assert (a.round, a.cause, a.stage, a.released) == (1, "too_few_survivors", "encrypted_input", False)
     np.testing.assert_array_equal(est.cluster_centers_, free.cluster_centers_)
     assert est.protection_report_["Paillier"]["decryptions"] == free.protection_report_["Paillier"]["decryptions"] == 2
+
+
+@pytest.mark.parametrize("crypto", ["real", "ideal"])
+def test_paillier_does_not_decrypt_fewer_than_distributed_dp_needs(data, keypair, crypto):
+    """GaussianDP(mode="distributed", min_clients=6) + Paillier(min_clients=2): one client drops
+    at the encrypted input. Paillier takes the DP layer's survivors_needed as its minimum, so
+    it decrypts nothing (before: it decrypted the under-noised sum of five, GaussianDP charged
+    it and the budget then refused the retry); the retry completes and spends what the
+    abort-free fit spends."""
+    from protocols import KeyAuthority, Paillier
+
+    def stack():
+        return [_dp(min_clients=6),
+                Paillier(authority=KeyAuthority(*keypair, min_clients=2, allow_weak_key=True), min_clients=2)]
+
+    kw = dict(init="uniform", max_rounds=2, crypto=crypto)
+    free = _dwf(**kw, protection=stack()).fit(data)
+    est = _dwf(**kw, protection=stack(), dropout_rate={1: {"encrypted_input": [3]}}).fit(data)
+    (a,) = est.transcript_.aborts
+    assert (a.round, a.stage, a.released) == (1, "encrypted_input", False)
+    assert "GaussianDP's min_clients=6" in a.message
+    assert est.privacy_spent_ == free.privacy_spent_

@@ -225,20 +225,11 @@ class PairwiseMasking(Aggregator):
                   + "; the sum itself is not hidden (GaussianDP noises it)")
         return sees, trust
 
-    def validate_stack(self, stack, algorithm):
-        super().validate_stack(stack, algorithm)
-        # the layers whose guarantee needs a number of contributors (survivors_needed): the
-        # round's plan does not decode a sum of fewer (it aborts before anything is released)
-        self._floor_layers = [layer for layer in stack if layer.side == "client"]
-
     def designed_survivors(self, n_sampled: int) -> int:
         """The survivors this layer is declared to tolerate: all but ``dropout_fraction`` of
         the sampled clients (Bell et al.'s delta, default 10%), at least 2."""
         n = int(n_sampled)
         return min(n, max(2, math.ceil((1.0 - self.bounds["dropout_fraction"]) * n - 1e-9)))
-
-    def _survivors_floor(self, ctx: RoundContext) -> int:
-        return max((layer.survivors_needed(ctx) for layer in getattr(self, "_floor_layers", ())), default=0)
 
     def setup(self, info: RunInfo) -> None:
         if isinstance(self.threshold, (int, np.integer)) and resolve_graph(
@@ -265,7 +256,7 @@ class PairwiseMasking(Aggregator):
                 round=ctx.round,
                 stage="advertise",
             )
-        floor = self._survivors_floor(ctx)
+        floor = self.survivors_floor(ctx)  # the plan does not decode fewer
         key = (rid, tuple(ctx.sampled), length, floor)
         cached = getattr(self, "_plan_cache", None)
         if cached is not None and cached[0] == key:

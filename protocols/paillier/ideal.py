@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.exceptions import InputError
 from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
 
 from ..masking.ideal import Sealed
@@ -131,13 +131,9 @@ class _IdealServer(ServerSession):
     def result(self):
         ctx, layer = self.ctx, self.layer
         n = len(self.inputs)
-        if n < layer.min_clients:
-            raise RoundAbortedError(
-                f"only {n} client(s) sent a valid encrypted input; Paillier(min_clients="
-                f"{layer.min_clients}) refuses to decrypt fewer (nothing was decrypted)",
-                round=ctx.round,
-                stage=STAGE,
-            )
+        too_few = layer.too_few_to_decrypt(n, ctx)
+        if too_few is not None:
+            raise too_few
         if n < layer.authority.min_clients:
             raise AuthorityRefusal(
                 f"key authority refused to decrypt: only {n} distinct client(s); at least "

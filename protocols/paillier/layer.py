@@ -283,6 +283,22 @@ class Paillier(Aggregator):
         self._require_setup()
         return _PaillierServer(self, ctx)
 
+    def too_few_to_decrypt(self, n: int, ctx: RoundContext) -> RoundAbortedError | None:
+        """The abort for a round whose ``n`` valid inputs are fewer than ``min_clients`` or than
+        a client-side layer's :meth:`~securefkm.layers.Layer.survivors_needed` (distributed
+        GaussianDP's ``min_clients``): raised before anything is decrypted. None if enough."""
+        floor = self.survivors_floor(ctx)
+        if n >= max(self.min_clients, floor):
+            return None
+        who = (f"Paillier(min_clients={self.min_clients})" if n < self.min_clients else
+               f"a client-side layer (GaussianDP's min_clients={floor}: its noise shares are sized for that "
+               "many; lower it to what survives)")
+        return RoundAbortedError(
+            f"only {n} client(s) sent a valid encrypted input; {who} refuses to decrypt fewer (nothing was decrypted)",
+            round=ctx.round,
+            stage=STAGE,
+        )
+
     def _enroll(self, client: ClientContext) -> dict:
         # A fresh identity created on the client; its public half goes to the authority
         # directly (the in-process stand-in for an authenticated enrollment channel).
@@ -428,14 +444,10 @@ class _PaillierServer(ServerSession):
     def result(self):
         ctx, layer = self.ctx, self.layer
         n = len(self.contributions)
-        if n < layer.min_clients:
+        too_few = layer.too_few_to_decrypt(n, ctx)
+        if too_few is not None:
             layer.authority.close_round(self.ticket.nonce)
-            raise RoundAbortedError(
-                f"only {n} client(s) sent a valid encrypted input; Paillier(min_clients="
-                f"{layer.min_clients}) refuses to decrypt fewer (nothing was decrypted)",
-                round=ctx.round,
-                stage=STAGE,
-            )
+            raise too_few
         contributions = [self.contributions[c] for c in sorted(self.contributions)]
         claimed = homomorphic_sum(layer.bundle.public_key(), [c.ciphertexts for c in contributions])
         dec = layer.authority.decrypt_aggregate(self.ticket.nonce, contributions, claimed)
