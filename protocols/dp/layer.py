@@ -122,13 +122,13 @@ gap by ``tau = 10 sum_{k=1}^{m-1} exp(-2 pi^2 s^2 k/(k+1))`` with s^2 the per-cl
 lattice variance; ``report()["kls21_tau"]`` gives it (negligible when s >= 1), and the
 accountant treats the sum as a Gaussian; (ii) if fewer than ``min_clients`` clients survive
 the noise is smaller than calibrated -- clients decline when fewer than ``min_clients`` are
-sampled; PairwiseMasking does not decode a sum of fewer than ``min_clients`` survivors
-(``survivors_needed``: it aborts before anything is released, and the round is retried),
-and by default ``min_clients`` is the survivors it is designed for (all but its
-``dropout_fraction``). With an aggregator that does not honour it, the round is aborted
-*after* decoding if fewer survived (the server has then seen an under-noised sum; the
-accountant charges that round at the actual noise); (iii) colluding clients
-can subtract their own shares: with c colluders the noise falls to (m - c)/m of the
+sampled; the secure aggregators (PairwiseMasking, Paillier) do not decode a sum of fewer
+than ``min_clients`` survivors (``survivors_needed``: they abort before anything is released,
+and the round is retried), and by default ``min_clients`` is the survivors the aggregator is
+designed for (PairwiseMasking: all but its ``dropout_fraction``). With an aggregator that
+does not honour it, the round is aborted *after* decoding if fewer survived (the server has
+then seen an under-noised sum; the accountant charges that round at the actual noise); (iii)
+colluding clients can subtract their own shares: with c colluders the noise falls to (m - c)/m of the
 variance. Does not protect against a server that lies about who was sampled to make
 clients add too little noise beyond (ii).
 
@@ -219,7 +219,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     "rdp"; ``min_clients`` (distributed mode: survivors the noise is sized for; default
     the survivors the secure aggregator is designed for, ``Aggregator.designed_survivors``:
     with PairwiseMasking all but its ``dropout_fraction`` (10%) of clients_per_round, else
-    clients_per_round; PairwiseMasking then refuses to decode a sum of fewer); ``noise_multiplier`` (skip calibration, still enforce
+    clients_per_round; the secure aggregator then refuses to decode a sum of fewer); ``noise_multiplier`` (skip calibration, still enforce
     the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
     explicitly requested k-means++ seeding through un-noised; privacy_spent is then
     reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
@@ -289,6 +289,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self.round_weights = _check_weights(round_weights, "round_weights", "{'init.private': 0.5}")
         self.last_round_weights = _check_weights(last_round_weights, "last_round_weights", "{'train': 2.0}")
         self._last_index: dict = {}
+        self._aggregator = None  # the stack's aggregator (validate_stack)
         self.shrink = None if shrink is None else check_choice(shrink, "shrink", SHRINKS)
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
         self.mode = check_choice(mode, "mode", MODES)
@@ -415,9 +416,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             # the survivors the aggregator is designed to complete with (PairwiseMasking: all
             # but its dropout_fraction), so that its declared dropouts still leave the
             # calibrated noise in the sum; survivors_needed() makes it abort below that
-            agg = getattr(self, "_aggregator", None)
-            designed = getattr(agg, "designed_survivors", None)
-            self.min_clients = int(designed(info.clients_per_round)) if callable(designed) else info.clients_per_round
+            agg = self._aggregator  # None only for a layer set up outside a validated stack
+            self.min_clients = int(agg.designed_survivors(info.clients_per_round)) if agg else info.clients_per_round
         if self.mode == "distributed" and self.min_clients > info.clients_per_round:
             raise ProtectionConfigError(
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
@@ -486,7 +486,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
 
     def survivors_needed(self, ctx) -> int:
         """Distributed mode: ``min_clients``, the survivors the noise shares are sized for. A
-        secure aggregator that honours it (PairwiseMasking) aborts before decoding a sum of
+        secure aggregator that honours it (PairwiseMasking, Paillier) aborts before decoding a sum of
         fewer: nothing is released, nothing charged, and the round is retried; the check
         after decoding below stays for aggregators that do not."""
         if self.mode == "distributed" and self.min_clients is not None and self._noised_specs(ctx.specs):

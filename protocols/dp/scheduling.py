@@ -37,7 +37,7 @@ class Scheduling:
         the round before the last -- the charge is always the noise actually used, and
         ``before_round`` refuses a round past the budget."""
         self._last_index = {}
-        weights = getattr(self, "last_round_weights", None)
+        weights = self.last_round_weights
         if not weights:
             return
         algo = info.algorithm
@@ -57,7 +57,7 @@ class Scheduling:
                 self._last_index[action] = where[-1]
 
     def _is_last_round(self, action, ctx) -> bool:
-        index = getattr(self, "_last_index", {}).get(action)
+        index = self._last_index.get(action)
         return index is not None and getattr(ctx, "round", None) == index
 
     def _planned_schedule(self, info, rounds: int) -> list[tuple[float, int]]:
@@ -80,7 +80,7 @@ class Scheduling:
                 one_run, actions = 0, None
             if actions and one_run > 0 and info.planned_rounds % one_run == 0 and sum(actions.values()) == one_run:
                 n_runs = info.planned_rounds // one_run
-                last = getattr(self, "_last_index", {})
+                last = self._last_index
                 for action, n in actions.items():
                     if action in last and int(n) > 0:  # its last round in each run at its own weight
                         weights += ([self._weight(action)] * (int(n) - 1)

@@ -24,6 +24,7 @@ local steps they are not, and record-level DP refuses them.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -188,17 +189,11 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     def planned_actions(self, max_rounds):
         """Rounds per broadcast action of one run (sums to ``planned_rounds``): lets a weighted
         DP schedule (``GaussianDP(round_weights=...)``) calibrate for the seeding round."""
-        actions = {"train": max_rounds}
-        if self.score_round:
-            actions["score"] = 1
-        seeding = _seeding.seeding_action(self.init_)
-        if seeding is not None:
-            actions[seeding] = 1
-        return actions
+        return dict(Counter(self.planned_sequence(max_rounds)))
 
     def planned_sequence(self, max_rounds):
-        """The actions of one run's rounds in order (``planned_actions`` laid out): the seeding
-        round, if any, then ``max_rounds`` training rounds, then the score round, if any. Lets
+        """The actions of one run's rounds in order: the seeding round, if any, then
+        ``max_rounds`` training rounds, then the score round, if any. Lets
         ``GaussianDP(last_round_weights=...)`` find the last training round."""
         seeding = _seeding.seeding_action(self.init_)
         return ([seeding] if seeding is not None else []) + ["train"] * int(max_rounds) + (
