@@ -93,12 +93,18 @@ def test_cell_sums_do_not_depend_on_blocking_or_threads(threads, monkeypatch):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("sub_rows", [None, 512])
 @pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
-def test_compiled_loop_equals_numpy_loop(k, d):
+def test_compiled_loop_equals_numpy_loop(k, d, sub_rows, monkeypatch):
     """The compiled inner loop and numpy's give the same bits, ties included (integer
     data, a duplicated centre: the first of equal distances wins in both), on clients given
-    as non-contiguous views and Fortran-ordered arrays."""
+    as non-contiguous views and Fortran-ordered arrays; with the default sub-blocks (one
+    here) and with sub-blocks of 512 records, which cut clients."""
     pytest.importorskip("numba")
+    if sub_rows is not None:
+        monkeypatch.setattr(_cellsums, "SUB_BYTES", 0)
+        monkeypatch.setattr(_cellsums, "SUB_ROWS", sub_rows)
+        assert _cellsums.sub_rows(k) == sub_rows
     rng = np.random.default_rng(k * 100 + d)
     C = rng.integers(-3, 4, size=(k, d)).astype(float)
     if k > 1:
@@ -109,7 +115,7 @@ def test_compiled_loop_equals_numpy_loop(k, d):
     Xb = np.concatenate(datas)
     cc = np.einsum("ij,ij->i", C, C)
     out = []
-    for fast in (False, True):  # the compiled loop runs sub-blocks of 2048 records: 2 here
+    for fast in (False, True):
         sums, counts = np.zeros((len(datas) * k, d)), np.zeros(len(datas) * k)
         _cellsums.block_cell_sums(Xb, -2.0 * C.T, cc, row_base, sums, counts, fast)
         out.append((sums, counts))
@@ -218,6 +224,26 @@ def test_clients_back_to_back_in_memory_are_read_in_place():
         assert not c[0][-1].any() and not c[1][-1].any()
 
 
+def test_data_addresses_are_remembered_only_while_the_array_lives():
+    """The kernel remembers each client array's data address (reading it costs ~1 us per
+    client per round); the entry is that array's only, and goes when the array does, so an
+    array born later at the same id gets its own address."""
+    import gc
+
+    pooled = np.zeros((40, 3))
+    views = np.array_split(pooled, 4)
+    addresses = [_kmeans._data_address(X) for X in views]
+    assert addresses == [X.__array_interface__["data"][0] for X in views]
+    assert addresses == [pooled.__array_interface__["data"][0] + 8 * 3 * 10 * i for i in range(4)]
+    key = id(views[1])
+    assert key in _kmeans._ADDRESSES
+    del views[1]
+    gc.collect()
+    assert key not in _kmeans._ADDRESSES
+    fresh = np.ones((5, 3))
+    assert _kmeans._data_address(fresh) == fresh.__array_interface__["data"][0]
+
+
 def test_kernel_threads_default_and_worker_setting(monkeypatch):
     """The kernels use the CPU count unless told (a worker with one CPU sets 1); a call's
     n_threads wins; a call nested in a block worker runs in that worker's thread."""
@@ -232,6 +258,37 @@ def test_kernel_threads_default_and_worker_setting(monkeypatch):
     _kernel_threads.set_kernel_threads(None)
     nested = list(_kmeans._pool(2).map(lambda _: _kmeans._threads(4), range(2)))
     assert nested == [1, 1]
+
+
+def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
+    """The calling thread computes blocks too (from the back of the queue): the results
+    come in block order whoever computed them; with the pool's only thread busy elsewhere
+    the caller does every block instead of waiting; an error in a block is raised and the
+    blocks not started are dropped."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        assert _kmeans._run_shared(pool, lambda b: b * b, list(range(9))) == [b * b for b in range(9)]
+        release = threading.Event()
+        busy = pool.submit(release.wait, 30)
+        callers = []
+        out = _kmeans._run_shared(pool, lambda b: callers.append(threading.current_thread()) or -b, list(range(5)))
+        assert out == [0, -1, -2, -3, -4] and set(callers) == {threading.current_thread()}
+        ran = []
+
+        def failing(b):
+            ran.append(b)
+            if b == 3:
+                raise ValueError("block 3")
+            return b
+
+        with pytest.raises(ValueError, match="block 3"):
+            _kmeans._run_shared(pool, failing, list(range(6)))
+        release.set()
+        busy.result()
+        pool.submit(lambda: None).result()  # the queue is drained: nothing cancelled ran
+        assert sorted(ran) == [3, 4, 5]
 
 
 def _cell_sums_in_child(queue):
@@ -249,7 +306,7 @@ def test_kept_thread_pool_survives_fork():
     rng = np.random.default_rng(0)
     datas = [rng.normal(size=(300, 3)) for _ in range(8)]
     expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(4, 3)), chunk=256, n_threads=2)
-    assert 2 in _kmeans._POOLS  # the parent's pool exists when the child is forked
+    assert 1 in _kmeans._POOLS  # the parent's pool (one thread beside the caller) exists when the child is forked
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_cell_sums_in_child, args=(queue,))
@@ -292,7 +349,7 @@ def test_a_worker_shard_runs_the_kernel_in_one_thread(monkeypatch):
     from securefkm.federation.workers import Shard
 
     monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
-    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    monkeypatch.setattr(_kernel_threads, "_CPUS", 4)  # the CPU count, read once per process
     assert _kmeans._threads(None) == 4
     Shard(pickle.dumps(([], [], [], None, [], None, None)))
     assert _kmeans._threads(None) == 1

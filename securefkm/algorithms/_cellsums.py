@@ -12,7 +12,7 @@ Two implementations of exactly these floating-point operations, so they give the
 * numpy's, the reference: one distance product, ``np.argmin`` and one sparse product (scipy
   adds a row's records in record order);
 * a compiled loop (numba, ``nogil``; :mod:`._cellsums_jit`) that fuses the argmin and the
-  sums in one pass, over sub-blocks of :data:`SUB_ROWS` records whose distances stay in the
+  sums in one pass, over sub-blocks of records (:func:`sub_rows`) whose distances stay in the
   CPU cache (scikit-learn's Lloyd loop works in chunks of 256 records for the same reason).
   Releasing the GIL is what lets the pooled kernel's blocks run on every core; numpy's
   argmin along a short axis and scipy's Python-level matrix construction do not scale past
@@ -34,10 +34,22 @@ from scipy import sparse
 #: import or compile numba (0.2 s to import, 0.6 s to compile without the disk cache)
 JIT_MIN_WORK = 1 << 18
 
-#: records per distance product in the compiled path: 2048 x 50 distances (0.8 MB) are
-#: still in cache when the loop reads them (a block's whole 16,384 x 50 were not: 15% slower
-#: at 10,000 clients of 1M x 32 on 2 threads)
+#: bytes of distances per product in the compiled path: a sub-block of ``SUB_BYTES / (8 k)``
+#: records (at least :data:`SUB_ROWS`). Each sub-block costs two calls from Python (the
+#: product, the loop: ~10 us with their dispatch, holding the GIL that the other block
+#: threads wait for), so fewer, larger ones are faster while the distances stay cached: at
+#: 100k x 16 (k=20) whole blocks of 12,500 records ran 15% faster than sub-blocks of 2,048;
+#: at 1M x 32 (k=50) 5,242 records were as fast as 2,048 and 16,384 slower (10,000 clients,
+#: 2 threads; docs/benchmarks.md)
+SUB_BYTES = 1 << 21
+
+#: the fewest records per distance product, whatever ``k``
 SUB_ROWS = 2048
+
+
+def sub_rows(k: int) -> int:
+    """Records per distance product for ``k`` centres (:data:`SUB_BYTES`)."""
+    return max(SUB_ROWS, SUB_BYTES // (8 * max(k, 1)))
 
 #: scratch buffers up to this size are kept by their thread between calls (a block of
 #: 16,384 records of 32 features is 4 MB; the numpy loop's distances for k = 1,000, 131 MB,
@@ -97,12 +109,13 @@ def cell_sums_numpy(X, C2T, cc, row_base, sums, counts):
 
 
 def cell_sums_compiled(X, C2T, cc, row_base, sums, counts):
-    """The compiled loop over sub-blocks of :data:`SUB_ROWS` records, adding into ``sums`` /
+    """The compiled loop over sub-blocks of :func:`sub_rows` records, adding into ``sums`` /
     ``counts`` (zeros): a row's records are added in record order across sub-blocks too."""
     fused = compiled()
-    D = scratch("distances", (min(SUB_ROWS, len(X)), len(cc)))
-    for start in range(0, len(X), SUB_ROWS):
-        stop = min(len(X), start + SUB_ROWS)
+    step = sub_rows(len(cc))
+    D = scratch("distances", (min(step, len(X)), len(cc)))
+    for start in range(0, len(X), step):
+        stop = min(len(X), start + step)
         Dsub = np.matmul(X[start:stop], C2T, out=D[: stop - start])
         fused(Dsub, cc, X[start:stop], row_base[start:stop], sums, counts)
 

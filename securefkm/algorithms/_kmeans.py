@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -107,31 +108,69 @@ def _blocks(sizes, chunk: int | None, threads: int) -> list[np.ndarray]:
     return _client_pieces(sizes, chunk, _balanced_rows(sum(sizes), chunk, threads))
 
 
-def _block_records(datas, block, d: int) -> np.ndarray:
+_ADDRESSES: dict[int, tuple] = {}
+
+
+def _data_address(X: np.ndarray) -> int:
+    """``X``'s data pointer, remembered per live array object. Reading it
+    (``__array_interface__``) costs ~1 us, and a 10,000-client round asks it for every client:
+    ~12 ms of interpreter time per round, paid by the kernel's threads under the GIL (the
+    check of which blocks lie back to back). An array object's data pointer does not change
+    while it lives (``ndarray.resize`` moves only an array that nothing else references, and
+    the caller holds it); the entry goes when the array does (its weak reference's callback)."""
+    key = id(X)
+    entry = _ADDRESSES.get(key)
+    if entry is not None and entry[0]() is X:
+        return entry[1]
+    address = X.__array_interface__["data"][0]
+    _ADDRESSES[key] = (weakref.ref(X, lambda _, key=key: _ADDRESSES.pop(key, None)), address)
+    return address
+
+
+class _Layout:
+    """Where the clients' records lie, found once per pooled call: each client's data
+    address, and whether it is a C-ordered float64 (n, d) array (only those can be read in
+    place as part of a block)."""
+
+    __slots__ = ("addresses", "readable")
+
+    def __init__(self, datas, d: int):
+        self.readable = np.array(
+            [X.dtype == np.float64 and X.flags.c_contiguous and X.shape[1:] == (d,) for X in datas], dtype=bool
+        )
+        self.addresses = np.array(
+            [_data_address(X) if ok else 0 for X, ok in zip(datas, self.readable.tolist())], dtype=np.int64
+        )
+
+
+def _block_records(datas, block, d: int, layout: _Layout | None = None) -> np.ndarray:
     """The block's records as one (rows, d) array: a view of the clients' own memory when
     its pieces lie back to back in it -- clients that are consecutive slices of one C-ordered
     float64 array, as a simulation's data set usually is -- else a copy into the thread's
-    scratch buffer. The view spans only the pieces' own memory, all alive while ``datas`` is."""
+    scratch buffer. The view spans only the pieces' own memory, all alive while ``datas`` is.
+    ``layout``: the call's :class:`_Layout` (made here when not given)."""
     clients, starts, stops = block[:, 0], block[:, 1], block[:, 2]
     rows = int((stops - starts).sum())
     if len(block) == 1:
         return datas[clients[0]][starts[0] : stops[0]]
-    arrays = [datas[c] for c in clients.tolist()]
-    if all(X.dtype == np.float64 and X.flags.c_contiguous and X.shape[1:] == (d,) for X in arrays):
+    if layout is None:
+        layout = _Layout([datas[c] for c in clients.tolist()], d)
+        clients = np.arange(len(block))
+    if layout.readable[clients].all():
         row_bytes = 8 * d
-        addresses = np.array([X.__array_interface__["data"][0] for X in arrays], dtype=np.int64)
+        addresses = layout.addresses[clients]
         if np.array_equal(addresses[1:] + starts[1:] * row_bytes, addresses[:-1] + stops[:-1] * row_bytes):
-            head = arrays[0][starts[0] :]
+            head = datas[block[0, 0]][starts[0] :]
             return np.lib.stride_tricks.as_strided(head, shape=(rows, d), strides=head.strides)
-    parts = [X[a:b] for X, a, b in zip(arrays, starts.tolist(), stops.tolist())]
+    parts = [datas[c][a:b] for c, a, b in zip(block[:, 0].tolist(), starts.tolist(), stops.tolist())]
     return np.concatenate(parts, out=scratch("records", (rows, d)))
 
 
-def _block_sums(datas, block, C2T, cc, sums, counts, fast):
+def _block_sums(datas, block, C2T, cc, sums, counts, fast, layout=None):
     """Per-(client, cell) sums and counts of one block into ``sums`` / ``counts`` (zeros of
     (n block clients * k, d) and (n block clients * k,)), rows ordered by (local client, cell)."""
     k = len(cc)
-    Xb = _block_records(datas, block, C2T.shape[0])
+    Xb = _block_records(datas, block, C2T.shape[0], layout)
     row_base = np.repeat((block[:, 0] - block[0, 0]) * k, block[:, 2] - block[:, 1])
     block_cell_sums(Xb, C2T, cc, row_base, sums, counts, fast)
 
@@ -185,10 +224,11 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     group0 = np.concatenate([[0], np.cumsum(lasts - firsts + 1)])  # each block's first (client, cell) group
     out_sums, out_counts = np.zeros((group0[-1] * k, d)), np.zeros(group0[-1] * k)
     fast = use_compiled(sum(sizes) * k)
+    layout = _Layout(datas, d) if any(len(b) > 1 for b in blocks) else None
 
     def run(i):
         rows = slice(group0[i] * k, group0[i + 1] * k)
-        _block_sums(datas, blocks[i], C2T, cc, out_sums[rows], out_counts[rows], fast)
+        _block_sums(datas, blocks[i], C2T, cc, out_sums[rows], out_counts[rows], fast, layout)
 
     for _ in map_blocks(datas, run, n_threads=threads, blocks=range(len(blocks))):
         pass
@@ -243,29 +283,61 @@ def shutdown_pools() -> None:
         pool.shutdown(wait=True)
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """A process-wide pool of ``threads`` threads, kept between calls (a round at 100 clients
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads, kept between calls (a round at 100 clients
     is a few ms: starting threads each time cost a tenth of it)."""
     with _POOLS_LOCK:
-        if threads not in _POOLS:
-            _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_PREFIX)
-        return _POOLS[threads]
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix=_POOL_PREFIX)
+        return _POOLS[workers]
+
+
+def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list) -> list:
+    """``[fn(b) for b in blocks]`` computed by the pool's threads and the calling thread
+    together: every block is submitted, the pool's threads take them from the front of its
+    queue, and the caller takes them from the back (a block still queued is cancelled and
+    run in place) until the two meet; then the caller collects the pool's results.
+
+    The caller is already running, a pool thread has to be woken: between two rounds the
+    pool's threads sleep while the server does its part, and waking one cost 0.3-1 ms on
+    this 2-core VM (scikit-learn's OpenMP threads spin instead). With the caller working
+    from the start the round at 100k x 16 was 5-18% faster (docs/benchmarks.md), and a pool
+    thread that is slow to wake only takes fewer blocks. Which thread computes a block
+    changes no result: each block writes its own output."""
+    futures = [pool.submit(fn, b) for b in blocks]
+    results: list = [None] * len(blocks)
+    mine = [False] * len(blocks)
+    try:
+        for i in reversed(range(len(blocks))):
+            if futures[i].cancel():
+                mine[i] = True
+                results[i] = fn(blocks[i])
+        for i, future in enumerate(futures):
+            if not mine[i]:
+                results[i] = future.result()
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    return results
 
 
 def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None, blocks=None):
     """``fn(block)`` for the blocks of :func:`_client_pieces` (or for the given ``blocks``),
-    in block order, computed by ``n_threads`` threads (default: the CPU count; numpy, scipy
-    and the compiled loops release the GIL) with single-threaded BLAS. The caller combines
-    the results in the order they come."""
+    in block order, computed by ``n_threads`` threads (default: the CPU count): the calling
+    thread and ``n_threads - 1`` kept pool threads (:func:`_run_shared`; numpy, scipy and the
+    compiled loops release the GIL), with single-threaded BLAS. The caller combines the
+    results in the order they come."""
     threads = _threads(n_threads)
     if blocks is None:
         blocks = _blocks([len(X) for X in datas], chunk, threads)
+    blocks = list(blocks)
     threads = min(len(blocks), threads)
     with _single_threaded_blas():
         if threads <= 1:
             yield from (fn(b) for b in blocks)
         else:
-            yield from _pool(threads).map(fn, blocks)
+            yield from _run_shared(_pool(threads - 1), fn, blocks)
 
 
 def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):
