@@ -7,6 +7,7 @@ processed in one pass by offsetting their labels (``segment`` ids ``client * k +
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -103,9 +104,19 @@ def _balanced_rows(total: int, chunk: int, threads: int) -> int:
 
 def _blocks(sizes, chunk: int | None, threads: int) -> list[np.ndarray]:
     """The pooled kernels' blocks of clients of ``sizes`` records: pieces cut at ``chunk``
-    (default :data:`CHUNK_ROWS`), grouped for ``threads`` threads (:func:`_balanced_rows`)."""
-    chunk = chunk or CHUNK_ROWS
-    return _client_pieces(sizes, chunk, _balanced_rows(sum(sizes), chunk, threads))
+    (default :data:`CHUNK_ROWS`), grouped for ``threads`` threads (:func:`_balanced_rows`).
+    Read-only arrays, remembered for the last few layouts: a fit's rounds ask for the same
+    one every round, and computing it (~30-90 us at 100 clients) was a tenth of the pooled
+    call's time before its first block started."""
+    return list(_blocks_of(tuple(int(n) for n in sizes), chunk or CHUNK_ROWS, threads))
+
+
+@functools.lru_cache(maxsize=16)
+def _blocks_of(sizes: tuple, chunk: int, threads: int) -> tuple:
+    blocks = _client_pieces(sizes, chunk, _balanced_rows(sum(sizes), chunk, threads))
+    for b in blocks:
+        b.flags.writeable = False
+    return tuple(blocks)
 
 
 _ADDRESSES: dict[int, tuple] = {}
@@ -113,11 +124,11 @@ _ADDRESSES: dict[int, tuple] = {}
 
 def _data_address(X: np.ndarray) -> int:
     """``X``'s data pointer, remembered per live array object. Reading it
-    (``__array_interface__``) costs ~1 us, and a 10,000-client round asks it for every client:
-    ~12 ms of interpreter time per round, paid by the kernel's threads under the GIL (the
-    check of which blocks lie back to back). An array object's data pointer does not change
-    while it lives (``ndarray.resize`` moves only an array that nothing else references, and
-    the caller holds it); the entry goes when the array does (its weak reference's callback)."""
+    (``__array_interface__``) costs ~1 us, and a 10,000-client round asks it for every client
+    (:func:`_block_records`): ~12 ms of interpreter time per round, paid by the kernel's
+    threads under the GIL. An array object's data pointer does not change while it lives
+    (``ndarray.resize`` moves only an array that nothing else references, and the caller
+    holds it); the entry goes when the array does (its weak reference's callback)."""
     key = id(X)
     entry = _ADDRESSES.get(key)
     if entry is not None and entry[0]() is X:
@@ -127,50 +138,32 @@ def _data_address(X: np.ndarray) -> int:
     return address
 
 
-class _Layout:
-    """Where the clients' records lie, found once per pooled call: each client's data
-    address, and whether it is a C-ordered float64 (n, d) array (only those can be read in
-    place as part of a block)."""
-
-    __slots__ = ("addresses", "readable")
-
-    def __init__(self, datas, d: int):
-        self.readable = np.array(
-            [X.dtype == np.float64 and X.flags.c_contiguous and X.shape[1:] == (d,) for X in datas], dtype=bool
-        )
-        self.addresses = np.array(
-            [_data_address(X) if ok else 0 for X, ok in zip(datas, self.readable.tolist())], dtype=np.int64
-        )
-
-
-def _block_records(datas, block, d: int, layout: _Layout | None = None) -> np.ndarray:
+def _block_records(datas, block, d: int) -> np.ndarray:
     """The block's records as one (rows, d) array: a view of the clients' own memory when
     its pieces lie back to back in it -- clients that are consecutive slices of one C-ordered
     float64 array, as a simulation's data set usually is -- else a copy into the thread's
-    scratch buffer. The view spans only the pieces' own memory, all alive while ``datas`` is.
-    ``layout``: the call's :class:`_Layout` (made here when not given)."""
+    scratch buffer. The view spans only the pieces' own memory, all alive while ``datas`` is."""
     clients, starts, stops = block[:, 0], block[:, 1], block[:, 2]
     rows = int((stops - starts).sum())
     if len(block) == 1:
         return datas[clients[0]][starts[0] : stops[0]]
-    if layout is None:
-        layout = _Layout([datas[c] for c in clients.tolist()], d)
-        clients = np.arange(len(block))
-    if layout.readable[clients].all():
+    arrays = [datas[c] for c in clients.tolist()]
+    f64, tail = np.dtype(np.float64), (d,)
+    if all(X.dtype == f64 and X.shape[1:] == tail and X.flags.c_contiguous for X in arrays):
         row_bytes = 8 * d
-        addresses = layout.addresses[clients]
+        addresses = np.array([_data_address(X) for X in arrays], dtype=np.int64)
         if np.array_equal(addresses[1:] + starts[1:] * row_bytes, addresses[:-1] + stops[:-1] * row_bytes):
-            head = datas[block[0, 0]][starts[0] :]
+            head = arrays[0][starts[0] :]
             return np.lib.stride_tricks.as_strided(head, shape=(rows, d), strides=head.strides)
-    parts = [datas[c][a:b] for c, a, b in zip(block[:, 0].tolist(), starts.tolist(), stops.tolist())]
+    parts = [X[a:b] for X, a, b in zip(arrays, starts.tolist(), stops.tolist())]
     return np.concatenate(parts, out=scratch("records", (rows, d)))
 
 
-def _block_sums(datas, block, C2T, cc, sums, counts, fast, layout=None):
+def _block_sums(datas, block, C2T, cc, sums, counts, fast):
     """Per-(client, cell) sums and counts of one block into ``sums`` / ``counts`` (zeros of
     (n block clients * k, d) and (n block clients * k,)), rows ordered by (local client, cell)."""
     k = len(cc)
-    Xb = _block_records(datas, block, C2T.shape[0], layout)
+    Xb = _block_records(datas, block, C2T.shape[0])
     row_base = np.repeat((block[:, 0] - block[0, 0]) * k, block[:, 2] - block[:, 1])
     block_cell_sums(Xb, C2T, cc, row_base, sums, counts, fast)
 
@@ -224,11 +217,10 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     group0 = np.concatenate([[0], np.cumsum(lasts - firsts + 1)])  # each block's first (client, cell) group
     out_sums, out_counts = np.zeros((group0[-1] * k, d)), np.zeros(group0[-1] * k)
     fast = use_compiled(sum(sizes) * k)
-    layout = _Layout(datas, d) if any(len(b) > 1 for b in blocks) else None
 
     def run(i):
         rows = slice(group0[i] * k, group0[i + 1] * k)
-        _block_sums(datas, blocks[i], C2T, cc, out_sums[rows], out_counts[rows], fast, layout)
+        _block_sums(datas, blocks[i], C2T, cc, out_sums[rows], out_counts[rows], fast)
 
     for _ in map_blocks(datas, run, n_threads=threads, blocks=range(len(blocks))):
         pass

@@ -88,6 +88,10 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+#: idle time before each batch of :func:`side_by_side` (the other side's spinning threads stop)
+SETTLE_S = 0.03
+
+
 def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
     """Median time of each callable, calls alternated (one warm-up each).
 
@@ -97,7 +101,11 @@ def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
     -- scikit-learn's OpenMP threads spin for a while after its kernel returns, and
     whatever runs next on a 2-core machine lost a core to them (measured at 100k x 16: a
     round run right after the kernel took 13.2 ms, the same round run after another round
-    7.7 ms; with ``OMP_WAIT_POLICY=passive`` 7.7 and 5.7 ms, the kernel's time unchanged)."""
+    7.7 ms; with ``OMP_WAIT_POLICY=passive`` 7.7 and 5.7 ms, the kernel's time unchanged).
+    They spin for about 9 ms (the process's CPU time ran 8-9 ms ahead of an idle main
+    thread in the 10 ms after a kernel call at 100k x 16, then stopped), longer than one
+    untimed round there, so each batch first waits :data:`SETTLE_S` for the previous side's
+    threads to go idle."""
     for f in fns.values():
         f()
     times = {k: [] for k in fns}
@@ -106,6 +114,7 @@ def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
             if batch == 1:
                 times[k].append(_timed(f))
                 continue
+            time.sleep(SETTLE_S)
             f()
             t = time.perf_counter()
             for _ in range(batch):
