@@ -1,0 +1,37 @@
+"""Smoke tests of ``securefkm bench speed`` on tiny inputs: its tables must keep running (the
+timings themselves are the benchmark's business, not the tests')."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from securefkm.bench import speed
+
+
+def test_side_by_side_alternates_warm_batches(monkeypatch):
+    """Each side: one warm-up call, then per repeat one untimed call and ``batch`` timed
+    calls, after the settling pause; sides alternate."""
+    monkeypatch.setattr(speed, "SETTLE_S", 0.0)
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    out = speed.side_by_side(fns, repeats=2, batch=3)
+    assert set(out) == {"a", "b"} and all(v >= 0 for v in out.values())
+    assert calls == ["a", "b"] + (["a"] * 4 + ["b"] * 4) * 2
+
+
+def test_rounds_measure_runs_every_algorithm(monkeypatch):
+    monkeypatch.setattr(speed, "SETTLE_S", 0.0)
+    X = np.random.default_rng(0).normal(size=(3000, 3))
+    m = speed.measure(X, 4, n_clients=10, repeats=1, algorithms=tuple(speed.ALGORITHMS))
+    for name in ("kernel", *speed.ALGORITHMS):
+        assert m[name] > 0
+    assert set(m["peak"]) == set(speed.ALGORITHMS) and m["data_bytes"] == X.nbytes
+
+
+def test_masked_round_counts_its_cryptography():
+    """A 20-client masked round: every client makes two key pairs and agrees keys with each
+    graph neighbour (complete graph here), once per pair for masks and once for shares."""
+    r = speed.masked_round(20, repeats=1)
+    assert r["counts"]["keygen"] == 2 * 20
+    assert r["counts"]["agree"] == 2 * 20 * 19
+    assert r["masked"] > r["plain"] > 0 and r["crypto_s"] > 0
