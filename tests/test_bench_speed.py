@@ -35,3 +35,8 @@ def test_masked_round_counts_its_cryptography():
     assert r["counts"]["keygen"] == 2 * 20
     assert r["counts"]["agree"] == 2 * 20 * 19
     assert r["masked"] > r["plain"] > 0 and r["crypto_s"] > 0
+
+
+def test_masked_round_with_clients_in_worker_processes():
+    r = speed.masked_round_workers(12, n_workers=2, repeats=1)
+    assert r["workers"] == 2 and r["masked"] > 0 and r["plain"] > 0
