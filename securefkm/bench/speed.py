@@ -336,7 +336,8 @@ def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", 
     """Print the tables of ``parts`` ("rounds": table 1; "masked": tables 2 and 3)."""
     out(f"securefkm bench speed: medians of {repeats} alternated repeats (table 1: each a batch of back-to-back "
         f"calls after an untimed one), {os.cpu_count()} CPUs, same threads "
-        f"for both sides (scikit-learn's OpenMP threads; ours: one thread per block of records); {_uptime()}\n")
+        f"for both sides (scikit-learn's OpenMP threads; ours: the calling thread and a pool thread per other CPU, "
+        f"sharing blocks of records); {_uptime()}\n")
     rows = _rounds_table(repeats, out) if "rounds" in parts else []
     if "masked" in parts:
         rows += _masked_tables(out, big_masked)
