@@ -40,3 +40,13 @@ def test_masked_round_counts_its_cryptography():
 def test_masked_round_with_clients_in_worker_processes():
     r = speed.masked_round_workers(12, n_workers=2, repeats=1)
     assert r["workers"] == 2 and r["masked"] > 0 and r["plain"] > 0
+
+
+def test_speed_diagnostics_run(monkeypatch):
+    """The measurements docs/benchmarks.md quotes to explain the tables keep running."""
+    from securefkm.bench import speed_diagnostics as diag
+
+    assert diag.spin(1).startswith("spin:")
+    assert "first block of the caller" in diag.timeline(1)
+    assert diag.framework(3000, 3, 4, 10, 1).startswith("framework:")
+    assert diag.x25519(10).startswith("x25519:")

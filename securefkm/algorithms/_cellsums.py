@@ -36,11 +36,10 @@ JIT_MIN_WORK = 1 << 18
 
 #: bytes of distances per product in the compiled path: a sub-block of ``SUB_BYTES / (8 k)``
 #: records (at least :data:`SUB_ROWS`). Each sub-block costs two calls from Python (the
-#: product, the loop: ~10 us with their dispatch, holding the GIL that the other block
-#: threads wait for), so fewer, larger ones are faster while the distances stay cached: at
-#: 100k x 16 (k=20) whole blocks of 12,500 records ran 15% faster than sub-blocks of 2,048;
-#: at 1M x 32 (k=50) 5,242 records were as fast as 2,048 and 16,384 slower (10,000 clients,
-#: 2 threads; docs/benchmarks.md)
+#: product, the loop, holding the GIL that the other block threads wait for), so fewer,
+#: larger ones are faster while the distances stay cached: at 100k x 16 (k=20) whole blocks
+#: of 12,500 records beat sub-blocks of 2,048; at 1M x 32 (k=50) 5,242 records were as fast
+#: as 2,048 and whole blocks of 16,384 slower (2 threads; docs/benchmarks.md)
 SUB_BYTES = 1 << 21
 
 #: the fewest records per distance product, whatever ``k``

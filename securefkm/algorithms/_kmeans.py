@@ -291,11 +291,12 @@ def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list) -> list:
     run in place) until the two meet; then the caller collects the pool's results.
 
     The caller is already running, a pool thread has to be woken: between two rounds the
-    pool's threads sleep while the server does its part, and waking one cost 0.3-1 ms on
-    this 2-core VM (scikit-learn's OpenMP threads spin instead). With the caller working
-    from the start the round at 100k x 16 was 5-18% faster (docs/benchmarks.md), and a pool
-    thread that is slow to wake only takes fewer blocks. Which thread computes a block
-    changes no result: each block writes its own output."""
+    pool's threads sleep while the server does its part, and the pool thread starts its
+    first block about 0.1 ms after the caller (``python -m securefkm.bench.speed_diagnostics``;
+    scikit-learn's OpenMP threads spin instead). With the caller working from the start the
+    DWF round at 100k x 16 went from 2.3 to 1.8 x scikit-learn's Lloyd iteration
+    (docs/benchmarks.md), and a pool thread that is slow to wake only takes fewer blocks.
+    Which thread computes a block changes no result: each block writes its own output."""
     futures = [pool.submit(fn, b) for b in blocks]
     results: list = [None] * len(blocks)
     mine = [False] * len(blocks)

@@ -107,10 +107,10 @@ def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
     whatever runs next on a 2-core machine lost a core to them (measured at 100k x 16: a
     round run right after the kernel took 13.2 ms, the same round run after another round
     7.7 ms; with ``OMP_WAIT_POLICY=passive`` 7.7 and 5.7 ms, the kernel's time unchanged).
-    They spin for about 9 ms (the process's CPU time ran 8-9 ms ahead of an idle main
-    thread in the 10 ms after a kernel call at 100k x 16, then stopped), longer than one
-    untimed round there, so each batch first waits :data:`SETTLE_S` for the previous side's
-    threads to go idle."""
+    They spin for about 9 ms (the process used 7-11 ms of CPU in a 10 ms sleep of its main
+    thread right after a kernel call at 100k x 16: ``speed_diagnostics.spin``), longer than
+    one untimed round there, so each batch first waits :data:`SETTLE_S` for the previous
+    side's threads to go idle."""
     for f in fns.values():
         f()
     times = {k: [] for k in fns}

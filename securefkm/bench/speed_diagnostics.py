@@ -1,0 +1,123 @@
+"""Where the time of ``securefkm bench speed``'s rounds goes: the measurements that
+docs/benchmarks.md quotes to explain its tables (``python -m securefkm.bench.speed_diagnostics``;
+about a minute). Each prints one line; none is a target.
+
+* ``spin``: CPU time the process spends in the 10 ms after a scikit-learn Lloyd kernel call
+  while its main thread sleeps (its OpenMP threads spin, taking a core from whatever runs next).
+* ``timeline``: one pooled kernel call at 100k x 16 (k=20, 100 clients): when the calling
+  thread and the pool thread start their first block, and the median block time.
+* ``framework``: a DWF round with the kernel replaced by its stored result -- the federation's
+  own work (requests, sessions, checks, plain sum, transcript) -- at 100 and 10,000 clients.
+* ``x25519``: key agreements in two threads against the same number in one: ``cryptography``
+  holds the GIL while it computes one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from ..algorithms import _kmeans, dwf
+from .speed import _Round, _SklearnKernel, _split
+
+
+def spin(repeats: int = 5) -> str:
+    X = np.random.default_rng(1).normal(size=(100_000, 16))
+    pooled, _, C = _split(X, 20, 100, 0)
+    kernel = _SklearnKernel(pooled, C)
+    for _ in range(5):
+        kernel()
+    cpu = []
+    for _ in range(repeats):
+        kernel()
+        c = time.process_time()
+        time.sleep(0.01)
+        cpu.append((time.process_time() - c) * 1e3)
+    return f"spin: CPU ms used in the 10 ms sleep after a scikit-learn kernel call (100k x 16): {[round(v, 1) for v in cpu]}"
+
+
+def timeline(repeats: int = 20) -> str:
+    X = np.random.default_rng(1).normal(size=(100_000, 16))
+    _, clients, C = _split(X, 20, 100, 0)
+    events = []
+    original = _kmeans._block_sums
+
+    def traced(*args):
+        t = time.perf_counter()
+        original(*args)
+        events.append((threading.current_thread() is threading.main_thread(), t, time.perf_counter()))
+
+    _kmeans._block_sums = traced
+    try:
+        for _ in range(10):
+            _kmeans.per_client_cell_sums(clients, C)
+        caller, pool, blocks = [], [], []
+        for _ in range(repeats):
+            events.clear()
+            t = time.perf_counter()
+            _kmeans.per_client_cell_sums(clients, C)
+            caller.append(min(s for main, s, _ in events if main) - t)
+            pool.append(min((s for main, s, _ in events if not main), default=float("nan")) - t)
+            blocks += [e - s for _, s, e in events]
+    finally:
+        _kmeans._block_sums = original
+    med = statistics.median
+    return (f"timeline (100k x 16, k=20, 100 clients, {len(events)} blocks): first block of the caller at "
+            f"{med(caller) * 1e3:.2f} ms, of the pool thread at {med(pool) * 1e3:.2f} ms; median block {med(blocks) * 1e3:.2f} ms")
+
+
+def framework(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
+    X = np.random.default_rng(1).normal(size=(n, d))
+    _, clients, C = _split(X, k, n_clients, 0)
+    stored = _kmeans.per_client_cell_sums(clients, C)
+    original = dwf.per_client_cell_sums
+    dwf.per_client_cell_sums = lambda datas, centres: stored
+    try:
+        rnd = _Round("DWF", clients, C)
+        for _ in range(3):
+            rnd()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            rnd()
+            times.append(time.perf_counter() - t)
+    finally:
+        dwf.per_client_cell_sums = original
+    return f"framework: DWF round without its kernel, {n_clients} clients of {n} x {d} (k={k}): {statistics.median(times) * 1e3:.2f} ms"
+
+
+def x25519(n: int = 5000) -> str:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    sk, pk = X25519PrivateKey.generate(), X25519PrivateKey.generate().public_key()
+
+    def work():
+        for _ in range(n):
+            sk.exchange(pk)
+
+    t = time.perf_counter()
+    work(), work()
+    one = time.perf_counter() - t
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    two = time.perf_counter() - t
+    return f"x25519: 2 x {n} agreements in one thread {one:.3f} s, in two threads {two:.3f} s"
+
+
+def run(out=print) -> None:
+    out(spin())
+    out(timeline())
+    out(framework(100_000, 16, 20, 100, 300))
+    out(framework(1_000_000, 32, 50, 10_000, 10))
+    out(x25519())
+
+
+if __name__ == "__main__":
+    run()
