@@ -134,7 +134,11 @@ def _data_address(X: np.ndarray) -> int:
     if entry is not None and entry[0]() is X:
         return entry[1]
     address = X.__array_interface__["data"][0]
-    _ADDRESSES[key] = (weakref.ref(X, lambda _, key=key: _ADDRESSES.pop(key, None)), address)
+    try:
+        ref = weakref.ref(X, lambda _, key=key: _ADDRESSES.pop(key, None))
+    except TypeError:  # an array type without weak references: not remembered
+        return address
+    _ADDRESSES[key] = (ref, address)
     return address
 
 
