@@ -9,7 +9,7 @@ import os
 from ._validation import check_int
 
 _DEFAULT: int | None = None
-_CPUS: int | None = None  # os.cpu_count() reads /sys on every call (6-40 us, once per round)
+_CPUS: int | None = None  # read once: os.cpu_count() reads /sys on every call (once per round)
 
 
 def set_kernel_threads(n_threads: int | None) -> None:

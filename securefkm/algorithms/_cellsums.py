@@ -50,6 +50,7 @@ def sub_rows(k: int) -> int:
     """Records per distance product for ``k`` centres (:data:`SUB_BYTES`)."""
     return max(SUB_ROWS, SUB_BYTES // (8 * max(k, 1)))
 
+
 #: scratch buffers up to this size are kept by their thread between calls (a block of
 #: 16,384 records of 32 features is 4 MB; the numpy loop's distances for k = 1,000, 131 MB,
 #: are not kept by the kernel's long-lived threads)

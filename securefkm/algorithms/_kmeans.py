@@ -106,8 +106,7 @@ def _blocks(sizes, chunk: int | None, threads: int) -> list[np.ndarray]:
     """The pooled kernels' blocks of clients of ``sizes`` records: pieces cut at ``chunk``
     (default :data:`CHUNK_ROWS`), grouped for ``threads`` threads (:func:`_balanced_rows`).
     Read-only arrays, remembered for the last few layouts: a fit's rounds ask for the same
-    one every round, and computing it (~30-90 us at 100 clients) was a tenth of the pooled
-    call's time before its first block started."""
+    one every round, and computing it (tens of us at 100 clients) delayed every block."""
     return list(_blocks_of(tuple(int(n) for n in sizes), chunk or CHUNK_ROWS, threads))
 
 
@@ -297,9 +296,10 @@ def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list) -> list:
     The caller is already running, a pool thread has to be woken: between two rounds the
     pool's threads sleep while the server does its part, and the pool thread starts its
     first block about 0.1 ms after the caller (``python -m securefkm.bench.speed_diagnostics``;
-    scikit-learn's OpenMP threads spin instead). With the caller working from the start the
-    DWF round at 100k x 16 went from 2.3 to 1.8 x scikit-learn's Lloyd iteration
-    (docs/benchmarks.md), and a pool thread that is slow to wake only takes fewer blocks.
+    scikit-learn's OpenMP threads spin instead). With the caller working from the start (and
+    larger distance products, :func:`._cellsums.sub_rows`) the DWF round at 100k x 16 went
+    from 2.3 to 1.8 x scikit-learn's Lloyd iteration (docs/benchmarks.md), and a pool thread
+    that is slow to wake only takes fewer blocks.
     Which thread computes a block changes no result: each block writes its own output."""
     futures = [pool.submit(fn, b) for b in blocks]
     results: list = [None] * len(blocks)
