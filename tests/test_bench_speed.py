@@ -44,9 +44,13 @@ def test_masked_round_with_clients_in_worker_processes():
 
 def test_speed_diagnostics_run(monkeypatch):
     """The measurements docs/benchmarks.md quotes to explain the tables keep running."""
+    from securefkm.algorithms import _cellsums
     from securefkm.bench import speed_diagnostics as diag
 
     assert diag.spin(1).startswith("spin:")
     assert "first block of the caller" in diag.timeline(1)
     assert diag.framework(3000, 3, 4, 10, 1).startswith("framework:")
     assert diag.x25519(10).startswith("x25519:")
+    saved = (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS)
+    assert "whole blocks" in diag.sub_blocks(3000, 3, 4, 10, 1)
+    assert (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS) == saved  # the sub-block rule is put back

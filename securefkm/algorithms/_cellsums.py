@@ -38,8 +38,9 @@ JIT_MIN_WORK = 1 << 18
 #: records (at least :data:`SUB_ROWS`). Each sub-block costs two calls from Python (the
 #: product, the loop, holding the GIL that the other block threads wait for), so fewer,
 #: larger ones are faster while the distances stay cached: at 100k x 16 (k=20) whole blocks
-#: of 12,500 records beat sub-blocks of 2,048; at 1M x 32 (k=50) 5,242 records were as fast
-#: as 2,048 and whole blocks of 16,384 slower (2 threads; docs/benchmarks.md)
+#: of 12,500 records took 2.97 ms a call against 3.75 ms for sub-blocks of 2,048; at 1M x 32
+#: (k=50, 10,000 clients) 5,242 records, 2,048 and whole blocks were within noise
+#: (``python -m securefkm.bench.speed_diagnostics``, 2 threads; docs/benchmarks.md)
 SUB_BYTES = 1 << 21
 
 #: the fewest records per distance product, whatever ``k``

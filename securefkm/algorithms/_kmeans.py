@@ -303,14 +303,12 @@ def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list) -> list:
     Which thread computes a block changes no result: each block writes its own output."""
     futures = [pool.submit(fn, b) for b in blocks]
     results: list = [None] * len(blocks)
-    mine = [False] * len(blocks)
     try:
         for i in reversed(range(len(blocks))):
-            if futures[i].cancel():
-                mine[i] = True
+            if futures[i].cancel():  # still queued: the caller's (cancelled() marks it below)
                 results[i] = fn(blocks[i])
         for i, future in enumerate(futures):
-            if not mine[i]:
+            if not future.cancelled():
                 results[i] = future.result()
     except BaseException:
         for future in futures:

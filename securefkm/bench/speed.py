@@ -244,8 +244,7 @@ def masked_round_workers(n_clients=1000, n_workers=2, repeats=3) -> dict:
     while it computes one, so in one process the round uses one core whatever the threads;
     worker processes are the library's way to put the clients on every core (each worker
     holds its shard of clients for the fit); the protocol and its transcript are the same."""
-    plain, _ = _masked_setup(n_clients)
-    _, masked = _masked_setup(n_clients, n_workers=n_workers)
+    plain, masked = _masked_setup(n_clients, n_workers=n_workers)  # the plain round stays in process
     try:
         plain(), masked()
         wall = {"plain": [], "masked": []}

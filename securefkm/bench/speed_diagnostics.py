@@ -8,6 +8,10 @@ about a minute). Each prints one line; none is a target.
   thread and the pool thread start their first block, and the median block time.
 * ``framework``: a DWF round with the kernel replaced by its stored result -- the federation's
   own work (requests, sessions, checks, plain sum, transcript) -- at 100 and 10,000 clients.
+* ``sub_blocks``: the pooled kernel call with distance products of 2,048 records (the
+  previous rule), of :func:`~securefkm.algorithms._cellsums.sub_rows` (2 MiB of distances, the
+  default) and of whole blocks, alternated, at 100k x 16 (k=20) and 1M x 32 (k=50, 10,000
+  clients).
 * ``x25519``: key agreements in two threads against the same number in one: ``cryptography``
   holds the GIL while it computes one.
 """
@@ -89,6 +93,29 @@ def framework(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     return f"framework: DWF round without its kernel, {n_clients} clients of {n} x {d} (k={k}): {statistics.median(times) * 1e3:.2f} ms"
 
 
+def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
+    from ..algorithms import _cellsums
+
+    X = np.random.default_rng(1).normal(size=(n, d))
+    _, clients, C = _split(X, k, n_clients, 0)
+    rules = {"2048 records": (0, 2048), "2 MiB (default)": (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS),
+             "whole blocks": (1 << 40, _cellsums.SUB_ROWS)}
+    saved = _cellsums.SUB_BYTES, _cellsums.SUB_ROWS
+    times = {name: [] for name in rules}
+    try:
+        for _ in range(repeats):
+            for name, (sub_bytes, sub_min) in rules.items():
+                _cellsums.SUB_BYTES, _cellsums.SUB_ROWS = sub_bytes, sub_min
+                _kmeans.per_client_cell_sums(clients, C)  # untimed: the same thread state for each
+                t = time.perf_counter()
+                _kmeans.per_client_cell_sums(clients, C)
+                times[name].append(time.perf_counter() - t)
+    finally:
+        _cellsums.SUB_BYTES, _cellsums.SUB_ROWS = saved
+    cells = ", ".join(f"{name} {statistics.median(v) * 1e3:.2f} ms" for name, v in times.items())
+    return f"sub_blocks ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
+
+
 def x25519(n: int = 5000) -> str:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -116,6 +143,8 @@ def run(out=print) -> None:
     out(timeline())
     out(framework(100_000, 16, 20, 100, 300))
     out(framework(1_000_000, 32, 50, 10_000, 10))
+    out(sub_blocks(100_000, 16, 20, 100, 60))
+    out(sub_blocks(1_000_000, 32, 50, 10_000, 10))
     out(x25519())
 
 
