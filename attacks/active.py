@@ -234,18 +234,23 @@ def _run(estimator, clients, algorithm, policy, max_rounds, random_state):
         random_state=random_state,
         server_policy=policy,
         crypto=getattr(estimator, "crypto", "real"),  # the ideal functionality releases the same
+        backend=getattr(estimator, "backend", "auto"),  # where the clients run changes nothing they send
+        n_workers=getattr(estimator, "n_workers", None),
     )
     state = algorithm.init(len(clients), clients[0].shape[1], np.random.default_rng(random_state))
     aborted = []
-    for t in range(max_rounds):
-        try:
-            state = fed.run_round(state, round=t)
-        except RoundAbortedError as exc:
-            aborted.append(str(exc))  # the runtime already told the policy (on_abort)
-            if policy.stop_on_abort:
+    try:
+        for t in range(max_rounds):
+            try:
+                state = fed.run_round(state, round=t)
+            except RoundAbortedError as exc:
+                aborted.append(str(exc))  # the runtime already told the policy (on_abort)
+                if policy.stop_on_abort:
+                    break
+            if policy.done or algorithm.converged(state):
                 break
-        if policy.done or algorithm.converged(state):
-            break
+    finally:  # the transcript stays; worker processes (backend) go
+        fed.close()
     return fed, aborted
 
 

@@ -244,6 +244,11 @@ class Aggregator(Layer):
     #: explicit opt-in (constructor argument of the secure aggregators) to run on an
     #: algorithm whose set-fields reach the server in plain; reports then say so
     allow_plain_set_fields: bool = False
+    #: True when the clients' side of this aggregator does public-key cryptography every
+    #: round (key agreements, Paillier encryptions), work that holds the GIL: then
+    #: ``backend="auto"`` spreads simulated clients over worker processes
+    #: (:func:`securefkm.federation.workers.auto_backend`). False for ideal functionalities.
+    client_public_key_work: ClassVar[bool] = False
     #: the class of this aggregator's ideal functionality, registered by that class itself
     #: (``class IdealX(X, ideal_of=X)``) so the real protocol's module never imports it
     _ideal_functionality: ClassVar[type | None] = None

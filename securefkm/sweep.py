@@ -204,6 +204,11 @@ def _pin_threads(n: int) -> None:
     threadpool_limits(limits=n)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
+    # and the library's own pooled kernels; with one CPU a fit's backend="auto" also keeps
+    # its clients in the worker instead of starting worker processes of its own
+    from ._kernel_threads import set_kernel_threads
+
+    set_kernel_threads(n)
 
 
 def _run_processes(fn, cells, todo, jobs, done) -> None:

@@ -192,7 +192,7 @@ def test_n_workers_capped_by_clients():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"backend": "threads"}, r"backend must be one of \('local', 'processes', 'ray'\)"),
+        ({"backend": "threads"}, r"backend must be one of \('auto', 'local', 'processes', 'ray'\)"),
         ({"backend": "processes", "n_workers": 0}, "n_workers must be an int >= 1"),
         ({"backend": "processes", "n_workers": 1.5}, "n_workers must be an int >= 1"),
         ({"backend": "processes", "n_workers": True}, "n_workers must be an int >= 1"),
@@ -219,3 +219,97 @@ def test_backend_and_transport_are_exclusive():
     with pytest.raises(InputError, match="cannot be combined with a transport"):
         Federation(algo, None, transport=LocalTransport([], Dropouts(), np.random.default_rng(0)),
                    n_features=2, backend="processes")
+
+
+# ---------------------------------------------------------------- backend="auto" (the default)
+two_cpus = pytest.mark.skipif(workers_mod.available_cpus() < 2, reason="auto keeps a one-CPU process's clients local")
+
+
+@pytest.fixture
+def low_auto_threshold(monkeypatch):
+    """backend="auto" chooses workers from 10 clients a round (12-client fits stay fast)."""
+    monkeypatch.setattr(workers_mod, "AUTO_MIN_CLIENTS", 10)
+
+
+def _auto(clients, protection=(), **kw):
+    algo = WeightedFederatedKMeansAlgorithm(3, init="uniform", init_bounds=(-2.0, 7.0))
+    return Federation(algo, clients, protection=list(protection), random_state=0, max_rounds=6, **kw)
+
+
+def test_auto_is_the_default_and_keeps_small_or_plain_fits_in_process():
+    assert make_estimator("dwf", n_clusters=3).get_params()["backend"] == "auto"
+    clients = make_clients()
+    with _auto(clients, [PairwiseMasking()]) as fed:  # 12 clients < AUTO_MIN_CLIENTS
+        assert fed.backend == "local"
+    est = make_estimator("dwf", n_clusters=3, random_state=0, max_rounds=3).fit(clients)
+    assert est.backend_ == "local" and est.get_params()["backend"] == "auto"
+
+
+@two_cpus
+def test_auto_puts_public_key_clients_in_worker_processes(low_auto_threshold):
+    clients = make_clients()
+    with _auto(clients, [PairwiseMasking()]) as fed:
+        assert fed.backend == "processes"
+        assert fed.transport.n_workers == min(workers_mod.available_cpus(), len(clients))
+    for case in ("dwf-masking-dropouts", "dwf-paillier"):  # the same fit as in process, bit for bit
+        assert outcome(case, "auto", n_workers=None) == outcome(case, "local"), case
+    est = make_estimator("dwf", n_clusters=3, random_state=0, max_rounds=3, protection=[PairwiseMasking()],
+                         init_bounds=(-2.0, 7.0))
+    assert est.fit(clients).backend_ == "processes"
+
+
+@two_cpus
+@pytest.mark.parametrize("why", ["plain", "ideal", "one-cpu", "transport"])
+def test_auto_stays_in_process_when_workers_do_not_pay(low_auto_threshold, monkeypatch, why):
+    from securefkm import _kernel_threads
+
+    clients = make_clients()
+    kw = {"protection": [PairwiseMasking()]}
+    if why == "plain":
+        kw = {}
+    elif why == "ideal":  # the ideal functionality does no cryptography
+        kw["crypto"] = "ideal"
+    elif why == "one-cpu":  # e.g. a worker of a sweep (sweep._pin_threads gives it one)
+        monkeypatch.setattr(_kernel_threads, "_DEFAULT", 1)
+    elif why == "transport":  # a deployment's clients are where they are
+        class Remote:  # stands for the Flower transport: only its client ids are read here
+            def client_ids(self):
+                return list(range(12))
+
+            def close(self):
+                pass
+
+        kw.update(transport=Remote(), n_features=2)
+        clients = None
+    with _auto(clients, **kw) as fed:
+        assert fed.backend == "local"
+
+
+@two_cpus
+def test_auto_stays_in_process_for_a_class_a_worker_cannot_import(low_auto_threshold):
+    """loky's workers do not import the parent's __main__: a layer defined in a script or
+    notebook could not be rebuilt there, so auto keeps the fit in process."""
+    namespace = {"__name__": "__main__"}
+    exec("from protocols import PairwiseMasking\nclass MyMasking(PairwiseMasking):\n    pass\n", namespace)
+    my_masking = namespace["MyMasking"]
+    import __main__
+
+    __main__.MyMasking = my_masking  # picklable by reference from __main__, as in a script
+    try:
+        with _auto(make_clients(), [my_masking()]) as fed:
+            assert fed.backend == "local"
+    finally:
+        delattr(__main__, "MyMasking")
+
+
+def test_sweep_workers_give_the_kernels_one_thread(monkeypatch):
+    from securefkm import _kernel_threads, sweep
+
+    monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
+    for var in sweep._THREAD_VARS:
+        monkeypatch.setenv(var, os.environ.get(var, ""))  # restored after the test
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits():  # restores the native pools' limits on exit
+        sweep._pin_threads(1)
+    assert _kernel_threads.kernel_threads() == 1

@@ -37,9 +37,16 @@ def test_masked_round_counts_its_cryptography():
     assert r["masked"] > r["plain"] > 0 and r["crypto_s"] > 0
 
 
-def test_masked_round_with_clients_in_worker_processes():
-    r = speed.masked_round_workers(12, n_workers=2, repeats=1)
-    assert r["workers"] == 2 and r["masked"] > 0 and r["plain"] > 0
+def test_masked_round_as_a_user_gets_it(monkeypatch):
+    """The default backend's row: the masked round's clients in worker processes (when the
+    machine has two CPUs), the plain round in process."""
+    from securefkm.federation import workers
+
+    monkeypatch.setattr(workers, "AUTO_MIN_CLIENTS", 10)
+    r = speed.masked_round_default(12, repeats=1)
+    two = workers.available_cpus() >= 2
+    assert r["backend_masked"] == ("processes" if two else "local") and r["backend_plain"] == "local"
+    assert r["workers"] == (2 if two else 0) and r["masked"] > 0 and r["plain"] > 0
 
 
 def test_speed_diagnostics_run(monkeypatch):

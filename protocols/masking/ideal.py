@@ -93,6 +93,8 @@ class IdealMasking(PairwiseMasking, ideal_of=PairwiseMasking):
     ``crypto="ideal"`` is refused): it trusts the simulation's process to hold every input.
     """
 
+    client_public_key_work = False
+
     @classmethod
     def of(cls, real: PairwiseMasking) -> IdealMasking:
         ideal = cls.__new__(cls)

@@ -137,6 +137,7 @@ class PairwiseMasking(Aggregator):
     STAGES_CHECKED = ("advertise", "share", "masked_input", "consistency_check", "unmask")
     stages = STAGES
     input_stage = "masked_input"
+    client_public_key_work = True  # X25519 key pairs and agreements every round
 
     def __init__(
         self,

@@ -134,6 +134,7 @@ class Paillier(Aggregator):
 
     stages = (STAGE,)
     input_stage = STAGE
+    client_public_key_work = True  # Paillier encryptions every round
 
     def __init__(
         self,

@@ -97,7 +97,7 @@ def masking_round(n: int, length: int, graph: str, neighbours: int | None = None
     degree = threshold = None
     for r in range(repeats):
         layer = PairwiseMasking(graph=graph, neighbours=neighbours)
-        fed = Federation(algo, data, protection=[layer], random_state=r, record="none")
+        fed = Federation(algo, data, protection=[layer], random_state=r, record="none", backend="local")
         state = algo.init(n, 1, None)
         t0, c0 = time.perf_counter(), time.process_time()
         new = fed.run_round(state, round=0)

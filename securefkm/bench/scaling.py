@@ -46,7 +46,7 @@ def _federation(clients, backend: str, n_workers: int | None, crypto: str = "rea
     from ..federation import Federation
 
     algo = WeightedFederatedKMeansAlgorithm(K, init="uniform", init_bounds=BOX, tol=0.0)
-    kw = {} if backend == "local" else {"backend": backend, "n_workers": n_workers}
+    kw = {"backend": backend} if backend == "local" else {"backend": backend, "n_workers": n_workers}
     return Federation(algo, clients, protection=[PairwiseMasking()], max_rounds=max_rounds, random_state=0,
                       record="aggregates", crypto=crypto, **kw)
 

@@ -44,7 +44,7 @@ def _stacks():
 def _federation(clients, C, make, crypto, rounds):
     algo = WeightedFederatedKMeansAlgorithm(len(C), init=C, tol=0.0)
     fed = Federation(algo, clients, protection=make(), max_rounds=rounds + 1, random_state=0,
-                     record="full", crypto=crypto)
+                     record="full", crypto=crypto, backend="local")  # both sides in this process
     state = algo.init(len(clients), C.shape[1], np.random.default_rng(0))
     return fed, state
 

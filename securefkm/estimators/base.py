@@ -38,7 +38,11 @@ transcript's ``aborts`` lists each with its cause; docs/aborted-rounds.md).
 
 ``backend="processes"|"ray"`` with ``n_workers`` runs the simulated clients on a pool of
 worker processes or Ray actors instead of in process, with identical results
-(:mod:`securefkm.federation.workers`, docs/scaling.md).
+(:mod:`securefkm.federation.workers`, docs/scaling.md). The default, ``backend="auto"``,
+runs them in worker processes when their public-key cryptography would otherwise hold the
+fit to one core (real ``PairwiseMasking`` or ``Paillier``, at least 100 clients a round,
+two CPUs or more: :func:`~securefkm.federation.workers.auto_backend`) and in process
+otherwise; ``backend_`` says which it was.
 
 ``max_aborted_rounds`` (every estimator; default
 :data:`~securefkm.federation.runtime.MAX_ABORTED_ROUNDS` = 10): aborted round attempts
@@ -180,6 +184,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             federation.close()
         best = states[self._select_run(states)] if len(states) > 1 else states[0]
         self._set_fitted(data, algorithm, federation, best, pooled=pooled)
+        self.backend_ = federation.backend  # where the clients ran ("auto" resolved)
         return self
 
     def _fit_input(self, X, groups):
@@ -260,7 +265,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             verbose=verbose,
             server_policy=server_policy,
             crypto=getattr(self, "crypto", "real"),
-            backend=getattr(self, "backend", "local"),
+            backend=getattr(self, "backend", "auto"),
             n_workers=getattr(self, "n_workers", None),
             max_aborted_rounds=getattr(self, "max_aborted_rounds", MAX_ABORTED_ROUNDS),
             **self._transport_kwargs(transport, data),

@@ -118,7 +118,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         random_state=None,
         verbose=0,
         crypto="real",
-        backend="local",
+        backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
     ):

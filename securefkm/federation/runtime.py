@@ -126,8 +126,12 @@ class Federation:
     ``backend`` says where the simulated clients run: ``"local"`` (this process),
     ``"processes"`` (a pool of ``n_workers`` worker processes) or ``"ray"`` (a pool of Ray
     actors); each worker holds a shard of clients for the whole fit and the results are
-    identical (:mod:`securefkm.federation.workers`). Call :meth:`close` (or use the
-    Federation as a context manager) to release the workers.
+    identical (:mod:`securefkm.federation.workers`). ``"auto"`` (default) picks worker
+    processes when the clients' public-key cryptography would otherwise keep the fit on one
+    core (:func:`~securefkm.federation.workers.auto_backend`: real masking or Paillier, at
+    least ``AUTO_MIN_CLIENTS`` clients a round, two CPUs or more) and this process otherwise;
+    ``self.backend`` is the choice made. Call :meth:`close` (or use the Federation as a
+    context manager) to release the workers.
 
     ``max_aborted_rounds`` (default :data:`MAX_ABORTED_ROUNDS`): aborted round attempts
     tolerated per run (too few survivors, a layer refusing to start the round); each is
@@ -154,7 +158,7 @@ class Federation:
         transport: Transport | None = None,
         n_features: int | None = None,
         crypto: str = "real",
-        backend: str = "local",
+        backend: str = "auto",
         n_workers: int | None = None,
         max_aborted_rounds: int = MAX_ABORTED_ROUNDS,
         retry_server_misbehaviour: bool = False,
@@ -162,7 +166,7 @@ class Federation:
         from .workers import check_backend
 
         self.backend, n_workers = check_backend(backend, n_workers)
-        if self.backend != "local" and transport is not None:
+        if self.backend not in ("auto", "local") and transport is not None:
             raise InputError(f"backend={backend!r} runs simulated clients; it cannot be combined with a transport.")
         self.algorithm = algorithm
         self.max_aborted_rounds = check_int(max_aborted_rounds, "max_aborted_rounds", minimum=0)
@@ -218,6 +222,8 @@ class Federation:
         )
         for layer in self.layers:
             layer.setup(self.info)
+        if self.backend == "auto":
+            self.backend = self._auto_backend(transport)
         if transport is None and self.backend != "local":
             from .workers import WorkerTransport
 
@@ -251,6 +257,20 @@ class Federation:
         self.elapsed = 0.0
         #: aborted attempts over all runs (also in ``transcript.aborts``)
         self.n_aborted_rounds = 0
+
+    def _auto_backend(self, transport) -> str:
+        """``backend="auto"`` resolved for this fit (:func:`.workers.auto_backend`)."""
+        from .workers import auto_backend
+
+        if transport is not None:  # a deployment: the clients are where they are
+            return "local"
+        backend = auto_backend(self.aggregator, self.clients_per_round,
+                               (self.algorithm, self.layers, self.aggregator, self.info))
+        if backend != "local":
+            log.info("backend='auto': the %d clients run in worker processes (%s: its clients' public-key "
+                     "cryptography holds the GIL); pass backend='local' to keep them in this process",
+                     self.n_clients, self.aggregator.name)
+        return backend
 
     # ------------------------------------------------------------------ rounds
     def run(self, run: int = 0):

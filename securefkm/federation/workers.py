@@ -48,7 +48,7 @@ from typing import Any
 
 from joblib.externals.loky import ProcessPoolExecutor
 
-from .._kernel_threads import set_kernel_threads
+from .._kernel_threads import kernel_threads, set_kernel_threads
 from ..exceptions import InputError
 from ..layers import ClientContext
 from .client import ClientRuntime, serve
@@ -56,7 +56,14 @@ from .transport import SimulatedTransport
 
 log = logging.getLogger("securefkm")
 
-BACKENDS = ("local", "processes", "ray")
+BACKENDS = ("auto", "local", "processes", "ray")
+#: ``backend="auto"`` puts the clients in worker processes from this many clients per round
+#: on, when their aggregator does public-key cryptography each round (``Aggregator.
+#: client_public_key_work``). Measured on 2 cores (docs/scaling.md, "The default backend"):
+#: a masked round of 50 clients takes ~0.2 s either way, against the ~1 s a pool takes to
+#: start; from 100 clients on, a round saves 0.15-1.6 s in 2 processes, so the start is
+#: repaid within a few rounds.
+AUTO_MIN_CLIENTS = 100
 #: seconds one exchange may take before its silent workers are declared dead and killed
 DEFAULT_TIMEOUT = 1800.0
 _RAY_HINT = 'pip install -e ".[ray]"  (or: pip install "ray==2.60.0")'
@@ -74,8 +81,8 @@ def check_backend(backend, n_workers) -> tuple[str, int | None]:
     """Validate ``backend`` / ``n_workers`` (None: decided when the pool starts)."""
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise InputError(
-            f"backend must be one of {BACKENDS} (in process, a pool of worker processes, a pool of Ray "
-            f"actors), got {backend!r}."
+            f"backend must be one of {BACKENDS} (chosen for the fit, in process, a pool of worker processes, "
+            f"a pool of Ray actors), got {backend!r}."
         )
     if n_workers is not None:
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
@@ -86,6 +93,33 @@ def check_backend(backend, n_workers) -> tuple[str, int | None]:
     if backend == "ray":
         import_ray()
     return backend, n_workers
+
+
+def auto_backend(aggregator, clients_per_round: int, fit_objects) -> str:
+    """What ``backend="auto"`` runs a simulated fit on: ``"processes"`` when that pays,
+    ``"local"`` otherwise.
+
+    Worker processes pay when the clients' work each round is public-key cryptography
+    (real pairwise masking: X25519 key agreements; real Paillier: encryptions), because
+    ``cryptography`` and ``phe`` hold the GIL while they compute, so in one process those
+    clients use one core whatever the threads. The clients' k-means steps need no workers:
+    their pooled kernel already uses every core in process. So: ``"processes"`` when the
+    aggregator does such work (:attr:`~securefkm.layers.Aggregator.client_public_key_work`),
+    a round samples at least :data:`AUTO_MIN_CLIENTS` clients, this process may use two
+    CPUs or more (a worker of a sweep or of another pool is given one), and the fit's
+    algorithm and layers can be rebuilt in a fresh interpreter: loky's workers do not import
+    the parent's ``__main__``, so a class defined in a script or a notebook keeps the fit in
+    process. The results are the same either way (tests/test_backends.py).
+    """
+    if not getattr(aggregator, "client_public_key_work", False) or clients_per_round < AUTO_MIN_CLIENTS:
+        return "local"
+    if min(kernel_threads(), available_cpus()) < 2:
+        return "local"
+    try:
+        blob = pickle.dumps(fit_objects, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # not picklable: only this process can run the clients
+        return "local"
+    return "local" if b"__main__" in blob else "processes"
 
 
 def import_ray():
