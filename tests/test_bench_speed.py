@@ -58,6 +58,7 @@ def test_speed_diagnostics_run(monkeypatch):
     assert "first block of the caller" in diag.timeline(1)
     assert diag.framework(3000, 3, 4, 10, 1).startswith("framework:")
     assert diag.x25519(10).startswith("x25519:")
+    assert "ms in process" in diag.auto_backend(sizes=(6,), repeats=1)
     saved = (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS)
     assert "whole blocks" in diag.sub_blocks(3000, 3, 4, 10, 1)
     assert (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS) == saved  # the sub-block rule is put back

@@ -261,10 +261,10 @@ def test_kernel_threads_default_and_worker_setting(monkeypatch):
 
 
 def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
-    """The calling thread computes blocks too (from the back of the queue): the results
-    come in block order whoever computed them; with the pool's only thread busy elsewhere
-    the caller does every block instead of waiting; an error in a block is raised and the
-    blocks not started are dropped."""
+    """The calling thread and the pool's helper take the next block from one counter: the
+    results come in block order whoever computed them; with the pool's only thread busy
+    elsewhere the caller does every block instead of waiting (its queued helper is
+    cancelled); an error in a block is raised and no block after it is started."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -274,7 +274,7 @@ def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
         busy = pool.submit(release.wait, 30)
         callers = []
         out = _kmeans._run_shared(pool, lambda b: callers.append(threading.current_thread()) or -b, list(range(5)))
-        assert out == [0, -1, -2, -3, -4] and set(callers) == {threading.current_thread()}
+        assert out == [0, -1, -2, -3, -4] and callers == [threading.current_thread()] * 5
         ran = []
 
         def failing(b):
@@ -287,8 +287,29 @@ def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
             _kmeans._run_shared(pool, failing, list(range(6)))
         release.set()
         busy.result()
-        pool.submit(lambda: None).result()  # the queue is drained: nothing cancelled ran
-        assert sorted(ran) == [3, 4, 5]
+        pool.submit(lambda: None).result()  # the queue is drained: the cancelled helper never ran
+        assert ran == [0, 1, 2, 3]
+
+
+def test_a_failing_block_in_the_helper_is_raised_after_the_caller_stops():
+    """Two helpers and the caller, a block failing wherever it runs: the error reaches the
+    caller, the blocks after the failure are not all computed, and nothing runs afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ran = []
+
+    def failing(b):
+        ran.append(b)
+        if b == 2:
+            raise KeyError("block 2")
+        return b
+
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(KeyError, match="block 2"):
+            _kmeans._run_shared(pool, failing, list(range(400)), helpers=2)
+        settled = len(ran)
+        pool.submit(lambda: None).result()
+    assert 2 in ran and settled == len(ran) < 400
 
 
 def _cell_sums_in_child(queue):

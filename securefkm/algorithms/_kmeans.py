@@ -8,6 +8,7 @@ processed in one pass by offsetting their labels (``segment`` ids ``client * k +
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import weakref
@@ -287,33 +288,54 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
-def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list) -> list:
-    """``[fn(b) for b in blocks]`` computed by the pool's threads and the calling thread
-    together: every block is submitted, the pool's threads take them from the front of its
-    queue, and the caller takes them from the back (a block still queued is cancelled and
-    run in place) until the two meet; then the caller collects the pool's results.
+def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list, helpers: int = 1) -> list:
+    """``[fn(b) for b in blocks]`` computed by the calling thread and ``helpers`` tasks on
+    ``pool`` together: each takes the next block not yet taken (one shared counter; taking is
+    atomic under the GIL) until none is left, so a thread that starts late or runs slowly
+    simply takes fewer blocks.
 
     The caller is already running, a pool thread has to be woken: between two rounds the
     pool's threads sleep while the server does its part, and the pool thread starts its
     first block about 0.1 ms after the caller (``python -m securefkm.bench.speed_diagnostics``;
     scikit-learn's OpenMP threads spin instead). With the caller working from the start (and
     larger distance products, :func:`._cellsums.sub_rows`) the DWF round at 100k x 16 went
-    from 2.3 to 1.8 x scikit-learn's Lloyd iteration (docs/benchmarks.md), and a pool thread
-    that is slow to wake only takes fewer blocks.
+    from 2.3 to 1.8 x scikit-learn's Lloyd iteration (docs/benchmarks.md). One task per
+    helper rather than one future per block: a submit costs several us under the GIL, eight
+    of them delayed the caller's first block. A block that raises stops everyone taking
+    more; the first error is raised once the helpers are done (a helper still queued, e.g.
+    behind another caller's blocks, is cancelled instead of waited for).
     Which thread computes a block changes no result: each block writes its own output."""
-    futures = [pool.submit(fn, b) for b in blocks]
-    results: list = [None] * len(blocks)
-    try:
-        for i in reversed(range(len(blocks))):
-            if futures[i].cancel():  # still queued: the caller's (cancelled() marks it below)
+    n = len(blocks)
+    results: list = [None] * n
+    take = itertools.count().__next__
+    failed: list = []
+
+    def work():
+        while not failed:
+            i = take()
+            if i >= n:
+                return
+            try:
                 results[i] = fn(blocks[i])
-        for i, future in enumerate(futures):
-            if not future.cancelled():
-                results[i] = future.result()
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        raise
+            except BaseException:
+                failed.append(i)
+                raise
+
+    futures = [pool.submit(work) for _ in range(helpers)]
+    error = None
+    try:
+        work()
+    except BaseException as exc:
+        error = exc
+    for future in futures:
+        if future.cancel():
+            continue
+        try:
+            future.result()
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error
     return results
 
 
@@ -332,7 +354,7 @@ def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None
         if threads <= 1:
             yield from (fn(b) for b in blocks)
         else:
-            yield from _run_shared(_pool(threads - 1), fn, blocks)
+            yield from _run_shared(_pool(threads - 1), fn, blocks, threads - 1)
 
 
 def cluster_sums(X: np.ndarray, labels: np.ndarray, k: int, weights: np.ndarray | None = None):

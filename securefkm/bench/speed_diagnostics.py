@@ -14,6 +14,11 @@ about a minute). Each prints one line; none is a target.
   clients).
 * ``x25519``: key agreements in two threads against the same number in one: ``cryptography``
   holds the GIL while it computes one.
+* ``auto_backend``: the masked DWF round (``PairwiseMasking()``, 100 records of 2 features a
+  client) in process and with its clients in worker processes, alternated, and the time a
+  pool of workers takes to start: what :data:`~securefkm.federation.workers.AUTO_MIN_CLIENTS`
+  (where ``backend="auto"`` starts using workers) rests on.
+  ``python -m securefkm.bench.speed_diagnostics auto_backend`` runs it alone.
 """
 
 from __future__ import annotations
@@ -138,6 +143,32 @@ def x25519(n: int = 5000) -> str:
     return f"x25519: 2 x {n} agreements in one thread {one:.3f} s, in two threads {two:.3f} s"
 
 
+def auto_backend(sizes=(50, 100, 200, 400), repeats: int = 5) -> str:
+    from .speed import _masked_setup
+
+    cells = []
+    for n in sizes:
+        t = time.perf_counter()
+        _, workers = _masked_setup(n, backend="processes")
+        start = time.perf_counter() - t
+        try:
+            _, local = _masked_setup(n, backend="local")
+            workers(), local()
+            times: dict = {"local": [], "workers": []}
+            for _ in range(repeats):
+                for name, f in (("local", local), ("workers", workers)):
+                    t = time.perf_counter()
+                    f()
+                    times[name].append(time.perf_counter() - t)
+            n_workers = workers.fed.transport.n_workers
+        finally:
+            workers.fed.close()
+        med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
+        cells.append(f"{n} clients {med['local']:.0f} ms in process, {med['workers']:.0f} ms in {n_workers} "
+                     f"workers (start {start:.2f} s)")
+    return f"auto_backend (masked DWF round, medians of {repeats}): " + "; ".join(cells)
+
+
 def run(out=print) -> None:
     out(spin())
     out(timeline())
@@ -146,7 +177,13 @@ def run(out=print) -> None:
     out(sub_blocks(100_000, 16, 20, 100, 60))
     out(sub_blocks(1_000_000, 32, 50, 10_000, 10))
     out(x25519())
+    out(auto_backend())
 
 
-if __name__ == "__main__":
-    run()
+if __name__ == "__main__":  # python -m securefkm.bench.speed_diagnostics [name ...]
+    import sys
+
+    for name in sys.argv[1:]:
+        print(globals()[name]())
+    if not sys.argv[1:]:
+        run()
