@@ -16,15 +16,17 @@ noise, ratios are not. Three tables:
    data + round <= 2x the data.
 2. *Masked round (real crypto) vs plain round*: one DWF round with the default
    ``PairwiseMasking()`` (``graph="auto"``: the SecAgg+ graph of Bell et al. for 1,000
-   clients) / the same round unprotected. Target <= 300. The round's cost is its clients'
-   key agreements, computed one at a time in one process (``cryptography`` holds the GIL);
-   a second row runs the same masked round with the clients in one worker process per CPU
-   (``backend="processes"``), against the same in-process plain round.
+   clients) / the same round unprotected, as a user gets them: the default
+   ``backend="auto"`` runs the masked round's clients in one worker process per CPU (their
+   key agreements hold the GIL, so in one process they run one at a time) and keeps the
+   plain round in process. Target <= 300. The rows below it run both rounds in process
+   (``backend="local"``).
 3. *Masked round vs its cryptography*: the round's wall time / (its X25519 key
    generations, key agreements and HKDF derivations, counted in a separate identical round,
    times their unit costs measured in this run). Target <= 1.5 ("nothing but the
-   cryptography costs"). A 10,000-client masked round runs in a fresh process that reports
-   its peak RSS (target: within 4 GB).
+   cryptography costs"), in process, where every agreement is the round's own. A
+   10,000-client masked round runs in a fresh process that reports its peak RSS (target:
+   within 4 GB), over the driver and its workers for the default backend.
 """
 
 from __future__ import annotations

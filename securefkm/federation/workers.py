@@ -60,9 +60,9 @@ BACKENDS = ("auto", "local", "processes", "ray")
 #: ``backend="auto"`` puts the clients in worker processes from this many clients per round
 #: on, when their aggregator does public-key cryptography each round (``Aggregator.
 #: client_public_key_work``). Measured on 2 cores (docs/scaling.md, "The default backend"):
-#: a masked round of 50 clients takes ~0.2 s either way, against the ~1 s a pool takes to
-#: start; from 100 clients on, a round saves 0.15-1.6 s in 2 processes, so the start is
-#: repaid within a few rounds.
+#: a masked round of 50 clients takes ~0.2 s either way, against the 1.2-1.5 s a pool takes
+#: to start; from 100 clients on, a round saves 0.17-0.5 s in 2 processes (1.6 s at 1,000
+#: clients), so the start is repaid within a few rounds.
 AUTO_MIN_CLIENTS = 100
 #: seconds one exchange may take before its silent workers are declared dead and killed
 DEFAULT_TIMEOUT = 1800.0
