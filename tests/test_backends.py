@@ -222,7 +222,7 @@ def test_backend_and_transport_are_exclusive():
 
 
 # ---------------------------------------------------------------- backend="auto" (the default)
-two_cpus = pytest.mark.skipif(workers_mod.available_cpus() < 2, reason="auto keeps a one-CPU process's clients local")
+two_cpus = pytest.mark.skipif(workers_mod.kernel_threads() < 2, reason="auto keeps a one-CPU process's clients local")
 
 
 @pytest.fixture
@@ -250,7 +250,7 @@ def test_auto_puts_public_key_clients_in_worker_processes(low_auto_threshold):
     clients = make_clients()
     with _auto(clients, [PairwiseMasking()]) as fed:
         assert fed.backend == "processes"
-        assert fed.transport.n_workers == min(workers_mod.available_cpus(), len(clients))
+        assert fed.transport.n_workers == min(workers_mod.kernel_threads(), len(clients))
     for case in ("dwf-masking-dropouts", "dwf-paillier"):  # the same fit as in process, bit for bit
         assert outcome(case, "auto", n_workers=None) == outcome(case, "local"), case
     est = make_estimator("dwf", n_clusters=3, random_state=0, max_rounds=3, protection=[PairwiseMasking()],
@@ -259,7 +259,7 @@ def test_auto_puts_public_key_clients_in_worker_processes(low_auto_threshold):
 
 
 @two_cpus
-@pytest.mark.parametrize("why", ["plain", "ideal", "one-cpu", "transport"])
+@pytest.mark.parametrize("why", ["plain", "ideal", "one-cpu", "omp-one", "transport"])
 def test_auto_stays_in_process_when_workers_do_not_pay(low_auto_threshold, monkeypatch, why):
     from securefkm import _kernel_threads
 
@@ -271,6 +271,9 @@ def test_auto_stays_in_process_when_workers_do_not_pay(low_auto_threshold, monke
         kw["crypto"] = "ideal"
     elif why == "one-cpu":  # e.g. a worker of a sweep (sweep._pin_threads gives it one)
         monkeypatch.setattr(_kernel_threads, "_DEFAULT", 1)
+    elif why == "omp-one":  # e.g. a joblib worker: started with OMP_NUM_THREADS=1
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setattr(_kernel_threads, "_CPUS", None)  # read again, as a fresh process would
     elif why == "transport":  # a deployment's clients are where they are
         class Remote:  # stands for the Flower transport: only its client ids are read here
             def client_ids(self):

@@ -247,12 +247,11 @@ def test_data_addresses_are_remembered_only_while_the_array_lives():
 def test_kernel_threads_default_and_worker_setting(monkeypatch):
     """The kernels use the CPU count unless told (a worker with one CPU sets 1); a call's
     n_threads wins; a call nested in a block worker runs in that worker's thread."""
-    import os
 
     from securefkm import _kernel_threads
 
     monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
-    assert _kmeans._threads(None) == max(1, os.cpu_count() or 1)
+    assert _kmeans._threads(None) == _kernel_threads.process_cpus()
     _kernel_threads.set_kernel_threads(1)
     assert _kmeans._threads(None) == 1 and _kmeans._threads(3) == 3
     _kernel_threads.set_kernel_threads(None)
@@ -359,6 +358,25 @@ def test_bad_kernel_settings_name_the_argument():
         _kernel_threads.set_kernel_threads(0)
     with pytest.raises(InputError, match="seeding_noise"):
         WeightedFederatedKMeansAlgorithm(3, seeding_noise=-0.1)
+
+
+def test_default_threads_follow_the_affinity_and_omp_num_threads(monkeypatch):
+    """The CPUs this process may use: its affinity mask, capped by OMP_NUM_THREADS when set
+    (what scikit-learn's OpenMP kernels and joblib's workers follow), ignoring bad values."""
+    import os
+
+    from securefkm import _kernel_threads
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert _kernel_threads.process_cpus() == cpus
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert _kernel_threads.process_cpus() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(cpus + 5))
+    assert _kernel_threads.process_cpus() == cpus
+    for bad in ("0", "two", ""):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        assert _kernel_threads.process_cpus() == cpus
 
 
 def test_a_worker_shard_runs_the_kernel_in_one_thread(monkeypatch):

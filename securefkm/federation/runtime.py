@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from .._kernel_threads import kernel_threads
 from .._validation import check_fraction_or_count, check_int
 from ..exceptions import (
     InputError,
@@ -224,6 +225,8 @@ class Federation:
             layer.setup(self.info)
         if self.backend == "auto":
             self.backend = self._auto_backend(transport)
+            if self.backend == "processes" and n_workers is None:  # the CPUs auto counted
+                n_workers = kernel_threads()
         if transport is None and self.backend != "local":
             from .workers import WorkerTransport
 

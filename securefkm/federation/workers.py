@@ -106,14 +106,15 @@ def auto_backend(aggregator, clients_per_round: int, fit_objects) -> str:
     their pooled kernel already uses every core in process. So: ``"processes"`` when the
     aggregator does such work (:attr:`~securefkm.layers.Aggregator.client_public_key_work`),
     a round samples at least :data:`AUTO_MIN_CLIENTS` clients, this process may use two
-    CPUs or more (a worker of a sweep or of another pool is given one), and the fit's
+    CPUs or more (its affinity mask, capped by ``OMP_NUM_THREADS``: a worker of a sweep or
+    of a joblib pool is given one; the pool then has one worker per such CPU), and the fit's
     algorithm and layers can be rebuilt in a fresh interpreter: loky's workers do not import
     the parent's ``__main__``, so a class defined in a script or a notebook keeps the fit in
     process. The results are the same either way (tests/test_backends.py).
     """
     if not getattr(aggregator, "client_public_key_work", False) or clients_per_round < AUTO_MIN_CLIENTS:
         return "local"
-    if min(kernel_threads(), available_cpus()) < 2:
+    if kernel_threads() < 2:  # the CPUs this process may use (_kernel_threads.process_cpus)
         return "local"
     try:
         blob = pickle.dumps(fit_objects, protocol=pickle.HIGHEST_PROTOCOL)
