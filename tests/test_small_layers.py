@@ -126,3 +126,30 @@ def test_importing_small_layers_does_not_import_torch():
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plain_sum_adds_clients_one_after_the_other_in_contributor_order():
+    """The plain aggregate is the clients' values added one after the other in contributor
+    order (0 + x_1 + x_2 + ...; the secure aggregators decode to the same bits), with values
+    of wildly different scales (where the order shows) and float32 replies; a one-value field
+    is numpy's sum of the column."""
+    from securefkm import layers
+
+    rng = np.random.default_rng(5)
+    specs = (FieldSpec("s", (4, 3), "sum"), FieldSpec("c", (4,), "count"), FieldSpec("one", (1,), "score"))
+    ctx = _ctx(specs)
+    replies = {}
+    for c in (2, 0, 1, 5, 3):
+        scale = 10.0 ** rng.uniform(-6, 9)
+        replies[c] = {"s": rng.normal(size=(4, 3)) * scale, "c": (rng.normal(size=4) * scale).astype(np.float32),
+                      "one": rng.normal(size=1) * scale}
+    server = layers.PlainSum().server_session(ctx)
+    server.receive("input", replies)
+    sums, contributors = server.result()
+    assert contributors == (0, 1, 2, 3, 5)
+    for name in ("s", "c"):
+        expected = np.zeros(specs[0].shape if name == "s" else (4,))
+        for c in contributors:
+            expected = expected + np.asarray(replies[c][name], dtype=np.float64)
+        assert sums[name].dtype == np.float64 and sums[name].tobytes() == expected.tobytes(), name
+    assert sums["one"].tobytes() == np.sum([replies[c]["one"] for c in contributors], axis=0).tobytes()
