@@ -239,6 +239,7 @@ def _run(estimator, clients, algorithm, policy, max_rounds, random_state):
     )
     state = algorithm.init(len(clients), clients[0].shape[1], np.random.default_rng(random_state))
     aborted = []
+    finished = False
     try:
         for t in range(max_rounds):
             try:
@@ -249,8 +250,9 @@ def _run(estimator, clients, algorithm, policy, max_rounds, random_state):
                     break
             if policy.done or algorithm.converged(state):
                 break
-    finally:  # the transcript stays; worker processes (backend) go
-        fed.close()
+        finished = True
+    finally:  # the transcript stays; worker processes (backend) go, or are kept for the next fit
+        fed.close(keep_workers=finished)
     return fed, aborted
 
 

@@ -176,6 +176,60 @@ def test_workers_shut_down_after_a_fit_and_on_errors():
     fed.close()  # idempotent
 
 
+def _fit_seeing_workers(monkeypatch, **kw):
+    """Fit a 12-client DWF with worker processes; (the estimator, the pids its pool had)."""
+    seen = []
+    init = workers_mod.WorkerTransport.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(self.worker_pids())
+
+    monkeypatch.setattr(workers_mod.WorkerTransport, "__init__", recording)
+    est = make_estimator("dwf", n_clusters=3, random_state=0, backend="processes", n_workers=2, max_rounds=4, **kw)
+    est.fit(make_clients())
+    return est, seen[-1]
+
+
+@needs_proc
+def test_a_finished_fit_keeps_its_workers_for_the_next_fit(monkeypatch):
+    """Starting a worker costs as much as a 100-client masked round: the workers of a fit
+    that ended normally are kept idle (without their clients) and the next fit's pool takes
+    them; the fits are the same as in process. They end after KEEP_IDLE_S idle seconds or
+    on shutdown_idle_workers()."""
+    workers_mod.shutdown_idle_workers()
+    first, pids = _fit_seeing_workers(monkeypatch)
+    assert len(workers_mod._IDLE) == 2 and not any(_dead(p, within=0.5) for p in pids)
+    second, pids2 = _fit_seeing_workers(monkeypatch, protection=[PairwiseMasking()], init_bounds=(-2.0, 7.0))
+    assert sorted(pids2) == sorted(pids)
+    local = make_estimator("dwf", n_clusters=3, random_state=0, backend="local", max_rounds=4,
+                           protection=[PairwiseMasking()], init_bounds=(-2.0, 7.0)).fit(make_clients())
+    assert second.cluster_centers_.tobytes() == local.cluster_centers_.tobytes()
+    workers_mod.shutdown_idle_workers()
+    assert not workers_mod._IDLE and all(_dead(p) for p in pids)
+
+
+@needs_proc
+def test_kept_workers_end_after_their_idle_time(monkeypatch):
+    workers_mod.shutdown_idle_workers()
+    monkeypatch.setattr(workers_mod, "KEEP_IDLE_S", 0.2)
+    _, pids = _fit_seeing_workers(monkeypatch)
+    assert all(_dead(p, within=10.0) for p in pids) and not workers_mod._IDLE
+
+
+@needs_proc
+def test_a_kept_worker_that_died_is_replaced(monkeypatch):
+    workers_mod.shutdown_idle_workers()
+    _, pids = _fit_seeing_workers(monkeypatch)
+    os.kill(pids[0], signal.SIGKILL)
+    assert _dead(pids[0])
+    est, pids2 = _fit_seeing_workers(monkeypatch)
+    assert len(pids2) == 2 and pids[0] not in pids2 and pids[1] in pids2
+    assert est.cluster_centers_.tobytes() == make_estimator(
+        "dwf", n_clusters=3, random_state=0, backend="local", max_rounds=4).fit(make_clients()).cluster_centers_.tobytes()
+    workers_mod.shutdown_idle_workers()
+
+
 def test_worker_stats_report_memory_per_worker():
     with _federation(make_clients(), n_workers=2) as fed:
         stats = fed.transport.worker_stats()

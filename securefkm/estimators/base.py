@@ -178,10 +178,13 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         """
         data, pooled = self._fit_input(X, groups)
         federation, algorithm = self.make_federation(data, server_policy=server_policy, transport=transport)
+        finished = False
         try:
             states = [federation.run(r) for r in range(self._n_runs())]
-        finally:  # workers (backend="processes"/"ray") are shut down on every exit path, Ctrl-C included
-            federation.close()
+            finished = True
+        finally:  # workers (backend="processes"/"ray") are shut down on every exit path, Ctrl-C
+            # included; after a fit that ended normally, worker processes are kept for the next
+            federation.close(keep_workers=finished)
         best = states[self._select_run(states)] if len(states) > 1 else states[0]
         self._set_fitted(data, algorithm, federation, best, pooled=pooled)
         self.backend_ = federation.backend  # where the clients ran ("auto" resolved)

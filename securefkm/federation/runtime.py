@@ -545,9 +545,14 @@ class Federation:
             alive = tuple(c for c in alive if c in replies)
         return server.result()
 
-    def close(self) -> None:
-        """Shut the transport's workers down (a no-op in process); safe to call twice."""
-        self.transport.close()
+    def close(self, keep_workers: bool = False) -> None:
+        """Shut the transport's workers down (a no-op in process); safe to call twice.
+        ``keep_workers``: the fit ended normally, so worker processes may be kept idle for
+        the next fit (:data:`~securefkm.federation.workers.KEEP_IDLE_S`) instead."""
+        if keep_workers and getattr(self.transport, "can_keep_workers", False):
+            self.transport.close(keep_workers=True)
+        else:
+            self.transport.close()
 
     def __enter__(self):
         return self

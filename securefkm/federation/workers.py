@@ -20,7 +20,9 @@ killed) loses its clients for the rest of the fit; they are dropouts, which the 
 recovers from or aborts on, and an abort names the lost clients. Workers are shut down by
 :meth:`WorkerTransport.close` (``Federation.close``; estimators call it on every exit path,
 Ctrl-C included) and, as a last resort, when the transport is garbage collected or the
-interpreter exits.
+interpreter exits. After a fit that ended normally, the worker processes (not Ray's actors)
+drop their clients and are kept idle for the next fit's pool, for :data:`KEEP_IDLE_S`
+seconds: starting one costs as much as a 100-client masked round.
 
 Backends:
 
@@ -35,12 +37,15 @@ Backends:
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 import pickle
 import signal
 import socket
 import sys
+import threading
 import weakref
 from concurrent.futures import Future, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -172,12 +177,30 @@ class Shard:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident memory in MiB (NaN where ``resource`` is missing: Windows)."""
+    """This process's peak resident memory in MiB since it last loaded a shard (Linux: its
+    ``VmHWM``, reset by :func:`_reset_peak_rss`; elsewhere the process's lifetime peak, NaN
+    where ``resource`` is missing: Windows)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     try:
         import resource
     except ImportError:
         return float("nan")
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
+
+
+def _reset_peak_rss() -> None:
+    """Start this process's peak RSS afresh (Linux; a kept worker's next fit reports its own)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 _SHARD: Shard | None = None  # the shard of this worker process
@@ -190,8 +213,17 @@ def _ignore_sigint():
 
 def _load(payload: bytes) -> int:
     global _SHARD
+    _SHARD = None  # a kept worker drops its previous fit's clients first
+    _reset_peak_rss()
     _SHARD = Shard(payload)
     return os.getpid()
+
+
+def _unload() -> None:
+    """Drop this worker's clients (their records, keys and state) before it is kept idle."""
+    global _SHARD
+    _SHARD = None
+    gc.collect()
 
 
 def _call(method: str, *args):
@@ -206,15 +238,89 @@ class _Lost:
         self.why = why
 
 
+#: seconds a worker process is kept idle after a fit that ended normally, for the next
+#: fit's pool: starting one (a fresh interpreter importing numpy, scikit-learn and the
+#: library) takes 1.2-1.5 s here, as long as a 100-client masked round
+#: (docs/scaling.md, "Worker processes between fits")
+KEEP_IDLE_S = 300.0
+_IDLE: list = []  # [(executor, its expiry timer)]
+_IDLE_LOCK = threading.Lock()
+
+
+def _new_executor() -> ProcessPoolExecutor:
+    # loky: fresh interpreters that do not re-import the user's __main__ (no
+    # ``if __name__ == "__main__"`` guard needed, unlike spawn/forkserver) and that
+    # report a dead worker as a broken pool instead of hanging
+    return ProcessPoolExecutor(max_workers=1, initializer=_ignore_sigint)
+
+
+def _take_idle() -> ProcessPoolExecutor | None:
+    with _IDLE_LOCK:
+        if not _IDLE:
+            return None
+        executor, timer = _IDLE.pop()
+    timer.cancel()
+    return executor
+
+
+def _keep_idle(executor: ProcessPoolExecutor) -> None:
+    timer = threading.Timer(KEEP_IDLE_S, _expire, (executor,))
+    timer.daemon = True
+    with _IDLE_LOCK:
+        _IDLE.append((executor, timer))
+    timer.start()
+
+
+def _expire(executor: ProcessPoolExecutor) -> None:
+    with _IDLE_LOCK:
+        kept = [i for i, (e, _) in enumerate(_IDLE) if e is executor]
+        if not kept:  # taken by a pool meanwhile
+            return
+        del _IDLE[kept[0]]
+    executor.shutdown(wait=False, kill_workers=True)
+
+
+def shutdown_idle_workers() -> None:
+    """End the worker processes kept idle after earlier fits (they also end by themselves
+    :data:`KEEP_IDLE_S` seconds after their last fit, and when the interpreter exits)."""
+    with _IDLE_LOCK:
+        kept = list(_IDLE)
+        _IDLE.clear()
+    for executor, timer in kept:
+        timer.cancel()
+        executor.shutdown(wait=True, kill_workers=True)
+
+
+def _forget_idle_in_child() -> None:
+    global _IDLE_LOCK
+    _IDLE.clear()  # a forked child does not own its parent's workers
+    _IDLE_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_idle_in_child)
+atexit.register(shutdown_idle_workers)
+
+
 class ProcessPool:
-    """One single-process executor per shard: a shard's state stays in its process."""
+    """One single-process executor per shard: a shard's state stays in its process.
+
+    Executors are taken from the workers kept idle after earlier fits when there are some
+    (:data:`KEEP_IDLE_S`) and started otherwise; :meth:`close` with ``keep=True`` (a fit
+    that ended normally) keeps its sound, idle workers for the next pool."""
 
     def __init__(self, payloads: list[bytes], timeout: float):
-        # loky: fresh interpreters that do not re-import the user's __main__ (no
-        # ``if __name__ == "__main__"`` guard needed, unlike spawn/forkserver) and that
-        # report a dead worker as a broken pool instead of hanging
-        self.executors = [ProcessPoolExecutor(max_workers=1, initializer=_ignore_sigint) for _ in payloads]
-        self.pids = self._gather([self._submit(w, _load, p) for w, p in enumerate(payloads)], timeout, "start")
+        self.unsound: set[int] = set()  # workers lost or killed: never kept
+        kept = [_take_idle() for _ in payloads]
+        self.executors = [ex or _new_executor() for ex in kept]
+        self.last: list = [None] * len(payloads)
+        pids = self._gather({w: self._submit(w, _load, p) for w, p in enumerate(payloads)}, timeout, "start")
+        for w, pid in pids.items():
+            if isinstance(pid, _Lost) and kept[w] is not None:  # a kept worker that died while idle
+                self.executors[w].shutdown(wait=False, kill_workers=True)
+                self.executors[w] = _new_executor()
+                self.unsound.discard(w)
+                pids.update(self._gather({w: self._submit(w, _load, payloads[w])}, timeout, "start"))
+        self.pids = [pids[w] for w in range(len(payloads))]
 
     def _submit(self, w: int, fn, *args) -> Future:
         # once loky has noticed a dead worker, submit itself raises: the same loss as a
@@ -226,31 +332,47 @@ class ProcessPool:
             failed.set_exception(exc)
             return failed
 
-    def _gather(self, futures, timeout, what):
-        done, _ = wait(futures, timeout=timeout)
-        out = []
-        for w, fut in enumerate(futures):
+    def _gather(self, futures: dict[int, Future], timeout, what) -> dict[int, Any]:
+        """Each worker's result, or a :class:`_Lost` for a worker that died or did not
+        answer within ``timeout`` seconds (then it is killed)."""
+        done, _ = wait(list(futures.values()), timeout=timeout)
+        out: dict[int, Any] = {}
+        for w, fut in futures.items():
             if fut not in done:
                 self.kill(w)
-                out.append(_Lost(f"no answer to {what} within {timeout:g} s"))
+                out[w] = _Lost(f"no answer to {what} within {timeout:g} s")
                 continue
             try:
-                out.append(fut.result())
+                out[w] = fut.result()
             except BrokenProcessPool:
-                out.append(_Lost("its process died"))
+                self.unsound.add(w)
+                out[w] = _Lost("its process died")
         return out
 
     def call(self, calls: dict[int, tuple[str, tuple]], timeout: float) -> dict[int, Any]:
-        workers = list(calls)
-        futures = [self._submit(w, _call, method, *args) for w, (method, args) in calls.items()]
-        return dict(zip(workers, self._gather(futures, timeout, "a stage")))
+        futures = {w: self._submit(w, _call, method, *args) for w, (method, args) in calls.items()}
+        for w, fut in futures.items():
+            self.last[w] = fut
+        return self._gather(futures, timeout, "a stage")
 
     def kill(self, w: int) -> None:
+        self.unsound.add(w)
         self.executors[w].shutdown(wait=False, kill_workers=True)
 
-    def close(self) -> None:
-        # the shards' state is not needed any more: kill rather than wait on a busy worker
-        for ex in self.executors:
+    def close(self, keep: bool = False) -> None:
+        """Shut the workers down, or (``keep``) keep the sound ones idle for the next pool
+        once they dropped their clients. A worker still busy (an interrupted stage) is
+        killed, not waited for: its shard's state is not needed any more."""
+        for w, ex in enumerate(self.executors):
+            busy = self.last[w] is not None and not self.last[w].done()
+            if keep and not busy and w not in self.unsound:
+                try:
+                    ex.submit(_unload).result(timeout=60)
+                except Exception:  # died or hung meanwhile: not worth keeping
+                    pass
+                else:
+                    _keep_idle(ex)
+                    continue
             ex.shutdown(wait=True, kill_workers=True)
         self.executors = []
 
@@ -294,7 +416,8 @@ class RayPool:
         except Exception:  # already gone
             pass
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Kill the actors (``keep`` is ignored: Ray's workers are the cluster's own)."""
         for w in range(len(self.actors)):
             self.kill(w)
         self.actors = []
@@ -460,6 +583,16 @@ class WorkerTransport(SimulatedTransport):
         self._refused(refused)
         return {c: merged[c] for c in messages if c in merged}, refused
 
-    def close(self):
-        if self.pool is not None:
+    #: :meth:`close` can keep the workers for the next fit (``Federation.close``)
+    can_keep_workers = True
+
+    def close(self, keep_workers: bool = False):
+        """Shut the workers down; with ``keep_workers`` (a fit that ended normally) keep the
+        sound worker processes idle for the next fit's pool (:data:`KEEP_IDLE_S`)."""
+        if self.pool is None or not self._finalizer.alive:
+            return
+        if keep_workers:
+            self._finalizer.detach()
+            self.pool.close(keep=True)
+        else:
             self._finalizer()  # runs pool.close once
