@@ -147,6 +147,26 @@ def test_silent_worker_times_out_instead_of_hanging():
 
 
 @needs_proc
+def test_a_silent_worker_asked_alone_is_the_one_killed():
+    """A stage sent to some workers only (the others' clients were not sampled or are lost):
+    the worker that timed out is killed, not the one at its position in the call."""
+    with _federation(make_clients(), n_workers=2) as fed:
+        pool = fed.transport.pool
+        first, second = fed.transport.worker_pids()
+        os.kill(second, signal.SIGSTOP)
+        try:
+            out = pool.call({1: ("stats", ())}, 2.0)
+            assert isinstance(out[1], workers_mod._Lost) and pool.unsound == {1}
+            assert _dead(second) and not _dead(first, within=0.5)
+            assert pool.call({0: ("stats", ())}, 30.0)[0]["pid"] == first
+        finally:
+            try:
+                os.kill(second, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@needs_proc
 def test_workers_shut_down_on_keyboard_interrupt(monkeypatch):
     seen = []
     exchange = workers_mod.WorkerTransport.exchange
