@@ -250,6 +250,25 @@ def test_a_kept_worker_that_died_is_replaced(monkeypatch):
     workers_mod.shutdown_idle_workers()
 
 
+@needs_proc
+def test_a_kept_worker_that_cannot_load_the_next_fit_is_replaced(monkeypatch, tmp_path):
+    """A kept worker copied sys.path when it started: a fit whose layer lives in a module made
+    importable later cannot be rebuilt there, so a fresh worker takes its place."""
+    workers_mod.shutdown_idle_workers()
+    _, pids = _fit_seeing_workers(monkeypatch)
+    (tmp_path / "late_layer.py").write_text(
+        "from protocols import PairwiseMasking\n\nclass LateMasking(PairwiseMasking):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from late_layer import LateMasking
+
+    est, pids2 = _fit_seeing_workers(monkeypatch, protection=[LateMasking()], init_bounds=(-2.0, 7.0))
+    assert not set(pids2) & set(pids)
+    local = make_estimator("dwf", n_clusters=3, random_state=0, backend="local", max_rounds=4,
+                           protection=[PairwiseMasking()], init_bounds=(-2.0, 7.0)).fit(make_clients())
+    assert est.cluster_centers_.tobytes() == local.cluster_centers_.tobytes()
+    workers_mod.shutdown_idle_workers()
+
+
 def test_worker_stats_report_memory_per_worker():
     with _federation(make_clients(), n_workers=2) as fed:
         stats = fed.transport.worker_stats()

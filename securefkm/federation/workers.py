@@ -313,13 +313,17 @@ class ProcessPool:
         kept = [_take_idle() for _ in payloads]
         self.executors = [ex or _new_executor() for ex in kept]
         self.last: list = [None] * len(payloads)
-        pids = self._gather({w: self._submit(w, _load, p) for w, p in enumerate(payloads)}, timeout, "start")
-        for w, pid in pids.items():
-            if isinstance(pid, _Lost) and kept[w] is not None:  # a kept worker that died while idle
-                self.executors[w].shutdown(wait=False, kill_workers=True)
+        loads = {w: self._submit(w, _load, p) for w, p in enumerate(payloads)}
+        wait([loads[w] for w, ex in enumerate(kept) if ex is not None], timeout=timeout)
+        for w, ex in enumerate(kept):
+            # a kept worker that died while idle, or that cannot load this fit (it started
+            # before the fit's modules were importable: sys.path is copied at start) is
+            # replaced by a fresh one; a fresh worker's failure is the fit's, as before
+            if ex is not None and loads[w].done() and loads[w].exception() is not None:
+                ex.shutdown(wait=False, kill_workers=True)
                 self.executors[w] = _new_executor()
-                self.unsound.discard(w)
-                pids.update(self._gather({w: self._submit(w, _load, payloads[w])}, timeout, "start"))
+                loads[w] = self._submit(w, _load, payloads[w])
+        pids = self._gather(loads, timeout, "start")
         self.pids = [pids[w] for w in range(len(payloads))]
 
     def _submit(self, w: int, fn, *args) -> Future:
