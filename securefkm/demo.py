@@ -1,13 +1,15 @@
 """``securefkm demo``: the library's promise on one screen.
 
-The same DWF fit (Holzer et al. 2023) on the non-IID 5-blob set with 100 in-process clients,
+The same DWF fit (Holzer et al. 2023) on the non-IID 5-blob set with 100 simulated clients,
 twice: unprotected, and under the recommended secure stack -- distributed Gaussian DP
 (epsilon=1, delta=1e-5, over the declared domain [-2, 2]^2) inside pairwise-masked secure
 aggregation. For each: utility against central k-means on the pooled data, the records an
 honest-but-curious server recovers from the transcript (:class:`attacks.Differencing`) and
 the records a malicious server recovers by crafting the broadcast centres
 (:class:`attacks.CraftedCentroids`, aimed at client 0), and the epsilon spent. One terminal
-table and one PNG. No server process: the rounds run in process with the real cryptography.
+table and one PNG. No server to start: the rounds run in this process with the real
+cryptography (the masked fits' clients in worker processes of the default backend on two CPUs
+or more: docs/scaling.md).
 """
 
 from __future__ import annotations
