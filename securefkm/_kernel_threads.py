@@ -24,13 +24,18 @@ def set_kernel_threads(n_threads: int | None) -> None:
     _DEFAULT = n_threads
 
 
-def process_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one), at most
-    ``OMP_NUM_THREADS`` when that is a positive int."""
+def affinity_cpus() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one)."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
-        cpus = os.cpu_count() or 1
+        return os.cpu_count() or 1
+
+
+def process_cpus() -> int:
+    """CPUs this process may run on (:func:`affinity_cpus`), at most ``OMP_NUM_THREADS``
+    when that is a positive int."""
+    cpus = affinity_cpus()
     limit = os.environ.get("OMP_NUM_THREADS", "").strip()
     if limit.isdigit() and int(limit) >= 1:
         cpus = min(cpus, int(limit))

@@ -259,6 +259,18 @@ def test_kernel_threads_default_and_worker_setting(monkeypatch):
     assert nested == [1, 1]
 
 
+def _failing_at(bad: int, error: type, ran: list):
+    """A block function that records the blocks it ran and raises ``error`` at block ``bad``."""
+
+    def fn(b):
+        ran.append(b)
+        if b == bad:
+            raise error(f"block {bad}")
+        return b
+
+    return fn
+
+
 def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
     """The calling thread and the pool's helper take the next block from one counter: the
     results come in block order whoever computed them; with the pool's only thread busy
@@ -275,15 +287,8 @@ def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
         out = _kmeans._run_shared(pool, lambda b: callers.append(threading.current_thread()) or -b, list(range(5)))
         assert out == [0, -1, -2, -3, -4] and callers == [threading.current_thread()] * 5
         ran = []
-
-        def failing(b):
-            ran.append(b)
-            if b == 3:
-                raise ValueError("block 3")
-            return b
-
         with pytest.raises(ValueError, match="block 3"):
-            _kmeans._run_shared(pool, failing, list(range(6)))
+            _kmeans._run_shared(pool, _failing_at(3, ValueError, ran), list(range(6)))
         release.set()
         busy.result()
         pool.submit(lambda: None).result()  # the queue is drained: the cancelled helper never ran
@@ -296,16 +301,9 @@ def test_a_failing_block_in_the_helper_is_raised_after_the_caller_stops():
     from concurrent.futures import ThreadPoolExecutor
 
     ran = []
-
-    def failing(b):
-        ran.append(b)
-        if b == 2:
-            raise KeyError("block 2")
-        return b
-
     with ThreadPoolExecutor(2) as pool:
         with pytest.raises(KeyError, match="block 2"):
-            _kmeans._run_shared(pool, failing, list(range(400)), helpers=2)
+            _kmeans._run_shared(pool, _failing_at(2, KeyError, ran), list(range(400)), helpers=2)
         settled = len(ran)
         pool.submit(lambda: None).result()
     assert 2 in ran and settled == len(ran) < 400

@@ -191,7 +191,8 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     (k, d) arrays) and counts (a list of (k,) float arrays) w.r.t. the same centres ``C``.
 
     One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`),
-    computed by ``n_threads`` threads (default: the CPU count) with single-threaded BLAS, as
+    computed by ``n_threads`` threads (default: the CPUs this process may use,
+    :func:`securefkm._kernel_threads.kernel_threads`) with single-threaded BLAS, as
     scikit-learn's Lloyd kernel does: per block one distance product, then one pass that
     assigns each record and adds it to its (client, cell) row
     (:func:`._cellsums.block_cell_sums`: compiled without the GIL for large calls, numpy
@@ -341,7 +342,7 @@ def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list, helpers: int = 1) ->
 
 def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None, blocks=None):
     """``fn(block)`` for the blocks of :func:`_client_pieces` (or for the given ``blocks``),
-    in block order, computed by ``n_threads`` threads (default: the CPU count): the calling
+    in block order, computed by ``n_threads`` threads (default: :func:`_threads`): the calling
     thread and ``n_threads - 1`` kept pool threads (:func:`_run_shared`; numpy, scipy and the
     compiled loops release the GIL), with single-threaded BLAS. The caller combines the
     results in the order they come."""

@@ -31,7 +31,6 @@ noise, ratios are not. Three tables:
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 import tracemalloc
@@ -40,6 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from sklearn.cluster import KMeans
 
+from .._kernel_threads import kernel_threads
 from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
 from ..algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
 from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
@@ -320,9 +320,7 @@ def _big_masked_round(n_clients: int) -> dict:
 def _big_masked_round_default(n_clients: int) -> dict:
     plain, masked = _masked_setup(n_clients, backend="auto")
     try:
-        t = time.perf_counter()
-        masked()
-        wall = time.perf_counter() - t
+        wall = _timed(masked)
         plain()  # warm-up, as the in-process table's plain round has one
         p_wall = _timed(plain)
         workers = masked.fed.transport.worker_stats() if masked.fed.backend != "local" else []
@@ -357,7 +355,7 @@ def _uptime() -> str:
 def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", "masked")):
     """Print the tables of ``parts`` ("rounds": table 1; "masked": tables 2 and 3)."""
     out(f"securefkm bench speed: medians of {repeats} alternated repeats (table 1: each a batch of back-to-back "
-        f"calls after an untimed one), {os.cpu_count()} CPUs, same threads "
+        f"calls after an untimed one), {kernel_threads()} CPUs, same threads "
         f"for both sides (scikit-learn's OpenMP threads; ours: the calling thread and a pool thread per other CPU, "
         f"sharing blocks of records); {_uptime()}\n")
     rows = _rounds_table(repeats, out) if "rounds" in parts else []

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from ..algorithms import _kmeans, dwf
-from .speed import _Round, _SklearnKernel, _split
+from .speed import _Round, _SklearnKernel, _split, _timed
 
 
 def spin(repeats: int = 5) -> str:
@@ -90,9 +90,7 @@ def framework(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
             rnd()
         times = []
         for _ in range(repeats):
-            t = time.perf_counter()
-            rnd()
-            times.append(time.perf_counter() - t)
+            times.append(_timed(rnd))
     finally:
         dwf.per_client_cell_sums = original
     return f"framework: DWF round without its kernel, {n_clients} clients of {n} x {d} (k={k}): {statistics.median(times) * 1e3:.2f} ms"
@@ -112,9 +110,7 @@ def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
             for name, (sub_bytes, sub_min) in rules.items():
                 _cellsums.SUB_BYTES, _cellsums.SUB_ROWS = sub_bytes, sub_min
                 _kmeans.per_client_cell_sums(clients, C)  # untimed: the same thread state for each
-                t = time.perf_counter()
-                _kmeans.per_client_cell_sums(clients, C)
-                times[name].append(time.perf_counter() - t)
+                times[name].append(_timed(lambda: _kmeans.per_client_cell_sums(clients, C)))
     finally:
         _cellsums.SUB_BYTES, _cellsums.SUB_ROWS = saved
     cells = ", ".join(f"{name} {statistics.median(v) * 1e3:.2f} ms" for name, v in times.items())
@@ -157,9 +153,7 @@ def auto_backend(sizes=(50, 100, 200, 400), repeats: int = 5) -> str:
             times: dict = {"local": [], "workers": []}
             for _ in range(repeats):
                 for name, f in (("local", local), ("workers", workers)):
-                    t = time.perf_counter()
-                    f()
-                    times[name].append(time.perf_counter() - t)
+                    times[name].append(_timed(f))
             n_workers = workers.fed.transport.n_workers
         finally:
             workers.fed.close()

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._kernel_threads import kernel_threads
 from .._validation import check_fraction_or_count, check_int
 from ..exceptions import (
     InputError,
@@ -224,9 +223,7 @@ class Federation:
         for layer in self.layers:
             layer.setup(self.info)
         if self.backend == "auto":
-            self.backend = self._auto_backend(transport)
-            if self.backend == "processes" and n_workers is None:  # the CPUs auto counted
-                n_workers = kernel_threads()
+            self.backend, n_workers = self._auto_backend(transport, n_workers)
         if transport is None and self.backend != "local":
             from .workers import WorkerTransport
 
@@ -261,19 +258,20 @@ class Federation:
         #: aborted attempts over all runs (also in ``transcript.aborts``)
         self.n_aborted_rounds = 0
 
-    def _auto_backend(self, transport) -> str:
-        """``backend="auto"`` resolved for this fit (:func:`.workers.auto_backend`)."""
+    def _auto_backend(self, transport, n_workers):
+        """``backend="auto"`` resolved for this fit: (backend, n_workers)
+        (:func:`.workers.auto_backend`)."""
         from .workers import auto_backend
 
         if transport is not None:  # a deployment: the clients are where they are
-            return "local"
-        backend = auto_backend(self.aggregator, self.clients_per_round,
-                               (self.algorithm, self.layers, self.aggregator, self.info))
+            return "local", None
+        backend, n_workers = auto_backend(self.aggregator, self.clients_per_round,
+                                          (self.algorithm, self.layers, self.aggregator, self.info), n_workers)
         if backend != "local":
             log.info("backend='auto': the %d clients run in worker processes (%s: its clients' public-key "
                      "cryptography holds the GIL); pass backend='local' to keep them in this process",
                      self.n_clients, self.aggregator.name)
-        return backend
+        return backend, n_workers
 
     # ------------------------------------------------------------------ rounds
     def run(self, run: int = 0):

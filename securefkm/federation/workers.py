@@ -53,7 +53,7 @@ from typing import Any
 
 from joblib.externals.loky import ProcessPoolExecutor
 
-from .._kernel_threads import kernel_threads, set_kernel_threads
+from .._kernel_threads import affinity_cpus, kernel_threads, set_kernel_threads
 from ..exceptions import InputError
 from ..layers import ClientContext
 from .client import ClientRuntime, serve
@@ -74,14 +74,6 @@ DEFAULT_TIMEOUT = 1800.0
 _RAY_HINT = 'pip install -e ".[ray]"  (or: pip install "ray==2.60.0")'
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (the affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def check_backend(backend, n_workers) -> tuple[str, int | None]:
     """Validate ``backend`` / ``n_workers`` (None: decided when the pool starts)."""
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -100,9 +92,10 @@ def check_backend(backend, n_workers) -> tuple[str, int | None]:
     return backend, n_workers
 
 
-def auto_backend(aggregator, clients_per_round: int, fit_objects) -> str:
-    """What ``backend="auto"`` runs a simulated fit on: ``"processes"`` when that pays,
-    ``"local"`` otherwise.
+def auto_backend(aggregator, clients_per_round: int, fit_objects, n_workers=None) -> tuple[str, int | None]:
+    """What ``backend="auto"`` runs a simulated fit on, and with how many workers:
+    ``("processes", n_workers or the CPUs counted)`` when that pays, ``("local", None)``
+    otherwise.
 
     Worker processes pay when the clients' work each round is public-key cryptography
     (real pairwise masking: X25519 key agreements; real Paillier: encryptions), because
@@ -117,15 +110,15 @@ def auto_backend(aggregator, clients_per_round: int, fit_objects) -> str:
     the parent's ``__main__``, so a class defined in a script or a notebook keeps the fit in
     process. The results are the same either way (tests/test_backends.py).
     """
-    if not getattr(aggregator, "client_public_key_work", False) or clients_per_round < AUTO_MIN_CLIENTS:
-        return "local"
-    if kernel_threads() < 2:  # the CPUs this process may use (_kernel_threads.process_cpus)
-        return "local"
+    local = ("local", None)
+    cpus = kernel_threads()  # the CPUs this process may use (_kernel_threads.process_cpus)
+    if not getattr(aggregator, "client_public_key_work", False) or clients_per_round < AUTO_MIN_CLIENTS or cpus < 2:
+        return local
     try:
         blob = pickle.dumps(fit_objects, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # not picklable: only this process can run the clients
-        return "local"
-    return "local" if b"__main__" in blob else "processes"
+        return local
+    return local if b"__main__" in blob else ("processes", n_workers or cpus)
 
 
 def import_ray():
@@ -457,7 +450,7 @@ def connect_ray(n_workers: int | None) -> tuple[bool, float]:
                 _probe_ray_address(address)
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=n_workers or available_cpus(), include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=n_workers or affinity_cpus(), include_dashboard=False, log_to_driver=False)
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at RAY_ADDRESS={address!r}" if address else "a local Ray instance"
             raise InputError(
@@ -495,7 +488,7 @@ class WorkerTransport(SimulatedTransport):
         self.backend = backend
         self.timeout = float(timeout)
         self.n_clients = len(clients)
-        owned, cpus = (False, float(available_cpus()))
+        owned, cpus = (False, float(affinity_cpus()))
         if backend == "ray":
             owned, cpus = connect_ray(n_workers)
         n = min(n_workers or max(1, int(cpus)), self.n_clients)
