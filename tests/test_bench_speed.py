@@ -4,6 +4,7 @@ timings themselves are the benchmark's business, not the tests')."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from securefkm.bench import speed
 
@@ -62,3 +63,18 @@ def test_speed_diagnostics_run(monkeypatch):
     saved = (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS)
     assert "whole blocks" in diag.sub_blocks(3000, 3, 4, 10, 1)
     assert (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS) == saved  # the sub-block rule is put back
+    assert "in place" in diag.local_runs(3000, 3, 4, 10, 1) and _cellsums.LOCAL_RUNS is True
+
+
+def test_speed_diagnostics_by_name(monkeypatch, capsys):
+    """``python -m securefkm.bench.speed_diagnostics NAME ...`` runs each named diagnostic
+    at its quoted sizes (the parametrised ones too); an unknown name is refused with the
+    list of names."""
+    from securefkm.bench import speed_diagnostics as diag
+
+    monkeypatch.setattr(diag, "RUNS", {**diag.RUNS, "framework": [lambda: diag.framework(3000, 3, 4, 10, 1)]})
+    diag.run(["framework", "x25519"])
+    out = capsys.readouterr().out
+    assert out.startswith("framework:") and "x25519:" in out
+    with pytest.raises(SystemExit, match="unknown diagnostic 'nope'; choose from spin, timeline"):
+        diag.run(["nope"])

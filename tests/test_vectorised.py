@@ -93,14 +93,18 @@ def test_cell_sums_do_not_depend_on_blocking_or_threads(threads, monkeypatch):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("local_runs", [True, False])
 @pytest.mark.parametrize("sub_rows", [None, 512])
 @pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
-def test_compiled_loop_equals_numpy_loop(k, d, sub_rows, monkeypatch):
+def test_compiled_loop_equals_numpy_loop(k, d, sub_rows, local_runs, monkeypatch):
     """The compiled inner loop and numpy's give the same bits, ties included (integer
     data, a duplicated centre: the first of equal distances wins in both), on clients given
     as non-contiguous views and Fortran-ordered arrays; with the default sub-blocks (one
-    here) and with sub-blocks of 512 records, which cut clients."""
+    here) and with sub-blocks of 512 records, which cut clients; with the compiled loop
+    adding clients' runs of records into local rows (the default: the 5-record client's run
+    is shorter than k from k = 7 on and is added in place) and adding every record in place."""
     pytest.importorskip("numba")
+    monkeypatch.setattr(_cellsums, "LOCAL_RUNS", local_runs)
     if sub_rows is not None:
         monkeypatch.setattr(_cellsums, "SUB_BYTES", 0)
         monkeypatch.setattr(_cellsums, "SUB_ROWS", sub_rows)

@@ -46,6 +46,13 @@ SUB_BYTES = 1 << 21
 #: the fewest records per distance product, whatever ``k``
 SUB_ROWS = 2048
 
+#: the compiled loop adds a client's run of at least ``k`` records into a local copy of its
+#: ``k`` rows (:func:`._cellsums_jit.fused`): the same additions, vectorised. At 10,000
+#: clients of 1M x 32 (k=50) the pooled kernel call took 91.7 ms with them against 98.6 ms
+#: adding in place (``python -m securefkm.bench.speed_diagnostics local_runs``;
+#: docs/benchmarks.md); False adds every record in place (the diagnostic's comparison)
+LOCAL_RUNS = True
+
 
 def sub_rows(k: int) -> int:
     """Records per distance product for ``k`` centres (:data:`SUB_BYTES`)."""
@@ -114,11 +121,12 @@ def cell_sums_compiled(X, C2T, cc, row_base, sums, counts):
     ``counts`` (zeros): a row's records are added in record order across sub-blocks too."""
     fused = compiled()
     step = sub_rows(len(cc))
+    min_run = len(cc) if LOCAL_RUNS else len(X) + 1
     D = scratch("distances", (min(step, len(X)), len(cc)))
     for start in range(0, len(X), step):
         stop = min(len(X), start + step)
         Dsub = np.matmul(X[start:stop], C2T, out=D[: stop - start])
-        fused(Dsub, cc, X[start:stop], row_base[start:stop], sums, counts)
+        fused(Dsub, cc, X[start:stop], row_base[start:stop], sums, counts, min_run)
 
 
 def block_cell_sums(X, C2T, cc, row_base, sums, counts, fast: bool):

@@ -12,16 +12,15 @@ import numpy as np
 
 
 @numba.njit(nogil=True, cache=True)
-def fused(D, cc, X, row_base, sums, counts):  # pragma: no cover - compiled
+def fused(D, cc, X, row_base, sums, counts, min_run):  # pragma: no cover - compiled
     """Add each record ``r`` to row ``row_base[r] + j`` of ``sums`` / ``counts``, ``j`` the
     first index minimising ``D[r, j] + cc[j]``, records in order (:mod:`._cellsums`).
 
-    A run of at least ``k`` consecutive records of one client (one ``row_base``) is added
-    into a local copy of its ``k`` rows, stored back at the run's end: the same additions
-    in the same order, but into memory the compiler knows no other array shares, so the
-    per-feature additions vectorise (at 10,000 clients of 1M x 32, k=50, the pooled kernel
-    took 94 ms instead of 100; ``docs/benchmarks.md``). Shorter runs add in place: copying
-    ``k`` rows in and out would cost more than their records."""
+    A run of at least ``min_run`` consecutive records of one client (one ``row_base``) is
+    added into a local copy of its ``k`` rows, stored back at the run's end: the same
+    additions in the same order, but into memory the compiler knows no other array shares,
+    so the per-feature additions vectorise (``_cellsums.LOCAL_RUNS``). Shorter runs add in
+    place: copying ``k`` rows in and out would cost more than their records."""
     n, k = D.shape
     d = X.shape[1]
     acc = np.empty((k, d))
@@ -32,7 +31,7 @@ def fused(D, cc, X, row_base, sums, counts):  # pragma: no cover - compiled
         end = r + 1
         while end < n and row_base[end] == base:
             end += 1
-        local = end - r >= k
+        local = end - r >= min_run
         if local:
             for j in range(k):
                 cnt[j] = counts[base + j]

@@ -12,6 +12,10 @@ about a minute). Each prints one line; none is a target.
   previous rule), of :func:`~securefkm.algorithms._cellsums.sub_rows` (2 MiB of distances, the
   default) and of whole blocks, alternated, at 100k x 16 (k=20) and 1M x 32 (k=50, 10,000
   clients).
+* ``local_runs``: the pooled kernel call with the compiled loop adding a client's runs of
+  records into a local copy of its rows (the default, :data:`~securefkm.algorithms._cellsums.LOCAL_RUNS`)
+  and adding every record in place, alternated, at 100k x 16 (k=20, 100 clients) and
+  1M x 32 (k=50, 10,000 clients).
 * ``x25519``: key agreements in two threads against the same number in one: ``cryptography``
   holds the GIL while it computes one.
 * ``auto_backend``: the masked DWF round (``PairwiseMasking()``, 100 records of 2 features a
@@ -117,6 +121,26 @@ def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     return f"sub_blocks ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
+def local_runs(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
+    from ..algorithms import _cellsums
+
+    X = np.random.default_rng(1).normal(size=(n, d))
+    _, clients, C = _split(X, k, n_clients, 0)
+    times: dict = {True: [], False: []}
+    saved = _cellsums.LOCAL_RUNS
+    try:
+        for _ in range(repeats):
+            for local in times:
+                _cellsums.LOCAL_RUNS = local
+                _kmeans.per_client_cell_sums(clients, C)  # untimed: the same thread state for each
+                times[local].append(_timed(lambda: _kmeans.per_client_cell_sums(clients, C)))
+    finally:
+        _cellsums.LOCAL_RUNS = saved
+    med = {local: statistics.median(v) * 1e3 for local, v in times.items()}
+    return (f"local_runs ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): local rows "
+            f"{med[True]:.2f} ms, in place {med[False]:.2f} ms")
+
+
 def x25519(n: int = 5000) -> str:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -163,21 +187,28 @@ def auto_backend(sizes=(50, 100, 200, 400), repeats: int = 5) -> str:
     return f"auto_backend (masked DWF round, medians of {repeats}): " + "; ".join(cells)
 
 
-def run(out=print) -> None:
-    out(spin())
-    out(timeline())
-    out(framework(100_000, 16, 20, 100, 300))
-    out(framework(1_000_000, 32, 50, 10_000, 10))
-    out(sub_blocks(100_000, 16, 20, 100, 60))
-    out(sub_blocks(1_000_000, 32, 50, 10_000, 10))
-    out(x25519())
-    out(auto_backend())
+#: what each name runs: its diagnostics at the sizes docs/benchmarks.md quotes
+RUNS = {
+    "spin": [spin],
+    "timeline": [timeline],
+    "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
+    "sub_blocks": [lambda: sub_blocks(100_000, 16, 20, 100, 60), lambda: sub_blocks(1_000_000, 32, 50, 10_000, 10)],
+    "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
+    "x25519": [x25519],
+    "auto_backend": [auto_backend],
+}
+
+
+def run(names=None, out=print) -> None:
+    """Print the diagnostics ``names`` (default: all, in the order of :data:`RUNS`)."""
+    for name in names or RUNS:
+        if name not in RUNS:
+            raise SystemExit(f"unknown diagnostic {name!r}; choose from {', '.join(RUNS)}")
+        for diagnostic in RUNS[name]:
+            out(diagnostic())
 
 
 if __name__ == "__main__":  # python -m securefkm.bench.speed_diagnostics [name ...]
     import sys
 
-    for name in sys.argv[1:]:
-        print(globals()[name]())
-    if not sys.argv[1:]:
-        run()
+    run(sys.argv[1:])
