@@ -18,7 +18,7 @@ from scipy.optimize import linprog
 
 from securefkm.algorithms._kmeans import assign
 from securefkm.exceptions import InputError
-from securefkm.transcript import Transcript
+from securefkm.transcript import RECORD_LEVELS, Transcript
 
 from ._cells import (
     SEEDING_RAW_ACTIONS,
@@ -31,10 +31,24 @@ from ._cells import (
 from .report import LeakageReport, score_reconstructions
 
 
-def _check_transcript(transcript) -> Transcript:
+def _check_transcript(transcript, needs: str = "full") -> Transcript:
+    """The transcript, if it was recorded with at least the level the attack reads: ``"full"``
+    for the clients' own messages, ``"aggregates"`` for the decoded aggregates. A transcript
+    recorded with less would let the attack find nothing and report no leakage that a full
+    record of the same fit would show, so it is refused instead."""
     if not isinstance(transcript, Transcript):
         raise InputError(
             f"transcript must be a securefkm.transcript.Transcript (estimator.transcript_), got {type(transcript).__name__}."
+        )
+    level = getattr(transcript, "level", "full")
+    # RECORD_LEVELS lists the levels from the one that keeps most
+    if level in RECORD_LEVELS and RECORD_LEVELS.index(level) > RECORD_LEVELS.index(needs):
+        what = "each client's messages" if needs == "full" else "each round's aggregate"
+        kept = "only the aggregates" if level == "aggregates" else "no rounds"
+        fix = 'record="full" (the default)' if needs == "full" else 'record="aggregates" or "full"'
+        raise InputError(
+            f"this attack reads {what}, but the transcript was recorded with record={level!r}, "
+            f"which keeps {kept}; fit again with {fix}."
         )
     return transcript
 
@@ -630,7 +644,7 @@ class AggregateDifferencing:
         self.tol_approx = None if tol_approx is None else _check_tol(tol_approx, "tol_approx")
 
     def claims(self, transcript):
-        transcript = _check_transcript(transcript)
+        transcript = _check_transcript(transcript, needs="aggregates")
         isolated = isolate_by_aggregates(transcript)
         claims = []
         for c, entries in isolated.items():

@@ -105,7 +105,12 @@ class AbortedRound:
 
 @dataclass
 class Transcript:
-    """All rounds of a fit (all ``n_init`` runs), in order, and the log of aborted rounds."""
+    """All rounds of a fit (all ``n_init`` runs), in order, and the log of aborted rounds.
+
+    ``level`` (:data:`RECORD_LEVELS`, the fit's ``record``): ``"full"`` keeps every stage's
+    messages and the set-fields; ``"aggregates"`` keeps of each round whom the server
+    sampled, who dropped or refused, the contributors and the decoded aggregate; ``"none"``
+    keeps no round (the aborted rounds are logged at every level)."""
 
     meta: dict = field(default_factory=dict)
     rounds: list[RoundRecord] = field(default_factory=list)

@@ -66,7 +66,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
     """
 
     def __init__(
@@ -93,6 +93,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        record="full",
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size
@@ -115,6 +116,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.record = record
 
     def _check_data(self, data):
         # no local cluster could ever be sent: say so in terms of the data, before any round

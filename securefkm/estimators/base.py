@@ -47,6 +47,16 @@ otherwise; ``backend_`` says which it was.
 ``max_aborted_rounds`` (every estimator; default
 :data:`~securefkm.federation.runtime.MAX_ABORTED_ROUNDS` = 10): aborted round attempts
 tolerated per run before the fit raises ``TooManyAbortedRoundsError``.
+
+``record`` (every estimator) is what ``transcript_`` keeps (:mod:`securefkm.transcript`):
+``"full"`` (default) every message each client sent, what the passive attacks read;
+``"aggregates"`` per round only whom the server sampled, who dropped or refused, and the
+aggregate it decoded (the aggregate-differencing attack still runs on it); ``"none"`` only
+the aborted rounds. A full transcript grows by every sampled client's update each round:
+at 10,000 clients of a DWF fit with 50 clusters of 32 features that is 132 MB a round, held
+for as long as the estimator lives. A fit whose full transcript could exceed
+:data:`TRANSCRIPT_WARN_BYTES` warns at its start and names ``record="aggregates"``
+(docs/scaling.md, "Memory of a fit").
 """
 
 from __future__ import annotations
@@ -68,6 +78,11 @@ from ..federation import Federation, clone_layers
 from ..federation.runtime import MAX_ABORTED_ROUNDS
 from ..protection_report import ProtectionReport
 from ..registry import make_protection
+from ..transcript import RECORD_LEVELS
+
+#: a fit whose full transcript could hold more than this many bytes of client updates warns
+#: at its start (``record``)
+TRANSCRIPT_WARN_BYTES = 1 << 30
 
 
 def resolve_protection(protection) -> list:
@@ -271,10 +286,37 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             backend=getattr(self, "backend", "auto"),
             n_workers=getattr(self, "n_workers", None),
             max_aborted_rounds=getattr(self, "max_aborted_rounds", MAX_ABORTED_ROUNDS),
+            record=self._record(),
             **self._transport_kwargs(transport, data),
         )
         federation.transcript.meta["init_bounds"] = domain
+        self._warn_large_transcript(federation, algorithm, data.n_features)
         return federation, algorithm
+
+    def _record(self) -> str:
+        record = getattr(self, "record", "full")
+        if not isinstance(record, str) or record not in RECORD_LEVELS:
+            raise InputError(f"record must be one of {RECORD_LEVELS}, got {record!r}; \"full\" keeps every "
+                             "client message (what the attacks read), \"aggregates\" only each round's aggregate.")
+        return record
+
+    def _warn_large_transcript(self, federation, algorithm, n_features: int) -> None:
+        """Warn when a full transcript could outgrow :data:`TRANSCRIPT_WARN_BYTES`: every
+        planned round's sampled clients each send about ``n_clusters x (n_features + 1)``
+        float64 values (the sum-fields of the k-means algorithms; masked or encrypted forms
+        are no smaller)."""
+        if federation.transcript.level != "full":
+            return
+        rounds = federation.n_runs * algorithm.planned_rounds(federation.max_rounds)
+        per_round = federation.clients_per_round * self.n_clusters * (n_features + 1) * 8
+        if rounds * per_round > TRANSCRIPT_WARN_BYTES:
+            warnings.warn(
+                f"the transcript of this fit keeps every client message: up to about "
+                f"{rounds * per_round / 2**30:.1f} GiB over {rounds} planned rounds "
+                f"({per_round / 2**20:.1f} MiB a round), held by transcript_. Pass record=\"aggregates\" "
+                "to keep only each round's aggregate (the passive attacks need \"full\").",
+                stacklevel=4,
+            )
 
     def _max_rounds(self) -> int:
         return self.max_rounds

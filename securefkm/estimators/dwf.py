@@ -56,7 +56,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
         Simulated dropouts (probability per client and round, or a schedule).
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -84,6 +84,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        record="full",
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -105,6 +106,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.record = record
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

@@ -84,7 +84,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         ``oversample * n_clusters`` uniform centres and reduces them to ``n_clusters``.
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
 
@@ -121,6 +121,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        record="full",
     ):
         self.n_clusters = n_clusters
         self.averaging = averaging
@@ -145,6 +146,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.record = record
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

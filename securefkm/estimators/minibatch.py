@@ -49,7 +49,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     init_bounds : (low, high) or None
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -78,6 +78,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        record="full",
     ):
         self.n_clusters = n_clusters
         self.clients_per_round = clients_per_round
@@ -100,6 +101,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.record = record
 
     def _max_rounds(self):
         return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds

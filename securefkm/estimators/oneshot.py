@@ -32,7 +32,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         k-means runs as rounds of secure sums over privately kept local centres.
     max_rounds : int
         Cap on training rounds (one-shot methods use one).
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
     """
 
     def __init__(
@@ -61,6 +61,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        record="full",
     ):
         self.n_clusters = n_clusters
         self.variant = variant
@@ -85,6 +86,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.record = record
 
     def _make_algorithm(self, n_features, n_clients):
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"

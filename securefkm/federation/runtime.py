@@ -475,8 +475,8 @@ class Federation:
                 exc.args = (f"{exc}; {note}",) + exc.args[1:]
             record.aborted = str(exc)
             record.abort_cause = exc.cause
+            self.policy.on_abort(record, exc)  # what the server saw, before the transcript keeps less of it
             self.transcript.append(record)
-            self.policy.on_abort(record, exc)
             raise exc
         for layer in self.layers:
             layer.after_round(ctx, agg)
@@ -485,8 +485,8 @@ class Federation:
         record.contributors = agg.contributors
         if new_state.centres is not None:
             record.centres_after = np.array(new_state.centres, copy=True)
+        self.policy.observe(record)  # the whole round, whatever `record` level the transcript keeps
         self.transcript.append(record)
-        self.policy.observe(record)
         return new_state
 
     @staticmethod
