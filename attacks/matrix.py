@@ -263,6 +263,7 @@ def make_fit(algorithm: str, specs, k: int, box, seed: int, max_rounds: int, cry
     if base not in ("kfed", "child-parent") and not dp_planned:
         kw["max_rounds"] = max_rounds
     kw["crypto"] = crypto
+    kw["record"] = "full"  # the passive attacks read every client message
     return make_estimator(base, protection=with_box(specs, box), **kw)
 
 

@@ -93,7 +93,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
-        record="full",
+        record=None,
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size

@@ -49,13 +49,14 @@ otherwise; ``backend_`` says which it was.
 tolerated per run before the fit raises ``TooManyAbortedRoundsError``.
 
 ``record`` (every estimator) is what ``transcript_`` keeps (:mod:`securefkm.transcript`):
-``"full"`` (default) every message each client sent, what the passive attacks read;
+``"full"`` every message each client sent, what the passive attacks read;
 ``"aggregates"`` per round only whom the server sampled, who dropped or refused, and the
 aggregate it decoded (the aggregate-differencing attack still runs on it); ``"none"`` only
 the aborted rounds. A full transcript grows by every sampled client's update each round:
 at 10,000 clients of a DWF fit with 50 clusters of 32 features that is 132 MB a round, held
-for as long as the estimator lives. A fit whose full transcript could exceed
-:data:`TRANSCRIPT_WARN_BYTES` warns at its start and names ``record="aggregates"``
+for as long as the estimator lives. The default, ``None``, records in full and warns when
+the fit starts if the transcript could exceed :data:`TRANSCRIPT_WARN_BYTES`, naming
+``record="aggregates"``; ``record="full"`` records in full without the warning
 (docs/scaling.md, "Memory of a fit").
 """
 
@@ -294,18 +295,20 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         return federation, algorithm
 
     def _record(self) -> str:
-        record = getattr(self, "record", "full")
+        record = getattr(self, "record", None)
+        if record is None:  # the default: in full, with a warning when that could be large
+            return "full"
         if not isinstance(record, str) or record not in RECORD_LEVELS:
             raise InputError(f"record must be one of {RECORD_LEVELS}, got {record!r}; \"full\" keeps every "
                              "client message (what the attacks read), \"aggregates\" only each round's aggregate.")
         return record
 
     def _warn_large_transcript(self, federation, algorithm, n_features: int) -> None:
-        """Warn when a full transcript could outgrow :data:`TRANSCRIPT_WARN_BYTES`: every
-        planned round's sampled clients each send about ``n_clusters x (n_features + 1)``
-        float64 values (the sum-fields of the k-means algorithms; masked or encrypted forms
-        are no smaller)."""
-        if federation.transcript.level != "full":
+        """Under the default ``record=None``, warn when the full transcript could outgrow
+        :data:`TRANSCRIPT_WARN_BYTES`: every planned round's sampled clients each send about
+        ``n_clusters x (n_features + 1)`` float64 values (the sum-fields of the k-means
+        algorithms; masked or encrypted forms are no smaller)."""
+        if getattr(self, "record", None) is not None:  # asked for: no warning
             return
         rounds = federation.n_runs * algorithm.planned_rounds(federation.max_rounds)
         per_round = federation.clients_per_round * self.n_clusters * (n_features + 1) * 8
@@ -314,7 +317,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
                 f"the transcript of this fit keeps every client message: up to about "
                 f"{rounds * per_round / 2**30:.1f} GiB over {rounds} planned rounds "
                 f"({per_round / 2**20:.1f} MiB a round), held by transcript_. Pass record=\"aggregates\" "
-                "to keep only each round's aggregate (the passive attacks need \"full\").",
+                "to keep only each round's aggregate, or record=\"full\" to keep them without this warning "
+                "(the passive attacks read them).",
                 stacklevel=4,
             )
 

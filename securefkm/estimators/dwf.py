@@ -84,7 +84,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
-        record="full",
+        record=None,
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting

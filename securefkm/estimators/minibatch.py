@@ -78,7 +78,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
-        record="full",
+        record=None,
     ):
         self.n_clusters = n_clusters
         self.clients_per_round = clients_per_round

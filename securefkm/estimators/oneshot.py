@@ -61,7 +61,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
-        record="full",
+        record=None,
     ):
         self.n_clusters = n_clusters
         self.variant = variant
