@@ -48,8 +48,9 @@ SUB_ROWS = 2048
 
 #: the compiled loop adds a client's run of at least ``k`` records into a local copy of its
 #: ``k`` rows (:func:`._cellsums_jit.fused`): the same additions, vectorised. At 10,000
-#: clients of 1M x 32 (k=50) the pooled kernel call took 91.7 ms with them against 98.6 ms
-#: adding in place (``python -m securefkm.bench.speed_diagnostics local_runs``;
+#: clients of 1M x 32 (k=50) the pooled kernel call took 94.3 and 96.8 ms with them against
+#: 98.8 and 104.0 ms adding in place, at 100k x 16 (k=20, 100 clients) 2.55-2.67 ms against
+#: 2.61-2.73 ms (``python -m securefkm.bench.speed_diagnostics local_runs``;
 #: docs/benchmarks.md); False adds every record in place (the diagnostic's comparison)
 LOCAL_RUNS = True
 
