@@ -110,6 +110,7 @@ def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int | None = No
         tol=0.0,
         protection=[GaussianDP(epsilon, DELTA, bounds=bounds, mode="central", **options)],
         random_state=seed,
+        record="aggregates",  # only the centres are read
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CentralDPWarning: the trusted-curator row by design

@@ -29,7 +29,8 @@ def _fit(method, data, k, seed):
         return KMeans(k, n_init=1, random_state=seed).fit(X).cluster_centers_
     name = {"EWF": "ewf", "DWF": "dwf", "k-FED": "kfed"}[method]
     params = {"max_rounds": 300} if name in ("dwf", "ewf") else {}
-    return make_estimator(name, n_clusters=k, random_state=seed, **params).fit(data).cluster_centers_
+    # only the centres are read: the transcript keeps each round's aggregate, not every message
+    return make_estimator(name, n_clusters=k, random_state=seed, record="aggregates", **params).fit(data).cluster_centers_
 
 
 def _cell(cell: dict) -> list[float]:

@@ -41,7 +41,8 @@ def run(quick: bool = False, seeds: int | None = None, out=print):
         for c in (1.0, 0.2):
             vals = []
             for s, ds in enumerate(data):
-                est = MiniBatchFederatedKMeans(5, clients_per_round=c, max_rounds=200, random_state=s, **params).fit(ds)
+                est = MiniBatchFederatedKMeans(5, clients_per_round=c, max_rounds=200, random_state=s,
+                                               record="aggregates", **params).fit(ds)
                 vals.append(davies_bouldin_score(ds.pooled(), est.labels_))
             cells.append(float(np.mean(vals)))
         rows[name] = cells
