@@ -64,6 +64,9 @@ def test_speed_diagnostics_run(monkeypatch):
     assert "whole blocks" in diag.sub_blocks(3000, 3, 4, 10, 1)
     assert (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS) == saved  # the sub-block rule is put back
     assert "in place" in diag.local_runs(3000, 3, 4, 10, 1) and _cellsums.LOCAL_RUNS is True
+    memory = diag.transcript_memory(n_clients=50, k=3, d=2, rounds=2)
+    full, aggregates = (float(memory.split(f"{level} ")[1].split(" MiB")[0]) for level in ("full", "aggregates"))
+    assert full > aggregates  # every client message against each round's aggregate
 
 
 def test_speed_diagnostics_by_name(monkeypatch, capsys):

@@ -16,6 +16,9 @@ about a minute). Each prints one line; none is a target.
   records into a local copy of its rows (the default, :data:`~securefkm.algorithms._cellsums.LOCAL_RUNS`)
   and adding every record in place, alternated, at 100k x 16 (k=20, 100 clients) and
   1M x 32 (k=50, 10,000 clients).
+* ``transcript_memory``: the memory a DWF fit's transcript keeps per round at 10,000
+  clients (k=50, d=32; 20 records each) under each ``record`` level (tracemalloc, after two
+  rounds and after four more): what docs/scaling.md, "Memory of a fit", quotes.
 * ``x25519``: key agreements in two threads against the same number in one: ``cryptography``
   holds the GIL while it computes one.
 * ``auto_backend``: the masked DWF round (``PairwiseMasking()``, 100 records of 2 features a
@@ -141,6 +144,37 @@ def local_runs(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
             f"{med[True]:.2f} ms, in place {med[False]:.2f} ms")
 
 
+def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds: int = 4) -> str:
+    import gc
+    import tracemalloc
+
+    from ..federation import Federation
+
+    rng = np.random.default_rng(0)
+    clients = [rng.normal(size=(20, d)) for _ in range(n_clients)]
+    C = rng.normal(size=(k, d))
+    cells = []
+    for level in ("full", "aggregates", "none"):
+        tracemalloc.start()
+        try:
+            algo = dwf.WeightedFederatedKMeansAlgorithm(k, init=C, tol=0.0)
+            fed = Federation(algo, clients, max_rounds=10**6, random_state=0, record=level, backend="local")
+            state = algo.init(n_clients, d, np.random.default_rng(0))
+            for r in range(2 + rounds):
+                if r == 2:  # the last round's messages stay alive until the next: count from here
+                    gc.collect()
+                    before = tracemalloc.get_traced_memory()[0]
+                state.centres = C
+                fed.run_round(state, round=r)
+            gc.collect()
+            kept = (tracemalloc.get_traced_memory()[0] - before) / rounds
+        finally:
+            tracemalloc.stop()
+        cells.append(f"{level} {kept / 2**20:.2f} MiB")
+        del fed, algo, state
+    return f"transcript_memory (DWF, {n_clients} clients, k={k}, d={d}; kept per round): " + ", ".join(cells)
+
+
 def x25519(n: int = 5000) -> str:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -194,6 +228,7 @@ RUNS = {
     "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
     "sub_blocks": [lambda: sub_blocks(100_000, 16, 20, 100, 60), lambda: sub_blocks(1_000_000, 32, 50, 10_000, 10)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
+    "transcript_memory": [transcript_memory],
     "x25519": [x25519],
     "auto_backend": [auto_backend],
 }
