@@ -46,9 +46,9 @@ def _federation(clients, backend: str, n_workers: int | None, crypto: str = "rea
     from ..federation import Federation
 
     algo = WeightedFederatedKMeansAlgorithm(K, init="uniform", init_bounds=BOX, tol=0.0)
-    kw = {"backend": backend} if backend == "local" else {"backend": backend, "n_workers": n_workers}
     return Federation(algo, clients, protection=[PairwiseMasking()], max_rounds=max_rounds, random_state=0,
-                      record="aggregates", crypto=crypto, **kw)
+                      record="aggregates", crypto=crypto, backend=backend,
+                      n_workers=None if backend == "local" else n_workers)
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -103,45 +103,46 @@ def framework(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     return f"framework: DWF round without its kernel, {n_clients} clients of {n} x {d} (k={k}): {statistics.median(times) * 1e3:.2f} ms"
 
 
-def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
+def _kernel_variants(n: int, d: int, k: int, n_clients: int, repeats: int, variants: dict) -> dict:
+    """Median ms of the pooled kernel call under each variant ({name: {``_cellsums``
+    attribute: value}}), the variants alternated, each call after an untimed one; the
+    attributes are put back afterwards."""
     from ..algorithms import _cellsums
 
     X = np.random.default_rng(1).normal(size=(n, d))
     _, clients, C = _split(X, k, n_clients, 0)
-    rules = {"2048 records": (0, 2048), "2 MiB (default)": (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS),
-             "whole blocks": (1 << 40, _cellsums.SUB_ROWS)}
-    saved = _cellsums.SUB_BYTES, _cellsums.SUB_ROWS
-    times = {name: [] for name in rules}
+    saved = {attr: getattr(_cellsums, attr) for settings in variants.values() for attr in settings}
+    times: dict = {name: [] for name in variants}
     try:
         for _ in range(repeats):
-            for name, (sub_bytes, sub_min) in rules.items():
-                _cellsums.SUB_BYTES, _cellsums.SUB_ROWS = sub_bytes, sub_min
+            for name, settings in variants.items():
+                for attr, value in settings.items():
+                    setattr(_cellsums, attr, value)
                 _kmeans.per_client_cell_sums(clients, C)  # untimed: the same thread state for each
                 times[name].append(_timed(lambda: _kmeans.per_client_cell_sums(clients, C)))
     finally:
-        _cellsums.SUB_BYTES, _cellsums.SUB_ROWS = saved
-    cells = ", ".join(f"{name} {statistics.median(v) * 1e3:.2f} ms" for name, v in times.items())
+        for attr, value in saved.items():
+            setattr(_cellsums, attr, value)
+    return {name: statistics.median(v) * 1e3 for name, v in times.items()}
+
+
+def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
+    from ..algorithms import _cellsums
+
+    med = _kernel_variants(n, d, k, n_clients, repeats, {
+        "2048 records": {"SUB_BYTES": 0, "SUB_ROWS": 2048},
+        "2 MiB (default)": {"SUB_BYTES": _cellsums.SUB_BYTES, "SUB_ROWS": _cellsums.SUB_ROWS},
+        "whole blocks": {"SUB_BYTES": 1 << 40, "SUB_ROWS": _cellsums.SUB_ROWS},
+    })
+    cells = ", ".join(f"{name} {ms:.2f} ms" for name, ms in med.items())
     return f"sub_blocks ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
 def local_runs(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
-    from ..algorithms import _cellsums
-
-    X = np.random.default_rng(1).normal(size=(n, d))
-    _, clients, C = _split(X, k, n_clients, 0)
-    times: dict = {True: [], False: []}
-    saved = _cellsums.LOCAL_RUNS
-    try:
-        for _ in range(repeats):
-            for local in times:
-                _cellsums.LOCAL_RUNS = local
-                _kmeans.per_client_cell_sums(clients, C)  # untimed: the same thread state for each
-                times[local].append(_timed(lambda: _kmeans.per_client_cell_sums(clients, C)))
-    finally:
-        _cellsums.LOCAL_RUNS = saved
-    med = {local: statistics.median(v) * 1e3 for local, v in times.items()}
+    med = _kernel_variants(n, d, k, n_clients, repeats,
+                           {"local rows": {"LOCAL_RUNS": True}, "in place": {"LOCAL_RUNS": False}})
     return (f"local_runs ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): local rows "
-            f"{med[True]:.2f} ms, in place {med[False]:.2f} ms")
+            f"{med['local rows']:.2f} ms, in place {med['in place']:.2f} ms")
 
 
 def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds: int = 4) -> str:

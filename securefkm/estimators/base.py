@@ -79,7 +79,6 @@ from ..federation import Federation, clone_layers
 from ..federation.runtime import MAX_ABORTED_ROUNDS
 from ..protection_report import ProtectionReport
 from ..registry import make_protection
-from ..transcript import RECORD_LEVELS
 
 #: a fit whose full transcript could hold more than this many bytes of client updates warns
 #: at its start (``record``)
@@ -295,13 +294,10 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         return federation, algorithm
 
     def _record(self) -> str:
+        """The transcript level Federation records at (it validates it): the default None
+        records in full, with a warning when that could be large."""
         record = getattr(self, "record", None)
-        if record is None:  # the default: in full, with a warning when that could be large
-            return "full"
-        if not isinstance(record, str) or record not in RECORD_LEVELS:
-            raise InputError(f"record must be one of {RECORD_LEVELS}, got {record!r}; \"full\" keeps every "
-                             "client message (what the attacks read), \"aggregates\" only each round's aggregate.")
-        return record
+        return "full" if record is None else record
 
     def _warn_large_transcript(self, federation, algorithm, n_features: int) -> None:
         """Under the default ``record=None``, warn when the full transcript could outgrow

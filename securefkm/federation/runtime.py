@@ -185,7 +185,8 @@ class Federation:
         self.max_rounds = check_int(max_rounds, "max_rounds", minimum=1)
         self.n_runs = check_int(n_runs, "n_runs", minimum=1)
         if record not in RECORD_LEVELS:
-            raise InputError(f"record must be one of {RECORD_LEVELS}, got {record!r}.")
+            raise InputError(f"record must be one of {RECORD_LEVELS}, got {record!r}; \"full\" keeps every "
+                             "client message (what the attacks read), \"aggregates\" only each round's aggregate.")
         if random_state is not None and not isinstance(random_state, (int, np.integer)):
             raise InputError("Federation random_state must be an int or None (estimators convert Generators).")
         self.random_state = None if random_state is None else int(random_state)
