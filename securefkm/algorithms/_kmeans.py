@@ -19,6 +19,7 @@ from scipy import sparse
 
 from .._kernel_threads import kernel_threads
 from ..exceptions import InputError
+from . import _local
 from ._cellsums import block_cell_sums, scratch, use_compiled
 
 
@@ -394,36 +395,34 @@ def local_lloyd(X: np.ndarray, C: np.ndarray, max_steps: int, tol: float = 0.0):
 
 def seed_kmeans_plusplus(X: np.ndarray, k: int, rng: np.random.Generator, sample_weight=None) -> np.ndarray:
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; 2 + log k candidates per step,
-    as scikit-learn does).
+    as scikit-learn does): :func:`._local.kmeans_plusplus`, compiled in large runs.
 
     Written here rather than calling ``sklearn.cluster.kmeans_plusplus`` because a
-    simulation seeds hundreds of small clients and scikit-learn's per-call validation costs
-    ~50x the arithmetic on a 100-record client.
+    simulation seeds thousands of small clients, and scikit-learn's per-call validation and
+    per-step numpy calls cost many times the arithmetic on a 100-record client.
+
+    Draws from ``rng``: the first seed as ``rng.choice(n, p=w / w.sum())``, then
+    ``rng.random(trials)`` per later seed (drawn at once: the same stream).
     """
     n = len(X)
     if n < k:
         raise InputError(f"k-means++ needs at least n_clusters={k} records, the client has {n}.")
-    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    w = np.ones(n) if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=np.float64)
+    return X[_kmeans_plusplus(X, X.T.copy(), w, k, rng)[0]]
+
+
+def _kmeans_plusplus(X, XT, w, k, rng):
+    """(seed indices, seeds placed while some record lay off every seed): see
+    :func:`._local.kmeans_plusplus`."""
     trials = 2 + int(np.log(k))
-    sq_norms = np.einsum("ij,ij->i", X, X)
-    centres = np.empty((k, X.shape[1]))
-    first = rng.choice(n, p=w / w.sum())
-    centres[0] = X[first]
-    closest = np.maximum(sq_norms - 2 * X @ X[first] + sq_norms[first], 0.0)
-    for c in range(1, k):
-        pot = w * closest
-        total = pot.sum()
-        if total <= 0:  # every record coincides with a centre: pick any
-            cand = rng.choice(n, size=trials)
-        else:
-            cand = np.searchsorted(np.cumsum(pot), rng.random(trials) * total)
-            cand = np.minimum(cand, n - 1)
-        d_cand = np.maximum(sq_norms[cand, None] - 2 * X[cand] @ X.T + sq_norms[None, :], 0.0)
-        new_closest = np.minimum(closest[None, :], d_cand)
-        best = int(np.argmin((w[None, :] * new_closest).sum(axis=1)))
-        centres[c] = X[cand[best]]
-        closest = new_closest[best]
-    return centres
+    # rng.choice(len(X), p=w / w.sum()) as numpy computes it, without its argument checks
+    # (a tenth of a millisecond: more than the seeding of a 100-record client)
+    cdf = np.cumsum(w / w.sum())
+    cdf /= cdf[-1]
+    first = int(np.searchsorted(cdf, rng.random(), side="right"))
+    impl = _local.use_compiled(len(X) * k) or _local
+    return impl.kmeans_plusplus(X, XT, w, first, rng.random((k - 1, trials)))
 
 
 def weighted_kmeans(
@@ -466,23 +465,22 @@ def weighted_kmeans(
 def local_kmeans(X: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 1, max_iter: int = 300, tol: float = 1e-4):
     """A client's own k-means (k-FED's local step, Dennis et al. 2021): centres and sizes.
 
-    k-means++ seeding then Lloyd iterations until the centres move less than ``tol``
-    (relative to the data's variance, as in scikit-learn), best of ``n_init``. ``k`` is
-    capped at the number of distinct records; clusters left empty are dropped, so a client
-    may return fewer than ``k`` centres. Sizes count the records assigned to each centre.
+    k-means++ seeding then Lloyd iterations (:func:`._local.lloyd`) until the
+    centres' squared shift is at most ``tol`` times the data's mean variance (as in
+    scikit-learn), best of ``n_init``. ``k`` is capped at the number of distinct records;
+    clusters left empty are dropped, so a client may return fewer than ``k`` centres. Sizes
+    count the records assigned to each centre.
     """
-    k_eff = min(k, len(np.unique(X, axis=0)))
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    if len(X) == 0:
+        raise InputError("local k-means got a client without records.")
+    XT, w = X.T.copy(), np.ones(len(X))
     abs_tol = tol * float(np.mean(np.var(X, axis=0))) if len(X) > 1 else 0.0
     best = None
     for _ in range(n_init):
-        C = seed_kmeans_plusplus(X, k_eff, rng)
-        for _ in range(max_iter):
-            new, counts, _, labels = lloyd_step(X, C)
-            shift = float(((new - C) ** 2).sum())
-            C = new
-            if shift <= abs_tol:
-                break
-        labels, d2 = assign(X, C)
+        seeds, distinct = _kmeans_plusplus(X, XT, w, min(k, len(X)), rng)
+        C = X[seeds[:distinct]]  # fewer distinct records than k: one centre per value
+        labels, d2 = (_local.use_compiled(len(X) * len(C)) or _local).lloyd(X, XT, C, max_iter, abs_tol)
         inertia = float(d2.sum())
         if best is None or inertia < best[0]:
             best = (inertia, C, labels)
