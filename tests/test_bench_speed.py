@@ -67,6 +67,11 @@ def test_speed_diagnostics_run(monkeypatch):
     memory = diag.transcript_memory(n_clients=50, k=3, d=2, rounds=2)
     full, aggregates = (float(memory.split(f"{level} ")[1].split(" MiB")[0]) for level in ("full", "aggregates"))
     assert full > aggregates  # every client message against each round's aggregate
+    from securefkm.algorithms import _local
+
+    threshold = _local.LOCAL_JIT_MIN_WORK
+    assert "scikit-learn" in diag.local_kmeans(n_clients=3, n=20, d=2, k=3, repeats=1)
+    assert _local.LOCAL_JIT_MIN_WORK == threshold  # put back
 
 
 def test_speed_diagnostics_by_name(monkeypatch, capsys):

@@ -19,6 +19,9 @@ about a minute). Each prints one line; none is a target.
 * ``transcript_memory``: the memory a DWF fit's transcript keeps per round at 10,000
   clients (k=50, d=32; 20 records each) under each ``record`` level (tracemalloc, after two
   rounds and after four more): what docs/scaling.md, "Memory of a fit", quotes.
+* ``local_kmeans``: the k-FED seeding round's client work (a local k-means on each of 200
+  clients of 100 x 32, k=50) with the numpy reference, the compiled loops
+  (:mod:`~securefkm.algorithms._local`) and scikit-learn's ``KMeans(n_init=1)``, alternated.
 * ``x25519``: key agreements in two threads against the same number in one: ``cryptography``
   holds the GIL while it computes one.
 * ``auto_backend``: the masked DWF round (``PairwiseMasking()``, 100 records of 2 features a
@@ -176,6 +179,44 @@ def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds:
     return f"transcript_memory (DWF, {n_clients} clients, k={k}, d={d}; kept per round): " + ", ".join(cells)
 
 
+def local_kmeans(n_clients: int = 200, n: int = 100, d: int = 32, k: int = 50, repeats: int = 5) -> str:
+    """One pass of the k-FED seeding round's client work (a local k-means per client) with
+    the numpy reference, the compiled loops and scikit-learn's ``KMeans(k, n_init=1)``
+    (k-means++, Lloyd, its default tolerance), passes alternated; ms per client."""
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    from ..algorithms import _local
+
+    X = np.random.default_rng(1).normal(size=(n_clients * n, d))
+    clients = np.array_split(X, n_clients)
+
+    def ours(threshold):
+        def run():
+            saved, _local.LOCAL_JIT_MIN_WORK = _local.LOCAL_JIT_MIN_WORK, threshold
+            try:
+                for i, Xc in enumerate(clients):
+                    _kmeans.local_kmeans(Xc, k, np.random.default_rng(i))
+            finally:
+                _local.LOCAL_JIT_MIN_WORK = saved
+        return run
+
+    def sklearn():
+        with threadpool_limits(1):  # one small client: as our loops, one thread
+            for i, Xc in enumerate(clients):
+                KMeans(k, n_init=1, random_state=i).fit(Xc)
+
+    passes = {"numpy": ours(1 << 62), "compiled": ours(0), "scikit-learn": sklearn}
+    times: dict = {name: [] for name in passes}
+    for f in passes.values():
+        f()
+    for _ in range(repeats):
+        for name, f in passes.items():
+            times[name].append(_timed(f) / n_clients)
+    cells = ", ".join(f"{name} {statistics.median(v) * 1e3:.3f}" for name, v in times.items())
+    return f"local_kmeans ({n_clients} clients of {n} x {d}, k={k}; ms a client, medians of {repeats}): {cells}"
+
+
 def x25519(n: int = 5000) -> str:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -230,6 +271,7 @@ RUNS = {
     "sub_blocks": [lambda: sub_blocks(100_000, 16, 20, 100, 60), lambda: sub_blocks(1_000_000, 32, 50, 10_000, 10)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
     "transcript_memory": [transcript_memory],
+    "local_kmeans": [local_kmeans],
     "x25519": [x25519],
     "auto_backend": [auto_backend],
 }
