@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 import pytest
-from _backend_cases import CASES, make_clients, outcome, seeded_dp_available
+from _backend_cases import CASES, make_clients, outcome, released, seeded_dp_available
+from sklearn.datasets import make_blobs
 
 from protocols import PairwiseMasking
 from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
@@ -37,6 +38,30 @@ def test_processes_equal_local(case):
 def test_more_workers_and_uneven_shards_change_nothing():
     local = outcome("dwf-masking-dropouts", "local")
     assert outcome("dwf-masking-dropouts", "processes", n_workers=5) == local
+
+
+def test_local_kmeans_switching_to_compiled_mid_round_changes_nothing(monkeypatch):
+    """A k-FED fit whose local k-means run in numpy, compiled from the first client, and in
+    worker processes (each on its own share of the work, so switching at its own point):
+    the same centres and the same released transcript, bit for bit."""
+    pytest.importorskip("numba")
+    from securefkm.algorithms import _local
+
+    X, _ = make_blobs(4000, 12, centers=6, cluster_std=1.0, random_state=4)
+    clients = np.array_split(X, 40)
+
+    def fit(backend, threshold):
+        monkeypatch.setattr(_local, "LOCAL_JIT_MIN_WORK", threshold)
+        est = make_estimator("kfed", n_clusters=6, local_k=20, random_state=2, backend=backend, n_workers=2)
+        fed, _ = est.make_federation(clients)
+        with fed:
+            state = fed.run(0)
+        return np.asarray(state.centres).tobytes(), released(fed.transcript)
+
+    numpy_only = fit("local", 1 << 62)
+    assert fit("local", 0) == numpy_only
+    assert fit("local", 40 * 100 * 20) == numpy_only  # switches half-way through the round
+    assert fit("processes", 1 << 18) == numpy_only
 
 
 def test_estimator_fit_and_attributes():

@@ -102,6 +102,22 @@ def test_seeding_matches_python_reference_bit_for_bit(impl, n, d, k, seed):
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("d", [3, 13, 130])
+def test_distances_are_sums_feature_by_feature(d):
+    """Every squared distance is added feature by feature, in numpy (an outer-axis
+    reduction) and compiled alike: the same bits as a Python loop, also past 8 features,
+    where numpy's sum along a contiguous axis would add pairwise."""
+    rng = np.random.default_rng(d)
+    X, C = rng.normal(size=(40, d)) * 10.0 ** rng.integers(-3, 4, size=d), rng.normal(size=(5, d))
+    want = np.array([[_sq(x, c) for x in X.tolist()] for c in C.tolist()])
+    assert np.array_equal(_local._distances_to(X.T.copy(), C), want)
+    jit = pytest.importorskip("securefkm.algorithms._local_jit")
+    out = np.empty(len(X))
+    for c, row in zip(C, want):
+        jit._distances_to(X.T.copy(), c, out)
+        assert np.array_equal(out, row)
+
+
 def test_numpy_and_compiled_local_kmeans_give_the_same_bits(monkeypatch):
     """Both implementations on blob clients of several sizes, with duplicated records and
     fewer records than k: the same centres and sizes, bit for bit."""
