@@ -102,13 +102,14 @@ def test_seeding_matches_python_reference_bit_for_bit(impl, n, d, k, seed):
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("n", [1, 40])
 @pytest.mark.parametrize("d", [3, 13, 130])
-def test_distances_are_sums_feature_by_feature(d):
-    """Every squared distance is added feature by feature, in numpy (an outer-axis
-    reduction) and compiled alike: the same bits as a Python loop, also past 8 features,
-    where numpy's sum along a contiguous axis would add pairwise."""
+def test_distances_are_sums_feature_by_feature(d, n):
+    """Every squared distance is added feature by feature, in numpy and compiled alike: the
+    same bits as a Python loop, also past 8 features and for a single record, where a numpy
+    sum over the features would add pairwise."""
     rng = np.random.default_rng(d)
-    X, C = rng.normal(size=(40, d)) * 10.0 ** rng.integers(-3, 4, size=d), rng.normal(size=(5, d))
+    X, C = rng.normal(size=(n, d)) * 10.0 ** rng.integers(-3, 4, size=d), rng.normal(size=(5, d))
     want = np.array([[_sq(x, c) for x in X.tolist()] for c in C.tolist()])
     assert np.array_equal(_local._distances_to(X.T.copy(), C), want)
     jit = pytest.importorskip("securefkm.algorithms._local_jit")

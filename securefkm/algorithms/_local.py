@@ -4,7 +4,7 @@ implementations of exactly the same floating-point operations, so they give the 
 
 * numpy's, below, the reference: a few numpy calls per seeding step or Lloyd iteration;
 * compiled loops (numba, :mod:`._local_jit`): 0.27 ms for a 100-record client with k=50,
-  against 3.6 ms in numpy and 3.4-4.2 ms for scikit-learn's ``KMeans(n_init=1)``
+  against 4.6 ms in numpy and 3.1-4.2 ms for scikit-learn's ``KMeans(n_init=1)``
   (``python -m securefkm.bench.speed_diagnostics local_kmeans``).
 
 The operations: a squared distance is ``sum_t (x_t - c_t) ** 2`` added feature by feature
@@ -61,9 +61,9 @@ _CHUNK_ELEMENTS = 1 << 20
 
 def _distances_to(XT, C):
     """(len(C), n) squared distances of the records (``XT``: transposed, (d, n)) to each
-    row of ``C``, each summed feature by feature: numpy reduces over the outer axis of the
-    (features, centres, records) squares one slice after the other, as the compiled loop adds
-    (along the inner axis ``np.sum`` would add pairwise)."""
+    row of ``C``, each summed feature by feature, as the compiled loop adds: one elementwise
+    addition per feature (``np.sum`` over the features adds pairwise wherever numpy's
+    iterator makes them its inner loop, e.g. for a single record)."""
     k, d = C.shape
     n = XT.shape[1]
     out = np.empty((k, n))
@@ -71,7 +71,10 @@ def _distances_to(XT, C):
     for start in range(0, n, rows):
         diff = XT[:, None, start : start + rows] - C.T[:, :, None]
         diff *= diff
-        np.sum(diff, axis=0, out=out[:, start : start + rows])
+        acc = out[:, start : start + rows]
+        acc[...] = diff[0]
+        for t in range(1, d):  # one feature after the other, each an elementwise addition
+            acc += diff[t]
     return out
 
 
