@@ -199,20 +199,12 @@ def test_local_kmeans_refuses_an_empty_client():
 def test_small_fits_never_import_numba_large_seeding_rounds_do():
     """A small k-FED-seeded fit runs the numpy twin (no numba import, no compilation);
     once a process's local k-means work passes LOCAL_JIT_MIN_WORK the compiled loops run."""
-    import subprocess
-    import sys
+    from _numba_imports import numba_imported
 
-    code = (
-        "import sys, numpy as np\n"
-        "from securefkm import WeightedFederatedKMeans\n"
-        "from securefkm.algorithms._kmeans import local_kmeans\n"
-        "rng = np.random.default_rng(0)\n"
-        "X = rng.normal(size=(400, 2))\n"
-        "WeightedFederatedKMeans(3, init='kfed', random_state=0, max_rounds=2).fit(X, groups=np.arange(400) % 8)\n"
-        "small = 'numba' in sys.modules\n"
-        "for i in range(60):\n"
-        "    local_kmeans(rng.normal(size=(100, 2)), 50, np.random.default_rng(i))\n"
-        "print(small, 'numba' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True"]
+    small = ("from securefkm import WeightedFederatedKMeans\n"
+             "X = rng.normal(size=(400, 2))\n"
+             "WeightedFederatedKMeans(3, init='kfed', random_state=0, max_rounds=2).fit(X, groups=np.arange(400) % 8)")
+    large = ("from securefkm.algorithms._kmeans import local_kmeans\n"
+             "for i in range(60):\n"
+             "    local_kmeans(rng.normal(size=(100, 2)), 50, np.random.default_rng(i))")
+    assert numba_imported(small, large) == ["False", "True"]

@@ -181,21 +181,12 @@ def test_round_pauses_cyclic_gc_and_restores_it():
 def test_small_fits_never_import_numba():
     """The compiled loop is for large calls only: a small fit does not pay numba's import
     (0.2 s) or compilation; a large call does use it."""
-    import subprocess
-    import sys
+    from _numba_imports import numba_imported
 
-    code = (
-        "import sys, numpy as np\n"
-        "from securefkm.algorithms import _kmeans\n"
-        "rng = np.random.default_rng(0)\n"
-        "datas = [rng.normal(size=(100, 2)) for _ in range(50)]\n"
-        "_kmeans.per_client_cell_sums(datas, rng.normal(size=(5, 2)))\n"
-        "small = 'numba' in sys.modules\n"
-        "_kmeans.per_client_cell_sums([rng.normal(size=(30_000, 4))], rng.normal(size=(10, 4)))\n"
-        "print(small, 'numba' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True"]
+    small = ("from securefkm.algorithms import _kmeans\n"
+             "_kmeans.per_client_cell_sums([rng.normal(size=(100, 2)) for _ in range(50)], rng.normal(size=(5, 2)))")
+    large = "_kmeans.per_client_cell_sums([rng.normal(size=(30_000, 4))], rng.normal(size=(10, 4)))"
+    assert numba_imported(small, large) == ["False", "True"]
 
 
 def test_clients_back_to_back_in_memory_are_read_in_place():
