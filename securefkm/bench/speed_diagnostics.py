@@ -8,6 +8,8 @@ about a minute). Each prints one line; none is a target.
   thread and the pool thread start their first block, and the median block time.
 * ``framework``: a DWF round with the kernel replaced by its stored result -- the federation's
   own work (requests, sessions, checks, plain sum, transcript) -- at 100 and 10,000 clients.
+* ``kernel_threads``: the pooled kernel call (100k x 16, k=20, 100 clients) and scikit-learn's
+  Lloyd kernel on one thread and on two, each in a tight loop: the kernels alone.
 * ``sub_blocks``: the pooled kernel call with distance products of 2,048 records (the
   previous rule), of :func:`~securefkm.algorithms._cellsums.sub_rows` (2 MiB of distances, the
   default) and of whole blocks, alternated, at 100k x 16 (k=20) and 1M x 32 (k=50, 10,000
@@ -127,6 +129,28 @@ def _kernel_variants(n: int, d: int, k: int, n_clients: int, repeats: int, varia
         for attr, value in saved.items():
             setattr(_cellsums, attr, value)
     return {name: statistics.median(v) * 1e3 for name, v in times.items()}
+
+
+def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 100, repeats: int = 100) -> str:
+    """The pooled kernel call and scikit-learn's Lloyd kernel, each on one thread and on two,
+    back to back in a tight loop (each side ``repeats`` calls after one untimed): the kernels
+    alone, without the round around ours or the bench's alternation."""
+    from threadpoolctl import threadpool_limits
+
+    X = np.random.default_rng(1).normal(size=(n, d))
+    pooled, clients, C = _split(X, k, n_clients, 0)
+    med = {}
+    for threads in (1, 2):
+        sk = _SklearnKernel(pooled, C)
+        sk.n_threads = threads
+        for name, f in (("scikit-learn", sk), ("ours", lambda: _kmeans.per_client_cell_sums(clients, C, n_threads=threads))):
+            with threadpool_limits(threads, user_api="openmp"):
+                f()
+                med[(name, threads)] = statistics.median(_timed(f) for _ in range(repeats)) * 1e3
+            time.sleep(0.05)  # scikit-learn's OpenMP threads stop spinning
+    cells = "; ".join(f"{t} thread{'s' if t > 1 else ''}: scikit-learn {med[('scikit-learn', t)]:.2f} ms, "
+                      f"ours {med[('ours', t)]:.2f} ms" for t in (1, 2))
+    return f"kernel_threads ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
 def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
@@ -268,6 +292,7 @@ RUNS = {
     "spin": [spin],
     "timeline": [timeline],
     "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
+    "kernel_threads": [kernel_threads],
     "sub_blocks": [lambda: sub_blocks(100_000, 16, 20, 100, 60), lambda: sub_blocks(1_000_000, 32, 50, 10_000, 10)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
     "transcript_memory": [transcript_memory],
