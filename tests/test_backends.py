@@ -47,6 +47,7 @@ def test_local_kmeans_switching_to_compiled_mid_round_changes_nothing(monkeypatc
     pytest.importorskip("numba")
     from securefkm.algorithms import _local
 
+    default = _local.LOCAL_JIT_MIN_WORK  # the workers' own setting: this test cannot change theirs
     X, _ = make_blobs(4000, 12, centers=6, cluster_std=1.0, random_state=4)
     clients = np.array_split(X, 40)
 
@@ -61,7 +62,7 @@ def test_local_kmeans_switching_to_compiled_mid_round_changes_nothing(monkeypatc
     numpy_only = fit("local", 1 << 62)
     assert fit("local", 0) == numpy_only
     assert fit("local", 40 * 100 * 20) == numpy_only  # switches half-way through the round
-    assert fit("processes", 1 << 18) == numpy_only
+    assert fit("processes", default) == numpy_only
 
 
 def test_estimator_fit_and_attributes():

@@ -33,6 +33,7 @@ from .._validation import check_array, check_float, check_int, check_random_stat
 from ..exceptions import InputError
 from ._cellsums import compiled, scratch
 from ._kmeans import seed_kmeans_plusplus, sq_distances
+from ._local import direct_sq_distances
 
 #: relative size below which an expanded squared distance is recomputed exactly
 _EXACT_REL = 1e-9
@@ -88,30 +89,6 @@ def fuzzy_memberships(X: np.ndarray, C: np.ndarray, m: float = 2.0) -> np.ndarra
 #: most centres the compiled membership loop handles (numpy's pairwise row sum is one
 #: block of 8 interleaved partial sums up to 128 values; above, it splits recursively)
 COMPILED_MAX_CENTRES = 128
-
-
-def direct_sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """Squared distances (n, k) as ``sum_t (x_t - c_t) ** 2``, the features added in order.
-
-    Unlike the BLAS expansion (:func:`exact_sq_distances`), each entry depends on its
-    record and centre alone, not on how many records the call holds (BLAS picks other
-    kernels, with other summation orders, for other matrix sizes: measured, a record's
-    products differ in the last bits between a 50-row call and a 1-, 2- or 17-row one), and
-    it is exactly 0 only on the centre. A client's round sums are then the same bits
-    whether it computes alone or pooled with others (the vectorised rounds' contract)."""
-    X = np.asarray(X, dtype=np.float64)
-    C = np.asarray(C, dtype=np.float64)
-    n, d = X.shape
-    D = np.zeros((n, len(C)))
-    if d == 0:
-        return D
-    diff = np.subtract(X[:, 0:1], C[None, :, 0])
-    np.multiply(diff, diff, out=D)
-    for t in range(1, d):
-        np.subtract(X[:, t : t + 1], C[None, :, t], out=diff)
-        np.multiply(diff, diff, out=diff)
-        D += diff
-    return D
 
 
 def membership_weights(X: np.ndarray, C: np.ndarray, m: float = 2.0, fast: bool = False) -> np.ndarray:
