@@ -37,9 +37,11 @@ def stacks(keypair):
         "none": lambda: [],
         "masking": lambda: [PairwiseMasking()],
         "paillier": lambda: [Paillier(authority=KeyAuthority(*keypair, min_clients=2, allow_weak_key=True))],
-        "dp-central": lambda: [GaussianDP(5.0, 1e-5, clip=8.0)],
-        "dp-distributed": lambda: [GaussianDP(5.0, 1e-5, clip=8.0, mode="distributed"), PairwiseMasking()],
-        "dp-local": lambda: [GaussianDP(5.0, 1e-5, clip=8.0, mode="local")],
+        # noise keyed by random_state: with the OS CSPRNG one DWF fit in 2,500 ended below the
+        # ARI floor (0.458), so the floor would fail a CI run now and then
+        "dp-central": lambda: [GaussianDP(5.0, 1e-5, clip=8.0, rng="seeded")],
+        "dp-distributed": lambda: [GaussianDP(5.0, 1e-5, clip=8.0, mode="distributed", rng="seeded"), PairwiseMasking()],
+        "dp-local": lambda: [GaussianDP(5.0, 1e-5, clip=8.0, mode="local", rng="seeded")],
         "rounding": lambda: [Rounding(count_multiple=2, decimals=3)],
         "cap": lambda: [ParticipationCap(max_rounds=3)],
         "min-cluster": lambda: [MinClusterSize(p=2)],
