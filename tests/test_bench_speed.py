@@ -58,7 +58,9 @@ def test_speed_diagnostics_run(monkeypatch):
     assert diag.spin(1).startswith("spin:")
     assert "first block of the caller" in diag.timeline(1)
     assert diag.framework(3000, 3, 4, 10, 1).startswith("framework:")
-    assert "2 threads: scikit-learn" in diag.kernel_threads(3000, 3, 4, 10, 2)
+    assert "thread-pool form" in diag.kernel_threads(3000, 3, 4, 10, 2) and _cellsums.POOLED is True
+    assert "thread-pool form" in diag.pooled_form(3000, 3, 4, 10, 1)
+    assert (_cellsums.POOLED, _cellsums.POOLED_SUB_ROWS) == (True, 256)  # put back
     assert diag.x25519(10).startswith("x25519:")
     assert "ms in process" in diag.auto_backend(sizes=(6,), repeats=1)
     saved = (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS)

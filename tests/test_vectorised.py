@@ -37,10 +37,14 @@ ALGOS = [
 ]
 
 
+@pytest.mark.parametrize("form", ["numpy", "parallel loop"])
 @pytest.mark.parametrize("name, make", ALGOS)
 @pytest.mark.parametrize("k", [3, 12])
-def test_batched_equals_per_client_loop_exactly(name, make, k, monkeypatch):
+def test_batched_equals_per_client_loop_exactly(name, make, k, form, monkeypatch):
     monkeypatch.setattr(_kmeans, "CHUNK_ROWS", 512)  # several blocks, clients split across blocks
+    if form != "numpy":
+        _pooled_loop_available()
+        monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)
     datas = [X for X in _clients() if len(X)]
     algo = make(k)
     bc = _broadcast(algo, datas, k)
@@ -79,15 +83,20 @@ def test_blocks_cut_each_client_from_its_own_first_row():
     assert _kmeans._balanced_rows(100_000, 16384, 2) == 12500  # 8 blocks, not 7
 
 
+@pytest.mark.parametrize("pooled", [True, False])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_cell_sums_do_not_depend_on_blocking_or_threads(threads, monkeypatch):
+def test_cell_sums_do_not_depend_on_blocking_or_threads(threads, pooled, monkeypatch):
     """The same bits whatever the thread count (which sets the block grouping) and
-    whichever implementation of the inner loop runs (compiled or numpy)."""
+    whichever implementation runs: numpy, or compiled as one parallel loop or as blocks
+    on the thread pool."""
     pytest.importorskip("numba")
     datas = _clients(5, d=9)
     C = np.random.default_rng(6).normal(size=(11, 9))
     ref = _kmeans.per_client_cell_sums(datas, C, chunk=256, n_threads=1)
-    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)  # every block compiled
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)  # every call compiled
+    monkeypatch.setattr(_cellsums, "POOLED", pooled)
+    if pooled and not _cellsums.use_pooled(1):
+        pytest.skip("numpy's BLAS is not an OpenBLAS it ships: no parallel loop")
     got = _kmeans.per_client_cell_sums(datas, C, chunk=256, n_threads=threads)
     for a, b in zip(ref[0] + ref[1], got[0] + got[1]):
         assert np.array_equal(a, b)
@@ -127,6 +136,143 @@ def test_compiled_loop_equals_numpy_loop(k, d, sub_rows, local_runs, monkeypatch
     assert out[0][1].sum() == len(Xb)
     if k > 1:
         assert not out[0][1].reshape(len(datas), k)[:, -1].any()  # the duplicate never wins
+
+
+def _pooled_loop_available():
+    pytest.importorskip("numba")
+    from securefkm.algorithms import _numpy_blas
+
+    if _numpy_blas.dgemm() is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS it ships: no parallel loop")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("sub", [256, 7])
+@pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
+def test_parallel_loop_equals_numpy_reference(k, d, sub, threads, monkeypatch):
+    """The pooled kernel as one compiled parallel loop (numpy's own dgemm on ``sub``
+    records at a time) gives the numpy reference's bits, ties included (integer data, a
+    duplicated centre: the first of equal distances wins in both): on clients given as
+    non-contiguous views, Fortran-ordered, float32 and back-to-back slices of one array,
+    a client shorter than k (added in place), an empty one, and clients cut into several
+    pieces (chunk=512) and several products."""
+    _pooled_loop_available()
+    rng = np.random.default_rng(k * 100 + d)
+    C = rng.integers(-3, 4, size=(k, d)).astype(float)
+    if k > 1:
+        C[-1] = C[0]  # a tie on every record nearest to it
+    wide = rng.integers(-4, 5, size=(4000, 2 * d)).astype(float) + rng.normal(size=(4000, 2 * d)) * (k % 2)
+    pooled = np.ascontiguousarray(wide[3000:, :d])
+    datas = [wide[:700, ::2], np.asfortranarray(wide[700:1900, :d]), wide[1900:1905, d:], wide[1905:1905, :d],
+             wide[1905:3000, :d].astype(np.float32), pooled[:300], pooled[300:301], pooled[301:]]
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 1 << 62)  # the reference: numpy
+    ref = _kmeans.per_client_cell_sums(datas, C, chunk=512, n_threads=1)
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)
+    monkeypatch.setattr(_cellsums, "POOLED_SUB_ROWS", sub)
+    assert _cellsums.use_pooled(1)
+    got = _kmeans.per_client_cell_sums(datas, C, chunk=512, n_threads=threads)
+    for a, b in zip(ref[0] + ref[1], got[0] + got[1]):
+        assert a.shape == b.shape and np.array_equal(a, b)
+    counts = np.array(got[1])
+    assert counts.sum() == sum(len(X) for X in datas) and not counts[3].any()
+    if k > 1:
+        assert not counts[:, -1].any()  # the duplicate never wins
+
+
+def test_parallel_loop_leaves_numba_threads_and_runs_from_two_threads():
+    """A call sets numba's thread count for itself only (the caller's setting is put
+    back), and two Python threads may call the kernel at once."""
+    _pooled_loop_available()
+    import threading
+
+    import numba
+
+    rng = np.random.default_rng(3)
+    datas = [rng.normal(size=(5000, 8)) for _ in range(12)]
+    C = rng.normal(size=(9, 8))
+    expected = _kmeans.per_client_cell_sums(datas, C, n_threads=2)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        _kmeans.per_client_cell_sums(datas, C, n_threads=2)
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)
+    results = []
+
+    def call():
+        for _ in range(5):
+            results.append(_kmeans.per_client_cell_sums(datas, C, n_threads=2))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 10
+    for got in results:
+        assert all(np.array_equal(a, b) for a, b in zip(expected[0] + expected[1], got[0] + got[1]))
+
+
+def test_without_numpys_openblas_the_thread_pool_form_runs(monkeypatch):
+    """Where numpy's BLAS is not an OpenBLAS it ships (MKL, Accelerate), there is no
+    ``dgemm`` to call from the loop: the compiled thread-pool form runs, with np.matmul."""
+    pytest.importorskip("numba")
+    from securefkm.algorithms import _numpy_blas
+
+    monkeypatch.setattr(_numpy_blas, "_FOUND", None)
+    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)
+    assert _cellsums.use_compiled(1) and not _cellsums.use_pooled(1)
+    called = []
+    monkeypatch.setattr(_kmeans, "pooled_cell_sums", lambda *a: called.append(a))
+    datas = _clients(2, d=4)
+    sums, counts = _kmeans.per_client_cell_sums(datas, np.random.default_rng(1).normal(size=(3, 4)))
+    assert not called and sum(c.sum() for c in counts) == sum(len(X) for X in datas)
+
+
+def test_numpys_dgemm_is_found_with_numpys_openblas():
+    """numpy's wheels ship OpenBLAS (``scipy-openblas``): its dgemm is found there, in
+    numpy's own library directory, not in SciPy's (another build)."""
+    import numpy
+
+    from securefkm.algorithms import _numpy_blas
+
+    blas = numpy.__config__.CONFIG["Build Dependencies"]["blas"]["name"]
+    if blas != "scipy-openblas":
+        pytest.skip(f"numpy built with {blas}")
+    found = _numpy_blas.dgemm()
+    assert found is not None and found[0] > 0 and found[1] in (np.int32, np.int64)
+    path = _numpy_blas._numpy_openblas_path()
+    assert "scipy.libs" not in path and any(path.startswith(p) for p in _numpy_blas.numpy_blas_dirs())
+
+
+def _parallel_loop_in_forked_child(queue):
+    rng = np.random.default_rng(0)
+    datas = [rng.normal(size=(20_000, 4)) for _ in range(4)]
+    sums, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(5, 4)), n_threads=2)
+    queue.put((float(sum(s.sum() for s in sums)), _cellsums._FORKED))
+
+
+def test_a_child_forked_after_the_parallel_loop_uses_the_thread_pool_form():
+    """numba's OpenMP layer terminates a forked child that starts a parallel loop after its
+    parent ran one; such a child computes the same sums in the thread-pool form."""
+    _pooled_loop_available()
+    import multiprocessing
+
+    rng = np.random.default_rng(0)
+    datas = [rng.normal(size=(20_000, 4)) for _ in range(4)]
+    expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(5, 4)), n_threads=2)
+    assert _cellsums._THREADSAFE_LAYER is not None  # the parent ran the parallel loop
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_parallel_loop_in_forked_child, args=(queue,))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    assert queue.get(timeout=5) == (float(sum(s.sum() for s in expected)), True)
 
 
 @pytest.mark.parametrize("name, make", ALGOS[:3])

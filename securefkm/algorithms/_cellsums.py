@@ -18,6 +18,11 @@ Two implementations of exactly these floating-point operations, so they give the
   argmin along a short axis and scipy's Python-level matrix construction do not scale past
   one core.
 
+:func:`pooled_cell_sums` runs the whole kernel call as one compiled parallel loop over the
+clients' pieces instead (numba's threads, OpenMP where numba has it), calling numpy's own
+``dgemm`` (:mod:`._numpy_blas`) on :data:`POOLED_SUB_ROWS` records at a time: no Python
+between blocks, no thread pool to wake (:func:`use_pooled`).
+
 :func:`use_compiled` picks the compiled loop for calls large enough to pay for it (numba's
 first compilation, or loading it from the on-disk cache, costs once per process) when numba
 is installed; which one runs never changes a result (``tests/test_vectorised.py``).
@@ -25,6 +30,8 @@ is installed; which one runs never changes a result (``tests/test_vectorised.py`
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 
 import numpy as np
@@ -128,6 +135,77 @@ def cell_sums_compiled(X, C2T, cc, row_base, sums, counts):
         stop = min(len(X), start + step)
         Dsub = np.matmul(X[start:stop], C2T, out=D[: stop - start])
         fused(Dsub, cc, X[start:stop], row_base[start:stop], sums, counts, min_run)
+
+
+#: records per distance product in :func:`pooled_cell_sums` (scikit-learn's Lloyd loop
+#: uses 256 too: the (256, k) distances stay in the L1/L2 cache)
+POOLED_SUB_ROWS = 256
+
+#: False: the pooled kernel keeps its thread-pool form even where :func:`pooled_cell_sums`
+#: could run (the diagnostics' comparison, and the tests of both forms)
+POOLED = True
+
+_POOLED_LOCK = threading.Lock()
+_THREADSAFE_LAYER: bool | None = None  # whether numba's threading layer may be entered by two threads at once
+
+
+_FORKED = False  # this process was forked from one that had run pooled_cell_sums
+
+
+def _after_fork_in_child() -> None:
+    """numba's OpenMP layer terminates a forked child that starts a parallel loop after its
+    parent ran one ("fork() called from a process already using GNU OpenMP, this is
+    unsafe"): such a child uses the thread-pool form instead (the same bits)."""
+    global _FORKED
+    _FORKED = _FORKED or _THREADSAFE_LAYER is not None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def use_pooled(work: int) -> bool:
+    """Whether a kernel call of ``work`` (records x centres) runs :func:`pooled_cell_sums`:
+    large enough for the compiled loops (:func:`use_compiled`), numpy's ``dgemm`` found
+    (:func:`._numpy_blas.dgemm`), and not in a child forked after the parent ran it."""
+    if not (POOLED and not _FORKED and use_compiled(work)):
+        return False
+    from ._numpy_blas import dgemm
+
+    return dgemm() is not None
+
+
+def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int):
+    """Each piece's per-cell sums and counts, ``(pieces * k, d)`` and ``(pieces * k,)``:
+    piece ``p``, ``rows[p]`` C-ordered float64 records of ``d`` features at ``addresses[p]``
+    (alive during the call), in rows ``p * k .. p * k + k - 1``.
+
+    One call of the compiled parallel loop :func:`._cellsums_jit.pooled` on ``threads``
+    of numba's threads (at most numba's own count); BLAS must run single-threaded (the
+    caller's context). numba's ``workqueue`` layer (used where neither OpenMP nor TBB is
+    installed) must not be entered by two threads at once: calls are serialised until
+    numba reports a thread-safe layer."""
+    global _THREADSAFE_LAYER
+    import numba
+
+    from ._numpy_blas import dgemm
+
+    k = len(cc)
+    address, int_type = dgemm()
+    sums, counts = np.zeros((len(addresses) * k, d)), np.zeros(len(addresses) * k)
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        with _POOLED_LOCK if not _THREADSAFE_LAYER else contextlib.nullcontext():
+            compiled("pooled")(address, np.zeros(6, dtype=int_type), addresses, rows, d, np.asfortranarray(C2T),
+                               cc, sums, counts, POOLED_SUB_ROWS)
+    finally:
+        numba.set_num_threads(before)
+        if _THREADSAFE_LAYER is None:
+            try:
+                _THREADSAFE_LAYER = numba.threading_layer() in ("omp", "tbb")
+            except ValueError:  # the loop never launched: numba has no layer yet
+                pass
+    return sums, counts
 
 
 def block_cell_sums(X, C2T, cc, row_base, sums, counts, fast: bool):

@@ -1,5 +1,7 @@
-"""The compiled loops of the pooled round kernels: :func:`fused` for :mod:`._cellsums`,
-:func:`fcm_weights_m2` for :func:`._fcm.membership_weights`. Imported only when a call is
+"""The compiled loops of the pooled round kernels: :func:`pooled` (the whole k-means
+kernel call, one parallel loop over the clients' pieces) and :func:`fused` (one block's
+inner loop, the thread-pool form) for :mod:`._cellsums`, :func:`fcm_weights_m2` for
+:func:`._fcm.membership_weights`. Imported only when a call is
 large enough (numba costs 0.2 s to import); compiled once and cached on disk
 (``cache=True``). Each performs the floating-point operations of its numpy reference in
 the same order (no fast-math: no reassociation, no fused multiply-add), so both give the
@@ -9,6 +11,114 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _f64_pointer(typingctx, address):
+    """The float64 pointer at integer ``address`` (a client's records, kept alive by the caller)."""
+    sig = types.CPointer(types.float64)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float64)))
+
+    return sig, codegen
+
+
+@intrinsic
+def _dgemm(typingctx, address, chars, ints, scalars, a, b, c):
+    """Call the Fortran ``dgemm`` at ``address``: ``dgemm(chars[0], chars[1], ints[0],
+    ints[1], ints[2], scalars[0], a, ints[3], b, ints[4], scalars[1], c, ints[5])``, every
+    argument passed by reference as Fortran does. The arrays are arguments of this call, so
+    they are alive while it runs. Taking the address at run time keeps the kernel cacheable
+    (a ctypes function as a global would bake it into the compiled code)."""
+    sig = types.none(address, chars, ints, scalars, a, b, c)
+
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+
+        def ptr(ty, value, index=0):
+            data = context.make_array(ty)(context, builder, value).data
+            return builder.bitcast(builder.gep(data, [ir.Constant(ir.IntType(64), index)]), i8p)
+
+        fn_address, chars_v, ints_v, scalars_v, a_v, b_v, c_v = args
+        _, chars_t, ints_t, scalars_t, a_t, b_t, c_t = signature.args
+        fnty = ir.FunctionType(ir.VoidType(), [i8p] * 13)
+        fn = builder.inttoptr(fn_address, fnty.as_pointer())
+        builder.call(fn, [ptr(chars_t, chars_v, 0), ptr(chars_t, chars_v, 1), ptr(ints_t, ints_v, 0),
+                          ptr(ints_t, ints_v, 1), ptr(ints_t, ints_v, 2), ptr(scalars_t, scalars_v, 0),
+                          ptr(a_t, a_v), ptr(ints_t, ints_v, 3), ptr(b_t, b_v), ptr(ints_t, ints_v, 4),
+                          ptr(scalars_t, scalars_v, 1), ptr(c_t, c_v), ptr(ints_t, ints_v, 5)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, parallel=True, cache=True)
+def pooled(dgemm, int_proto, addresses, rows, d, C2T, cc, sums, counts, sub):  # pragma: no cover - compiled
+    """Per-piece cell sums of a pooled k-means kernel call (:func:`._cellsums.pooled_cell_sums`),
+    the pieces spread over numba's threads.
+
+    Piece ``p`` is ``rows[p]`` C-ordered float64 records of ``d`` features at address
+    ``addresses[p]``; its records go to rows ``p * k .. p * k + k - 1`` of ``sums`` /
+    ``counts`` (zeros). Its distance products are computed ``sub`` records at a time by
+    ``dgemm`` (numpy's, :mod:`._numpy_blas`; ``int_proto``: an array of its integer type),
+    each record added to the row of its first nearest centre in record order: the
+    operations of :func:`fused` on the products ``np.matmul`` gives, so the same bits as
+    the numpy reference (:func:`._cellsums.cell_sums_numpy`). A piece of at least ``k``
+    records is added into a local copy of its rows (as :func:`fused` does)."""
+    k = cc.shape[0]
+    for p in numba.prange(addresses.shape[0]):
+        n = rows[p]
+        X = numba.carray(_f64_pointer(addresses[p]), (n, d))
+        D = np.empty((min(sub, n), k))
+        ints = int_proto.copy()
+        chars = np.empty(2, dtype=np.uint8)
+        chars[0] = 84  # 'T': the distances' transpose (k x m) = (-2 C) (k x d) . X^T (d x m)
+        chars[1] = 78  # 'N'
+        scalars = np.empty(2)
+        scalars[0] = 1.0
+        scalars[1] = 0.0
+        base = p * k
+        local = n >= k
+        acc = np.zeros((k if local else 0, d))
+        cnt = np.zeros(k if local else 0)
+        start = 0
+        while start < n:
+            stop = min(n, start + sub)
+            m = stop - start
+            Xs = X[start:stop]
+            ints[0] = k
+            ints[1] = m
+            ints[2] = d
+            ints[3] = d
+            ints[4] = d
+            ints[5] = k
+            _dgemm(dgemm, chars, ints, scalars, C2T, Xs, D)
+            for q in range(m):
+                best = D[q, 0] + cc[0]
+                label = 0
+                for j in range(1, k):
+                    v = D[q, j] + cc[j]
+                    if v < best:  # strict: the first minimum wins, as np.argmin
+                        best = v
+                        label = j
+                if local:
+                    cnt[label] += 1.0
+                    for t in range(d):
+                        acc[label, t] += Xs[q, t]
+                else:
+                    counts[base + label] += 1.0
+                    for t in range(d):
+                        sums[base + label, t] += Xs[q, t]
+            start = stop
+        if local:
+            for j in range(k):
+                counts[base + j] = cnt[j]
+                for t in range(d):
+                    sums[base + j, t] = acc[j, t]
 
 
 @numba.njit(nogil=True, cache=True)

@@ -20,7 +20,7 @@ from scipy import sparse
 from .._kernel_threads import kernel_threads
 from ..exceptions import InputError
 from . import _local
-from ._cellsums import block_cell_sums, scratch, use_compiled
+from ._cellsums import block_cell_sums, pooled_cell_sums, scratch, use_compiled, use_pooled
 
 
 def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -85,14 +85,29 @@ def _client_pieces(sizes, chunk: int, block_rows: int | None = None) -> list[np.
     ``[b * block_rows, (b + 1) * block_rows)`` of the pooled order (default ``chunk``), so
     ``block_rows`` can be chosen to balance the blocks over the threads
     (:func:`_balanced_rows`); a block has fewer than ``block_rows`` + ``chunk`` rows."""
+    pieces = _pieces(sizes, chunk)
+    lengths = pieces[:, 2] - pieces[:, 1]
+    block = (np.cumsum(lengths) - lengths) // (block_rows or chunk)
+    return np.split(pieces, np.flatnonzero(np.diff(block)) + 1) if len(pieces) else []
+
+
+def _pieces(sizes, chunk: int) -> np.ndarray:
+    """The clients' records cut into pieces of at most ``chunk`` rows, each client's from its
+    own first row: a (pieces, 3) int64 array of ``(client, start, stop)`` rows in client order."""
     sizes = np.asarray(sizes, dtype=np.int64)
     counts = -(-sizes // chunk)
     client = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
     start = (np.arange(len(client), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * chunk
-    stop = np.minimum(sizes[client], start + chunk)
-    pooled_start = np.cumsum(stop - start) - (stop - start)
-    block = pooled_start // (block_rows or chunk)
-    return np.split(np.stack([client, start, stop], axis=1), np.flatnonzero(np.diff(block)) + 1) if len(client) else []
+    return np.stack([client, start, np.minimum(sizes[client], start + chunk)], axis=1)
+
+
+@functools.lru_cache(maxsize=16)
+def _pieces_of(sizes: tuple, chunk: int) -> np.ndarray:
+    """:func:`_pieces`, read-only and remembered for the last few layouts (a fit's rounds
+    ask for the same one every round)."""
+    pieces = _pieces(sizes, chunk)
+    pieces.flags.writeable = False
+    return pieces
 
 
 def _balanced_rows(total: int, chunk: int, threads: int) -> int:
@@ -215,6 +230,8 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     C2T, cc = -2.0 * C.T, np.einsum("ij,ij->i", C, C)
     sizes = [len(X) for X in datas]
     threads = _threads(n_threads)
+    if use_pooled(sum(sizes) * k):
+        return _pooled_per_client(datas, C2T, cc, sizes, chunk or CHUNK_ROWS, threads)
     blocks = _blocks(sizes, chunk, threads)
     if not blocks:  # no client has records
         return [np.zeros((k, d)) for _ in datas], [np.zeros(k) for _ in datas]
@@ -243,6 +260,34 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
         i = int(firsts[b])
         sums[i], counts[i] = sums[i] + groups[group0[b]], counts[i] + group_counts[group0[b]]
     return sums, counts
+
+
+def _pooled_per_client(datas, C2T, cc, sizes: list, chunk: int, threads: int):
+    """:func:`per_client_cell_sums` as one compiled parallel call over the clients' pieces
+    (:func:`._cellsums.pooled_cell_sums`): each piece summed alone, a client's pieces added
+    in piece order -- the partial sums the thread-pool form makes (a block never holds two
+    pieces of one client), so the same bits."""
+    k, d = len(cc), C2T.shape[0]
+    f64 = np.dtype(np.float64)
+    kept = [X if X.dtype == f64 and X.flags.c_contiguous else np.ascontiguousarray(X, dtype=np.float64)
+            for X in datas]  # read in place: the clients' own arrays, or one copy for this call
+    pieces = _pieces_of(tuple(sizes), chunk)
+    bases = np.fromiter((_data_address(X) for X in kept), dtype=np.int64, count=len(kept))
+    addresses = bases[pieces[:, 0]] + pieces[:, 1] * (8 * d)
+    with _single_threaded_blas():
+        sums, counts = pooled_cell_sums(addresses, pieces[:, 2] - pieces[:, 1], d, C2T, cc, threads)
+    del kept
+    groups, group_counts = sums.reshape(-1, k, d), counts.reshape(-1, k)
+    if len(groups) == len(datas) and all(sizes):  # one piece per client: group i is client i's
+        return list(groups), list(group_counts)
+    n_pieces = -(-np.asarray(sizes, dtype=np.int64) // chunk)
+    first = (np.cumsum(n_pieces) - n_pieces).tolist()
+    out_sums = [groups[g] if n else np.zeros((k, d)) for g, n in zip(first, sizes)]
+    out_counts = [group_counts[g] if n else np.zeros(k) for g, n in zip(first, sizes)]
+    for i in np.flatnonzero(n_pieces > 1).tolist():  # partial sums in piece order
+        for g in range(first[i] + 1, first[i] + int(n_pieces[i])):
+            out_sums[i], out_counts[i] = out_sums[i] + groups[g], out_counts[i] + group_counts[g]
+    return out_sums, out_counts
 
 
 _POOLS: dict = {}

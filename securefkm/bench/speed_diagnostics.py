@@ -4,17 +4,24 @@ about a minute). Each prints one line; none is a target.
 
 * ``spin``: CPU time the process spends in the 10 ms after a scikit-learn Lloyd kernel call
   while its main thread sleeps (its OpenMP threads spin, taking a core from whatever runs next).
-* ``timeline``: one pooled kernel call at 100k x 16 (k=20, 100 clients): when the calling
-  thread and the pool thread start their first block, and the median block time.
+* ``timeline``: one pooled kernel call in its thread-pool form at 100k x 16 (k=20, 100
+  clients): when the calling thread and the pool thread start their first block, and the
+  median block time.
 * ``framework``: a DWF round with the kernel replaced by its stored result -- the federation's
   own work (requests, sessions, checks, plain sum, transcript) -- at 100 and 10,000 clients.
-* ``kernel_threads``: the pooled kernel call (100k x 16, k=20, 100 clients) and scikit-learn's
-  Lloyd kernel on one thread and on two, each in a tight loop: the kernels alone.
-* ``sub_blocks``: the pooled kernel call with distance products of 2,048 records (the
+* ``kernel_threads``: the pooled kernel call (100k x 16, k=20, 100 clients) in both its
+  forms (one compiled parallel loop, :func:`~securefkm.algorithms._cellsums.pooled_cell_sums`,
+  the default; blocks on a thread pool) and scikit-learn's Lloyd kernel, on one thread and
+  on two, each in a tight loop: the kernels alone.
+* ``pooled_form``: the pooled kernel call as one compiled parallel loop with distance
+  products of 256 records (the default, :data:`~securefkm.algorithms._cellsums.POOLED_SUB_ROWS`)
+  and of 1,024, and in its thread-pool form, alternated, at 100k x 16 (k=20, 100 clients)
+  and 1M x 32 (k=50, 10,000 clients).
+* ``sub_blocks`` (the thread-pool form): the pooled kernel call with distance products of 2,048 records (the
   previous rule), of :func:`~securefkm.algorithms._cellsums.sub_rows` (2 MiB of distances, the
   default) and of whole blocks, alternated, at 100k x 16 (k=20) and 1M x 32 (k=50, 10,000
   clients).
-* ``local_runs``: the pooled kernel call with the compiled loop adding a client's runs of
+* ``local_runs`` (the thread-pool form): the pooled kernel call with the compiled loop adding a client's runs of
   records into a local copy of its rows (the default, :data:`~securefkm.algorithms._cellsums.LOCAL_RUNS`)
   and adding every record in place, alternated, at 100k x 16 (k=20, 100 clients) and
   1M x 32 (k=50, 10,000 clients).
@@ -72,7 +79,10 @@ def timeline(repeats: int = 20) -> str:
         original(*args)
         events.append((threading.current_thread() is threading.main_thread(), t, time.perf_counter()))
 
+    from ..algorithms import _cellsums
+
     _kmeans._block_sums = traced
+    pooled_form, _cellsums.POOLED = _cellsums.POOLED, False  # the blocks of the thread-pool form
     try:
         for _ in range(10):
             _kmeans.per_client_cell_sums(clients, C)
@@ -86,6 +96,7 @@ def timeline(repeats: int = 20) -> str:
             blocks += [e - s for _, s, e in events]
     finally:
         _kmeans._block_sums = original
+        _cellsums.POOLED = pooled_form
     med = statistics.median
     return (f"timeline (100k x 16, k=20, 100 clients, {len(events)} blocks): first block of the caller at "
             f"{med(caller) * 1e3:.2f} ms, of the pool thread at {med(pool) * 1e3:.2f} ms; median block {med(blocks) * 1e3:.2f} ms")
@@ -138,6 +149,8 @@ def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 
     alone, without the round around ours or the bench's alternation."""
     from threadpoolctl import threadpool_limits
 
+    from ..algorithms import _cellsums
+
     X = np.random.default_rng(1).normal(size=(n, d))
     pooled, clients, C = _split(X, k, n_clients, 0)
     med = {}
@@ -145,13 +158,18 @@ def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 
         sk = _SklearnKernel(pooled, C)
         sk.n_threads = threads
         ours = functools.partial(_kmeans.per_client_cell_sums, clients, C, n_threads=threads)
-        for name, f in (("scikit-learn", sk), ("ours", ours)):
-            with threadpool_limits(threads, user_api="openmp"):
-                f()
-                med[(name, threads)] = statistics.median(_timed(f) for _ in range(repeats)) * 1e3
-            time.sleep(0.05)  # scikit-learn's OpenMP threads stop spinning
+        for name, f, pooled_form in (("scikit-learn", sk, True), ("ours", ours, True), ("thread pool", ours, False)):
+            saved, _cellsums.POOLED = _cellsums.POOLED, pooled_form
+            try:
+                with threadpool_limits(threads, user_api="openmp"):
+                    f()
+                    med[(name, threads)] = statistics.median(_timed(f) for _ in range(repeats)) * 1e3
+            finally:
+                _cellsums.POOLED = saved
+            time.sleep(0.05)  # the OpenMP threads stop spinning
     cells = "; ".join(f"{t} thread{'s' if t > 1 else ''}: scikit-learn {med[('scikit-learn', t)]:.2f} ms, "
-                      f"ours {med[('ours', t)]:.2f} ms" for t in (1, 2))
+                      f"ours {med[('ours', t)]:.2f} ms (thread-pool form {med[('thread pool', t)]:.2f} ms)"
+                      for t in (1, 2))
     return f"kernel_threads ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
@@ -159,9 +177,9 @@ def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     from ..algorithms import _cellsums
 
     med = _kernel_variants(n, d, k, n_clients, repeats, {
-        "2048 records": {"SUB_BYTES": 0, "SUB_ROWS": 2048},
-        "2 MiB (default)": {"SUB_BYTES": _cellsums.SUB_BYTES, "SUB_ROWS": _cellsums.SUB_ROWS},
-        "whole blocks": {"SUB_BYTES": 1 << 40, "SUB_ROWS": _cellsums.SUB_ROWS},
+        "2048 records": {"SUB_BYTES": 0, "SUB_ROWS": 2048, "POOLED": False},
+        "2 MiB (default)": {"SUB_BYTES": _cellsums.SUB_BYTES, "SUB_ROWS": _cellsums.SUB_ROWS, "POOLED": False},
+        "whole blocks": {"SUB_BYTES": 1 << 40, "SUB_ROWS": _cellsums.SUB_ROWS, "POOLED": False},
     })
     cells = ", ".join(f"{name} {ms:.2f} ms" for name, ms in med.items())
     return f"sub_blocks ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
@@ -169,9 +187,22 @@ def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
 
 def local_runs(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     med = _kernel_variants(n, d, k, n_clients, repeats,
-                           {"local rows": {"LOCAL_RUNS": True}, "in place": {"LOCAL_RUNS": False}})
+                           {"local rows": {"LOCAL_RUNS": True, "POOLED": False},
+                            "in place": {"LOCAL_RUNS": False, "POOLED": False}})
     return (f"local_runs ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): local rows "
             f"{med['local rows']:.2f} ms, in place {med['in place']:.2f} ms")
+
+
+def pooled_form(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
+    from ..algorithms import _cellsums
+
+    med = _kernel_variants(n, d, k, n_clients, repeats, {
+        "parallel loop, 256-record products (default)": {"POOLED": True, "POOLED_SUB_ROWS": 256},
+        "1,024-record products": {"POOLED": True, "POOLED_SUB_ROWS": 1024},
+        "thread-pool form": {"POOLED": False, "POOLED_SUB_ROWS": _cellsums.POOLED_SUB_ROWS},
+    })
+    cells = ", ".join(f"{name} {ms:.2f} ms" for name, ms in med.items())
+    return f"pooled_form ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
 def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds: int = 4) -> str:
@@ -295,6 +326,7 @@ RUNS = {
     "timeline": [timeline],
     "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
     "kernel_threads": [kernel_threads],
+    "pooled_form": [lambda: pooled_form(100_000, 16, 20, 100, 100), lambda: pooled_form(1_000_000, 32, 50, 10_000, 15)],
     "sub_blocks": [lambda: sub_blocks(100_000, 16, 20, 100, 60), lambda: sub_blocks(1_000_000, 32, 50, 10_000, 10)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
     "transcript_memory": [transcript_memory],
