@@ -59,13 +59,9 @@ def test_speed_diagnostics_run(monkeypatch):
     assert "first block of the caller" in diag.timeline(1)
     assert diag.framework(3000, 3, 4, 10, 1).startswith("framework:")
     assert "thread-pool form" in diag.kernel_threads(3000, 3, 4, 10, 2) and _cellsums.POOLED is True
-    assert "thread-pool form" in diag.pooled_form(3000, 3, 4, 10, 1)
-    assert (_cellsums.POOLED, _cellsums.POOLED_SUB_ROWS) == (True, 256)  # put back
+    assert "thread-pool form" in diag.pooled_form(3000, 3, 4, 10, 1) and _cellsums.POOLED is True  # put back
     assert diag.x25519(10).startswith("x25519:")
     assert "ms in process" in diag.auto_backend(sizes=(6,), repeats=1)
-    saved = (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS)
-    assert "whole blocks" in diag.sub_blocks(3000, 3, 4, 10, 1)
-    assert (_cellsums.SUB_BYTES, _cellsums.SUB_ROWS) == saved  # the sub-block rule is put back
     assert "in place" in diag.local_runs(3000, 3, 4, 10, 1) and _cellsums.LOCAL_RUNS is True
     memory = diag.transcript_memory(n_clients=50, k=3, d=2, rounds=2)
     full, aggregates = (float(memory.split(f"{level} ")[1].split(" MiB")[0]) for level in ("full", "aggregates"))

@@ -70,6 +70,15 @@ def test_cell_sums_match_definition_and_thread_count():
             np.testing.assert_allclose(one[i][j], X[labels == j].sum(axis=0), rtol=1e-12, atol=1e-12)
 
 
+def test_products_cut_each_piece_from_its_own_first_record(monkeypatch):
+    """A record's distance product is one matmul over its piece's PRODUCT_ROWS-record cut,
+    counted from the piece's first record: what shares the call depends on its client alone."""
+    monkeypatch.setattr(_cellsums, "PRODUCT_ROWS", 4)
+    row_base = np.repeat(np.array([0, 3, 6, 9]), [5, 4, 1, 9])
+    assert _cellsums.product_ranges(row_base) == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 14), (14, 18), (18, 19)]
+    assert _cellsums.product_ranges(np.zeros(0, dtype=np.int64)) == []
+
+
 def test_blocks_cut_each_client_from_its_own_first_row():
     blocks = _kmeans._client_pieces([5, 12, 3, 0, 9], 4)
     pieces = [tuple(p) for b in blocks for p in b.tolist()]
@@ -103,21 +112,19 @@ def test_cell_sums_do_not_depend_on_blocking_or_threads(threads, pooled, monkeyp
 
 
 @pytest.mark.parametrize("local_runs", [True, False])
-@pytest.mark.parametrize("sub_rows", [None, 512])
+@pytest.mark.parametrize("product_rows", [None, 512])
 @pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
-def test_compiled_loop_equals_numpy_loop(k, d, sub_rows, local_runs, monkeypatch):
+def test_compiled_loop_equals_numpy_loop(k, d, product_rows, local_runs, monkeypatch):
     """The compiled inner loop and numpy's give the same bits, ties included (integer
     data, a duplicated centre: the first of equal distances wins in both), on clients given
-    as non-contiguous views and Fortran-ordered arrays; with the default sub-blocks (one
-    here) and with sub-blocks of 512 records, which cut clients; with the compiled loop
+    as non-contiguous views and Fortran-ordered arrays; with the default products (one per
+    client here) and with products of 512 records, which cut clients; with the compiled loop
     adding clients' runs of records into local rows (the default: the 5-record client's run
     is shorter than k from k = 7 on and is added in place) and adding every record in place."""
     pytest.importorskip("numba")
     monkeypatch.setattr(_cellsums, "LOCAL_RUNS", local_runs)
-    if sub_rows is not None:
-        monkeypatch.setattr(_cellsums, "SUB_BYTES", 0)
-        monkeypatch.setattr(_cellsums, "SUB_ROWS", sub_rows)
-        assert _cellsums.sub_rows(k) == sub_rows
+    if product_rows is not None:
+        monkeypatch.setattr(_cellsums, "PRODUCT_ROWS", product_rows)
     rng = np.random.default_rng(k * 100 + d)
     C = rng.integers(-3, 4, size=(k, d)).astype(float)
     if k > 1:
@@ -147,11 +154,11 @@ def _pooled_loop_available():
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("sub", [256, 7])
+@pytest.mark.parametrize("sub", [2048, 256, 7])
 @pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
 def test_parallel_loop_equals_numpy_reference(k, d, sub, threads, monkeypatch):
     """The pooled kernel as one compiled parallel loop (numpy's own dgemm on ``sub``
-    records at a time) gives the numpy reference's bits, ties included (integer data, a
+    records of a piece at a time, as the reference's np.matmul) gives the numpy reference's bits, ties included (integer data, a
     duplicated centre: the first of equal distances wins in both): on clients given as
     non-contiguous views, Fortran-ordered, float32 and back-to-back slices of one array,
     a client shorter than k (added in place), an empty one, and clients cut into several
@@ -165,18 +172,42 @@ def test_parallel_loop_equals_numpy_reference(k, d, sub, threads, monkeypatch):
     pooled = np.ascontiguousarray(wide[3000:, :d])
     datas = [wide[:700, ::2], np.asfortranarray(wide[700:1900, :d]), wide[1900:1905, d:], wide[1905:1905, :d],
              wide[1905:3000, :d].astype(np.float32), pooled[:300], pooled[300:301], pooled[301:]]
-    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 1 << 62)  # the reference: numpy
-    ref = _kmeans.per_client_cell_sums(datas, C, chunk=512, n_threads=1)
-    monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)
-    monkeypatch.setattr(_cellsums, "POOLED_SUB_ROWS", sub)
-    assert _cellsums.use_pooled(1)
-    got = _kmeans.per_client_cell_sums(datas, C, chunk=512, n_threads=threads)
-    for a, b in zip(ref[0] + ref[1], got[0] + got[1]):
-        assert a.shape == b.shape and np.array_equal(a, b)
+    monkeypatch.setattr(_cellsums, "PRODUCT_ROWS", sub)
+
+    def both(clients, chunk):
+        monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 1 << 62)  # the reference: numpy
+        ref = _kmeans.per_client_cell_sums(clients, C, chunk=chunk, n_threads=1)
+        monkeypatch.setattr(_cellsums, "JIT_MIN_WORK", 0)
+        assert _cellsums.use_pooled(1)
+        got = _kmeans.per_client_cell_sums(clients, C, chunk=chunk, n_threads=threads)
+        for a, b in zip(ref[0] + ref[1], got[0] + got[1]):
+            assert a.shape == b.shape and np.array_equal(a, b)
+        return got
+
+    got = both(datas, 512)
+    for X in datas[:2]:  # the strided and the Fortran-ordered client alone: a block of one piece
+        both([X], 1 << 20)
     counts = np.array(got[1])
     assert counts.sum() == sum(len(X) for X in datas) and not counts[3].any()
     if k > 1:
         assert not counts[:, -1].any()  # the duplicate never wins
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_lanes_deal_every_piece_once_in_piece_order_with_even_rows(threads):
+    """numba splits a parallel loop evenly by iteration count: the pooled loop runs over one
+    lane per thread, each with about the same rows, even when the largest clients come
+    first (a split by count gave one thread 94 % of the rows)."""
+    rng = np.random.default_rng(threads)
+    rows = np.sort((rng.pareto(1.2, 300) * 300 + 1).astype(np.int64))[::-1]
+    order, lane_start = _cellsums.lanes(rows, threads)
+    assert len(lane_start) == threads + 1 and lane_start[0] == 0 and lane_start[-1] == len(rows)
+    assert sorted(order.tolist()) == list(range(len(rows)))
+    loads = [rows[order[a:b]].sum() for a, b in zip(lane_start[:-1], lane_start[1:])]
+    for a, b in zip(lane_start[:-1], lane_start[1:]):
+        assert np.all(np.diff(order[a:b]) > 0)  # piece order within a lane
+    assert max(loads) - min(loads) <= rows.max()  # within one piece of even
+    assert _cellsums.lanes(np.array([5]), 3)[1].tolist() == [0, 1]  # fewer pieces than threads
 
 
 def test_parallel_loop_leaves_numba_threads_and_runs_from_two_threads():

@@ -1,29 +1,35 @@
-"""The inner loop of the pooled k-means kernel: each record of a block goes to its nearest
-centre and is added to its (client, cell) row.
+"""The inner loop of the pooled k-means kernel: each record goes to its nearest centre and
+is added to its (client, cell) row.
 
-Input: a block's records ``X`` (n, d), the centres as ``C2T = -2 C^T`` and ``cc = ||c_j||^2``,
-and each record's first output row ``row_base[i]`` (its client's cells are rows
-``row_base[i] .. row_base[i] + k - 1``). A record's cell is the first ``j`` minimising
-``(X @ C2T)[i, j] + cc[j]`` (``np.argmin``'s tie rule); a row's sum adds its records one after
-the other, in record order, starting from 0.
+Input: the records of a block of client pieces ``X`` (n, d), the centres as
+``C2T = -2 C^T`` and ``cc = ||c_j||^2``, and each record's first output row ``row_base[i]``
+(its client's cells are rows ``row_base[i] .. row_base[i] + k - 1``; a run of equal
+``row_base`` is one piece of one client). A record's cell is the first ``j`` minimising
+``P[i, j] + cc[j]`` (``np.argmin``'s tie rule); a row's sum adds its records one after the
+other, in record order, starting from 0.
 
-Two implementations of exactly these floating-point operations, so they give the same bits:
+``P`` is the distance product ``X @ C2T``, computed by one ``np.matmul`` per
+:data:`PRODUCT_ROWS` records of a piece, counted from the piece's first record
+(:func:`product_ranges`). BLAS picks other kernels (other summation orders) for other
+matrix sizes, so a product's last bits could depend on what else shares its call; with
+this rule a record's products depend on its own client alone, and a client gets the same
+labels computed alone or pooled with any others, whichever form runs.
 
-* numpy's, the reference: one distance product, ``np.argmin`` and one sparse product (scipy
-  adds a row's records in record order);
+Three implementations of exactly these floating-point operations, so they give the same
+bits:
+
+* numpy's, the reference: the products, ``np.argmin`` and one sparse product (scipy adds
+  a row's records in record order);
 * a compiled loop (numba, ``nogil``; :mod:`._cellsums_jit`) that fuses the argmin and the
-  sums in one pass, over sub-blocks of records (:func:`sub_rows`) whose distances stay in the
-  CPU cache (scikit-learn's Lloyd loop works in chunks of 256 records for the same reason).
-  Releasing the GIL is what lets the pooled kernel's blocks run on every core; numpy's
-  argmin along a short axis and scipy's Python-level matrix construction do not scale past
-  one core.
+  sums in one pass after each product, run for blocks on a thread pool (releasing the GIL
+  lets the blocks run on every core; numpy's argmin along a short axis and scipy's
+  Python-level matrix construction do not scale past one core);
+* :func:`pooled_cell_sums`: the whole kernel call as one compiled parallel loop over the
+  clients' pieces (numba's threads, OpenMP where numba has it), calling numpy's own
+  ``dgemm`` (:mod:`._numpy_blas`) from the loop: no Python between pieces, no thread pool
+  to wake (:func:`use_pooled`).
 
-:func:`pooled_cell_sums` runs the whole kernel call as one compiled parallel loop over the
-clients' pieces instead (numba's threads, OpenMP where numba has it), calling numpy's own
-``dgemm`` (:mod:`._numpy_blas`) on :data:`POOLED_SUB_ROWS` records at a time: no Python
-between blocks, no thread pool to wake (:func:`use_pooled`).
-
-:func:`use_compiled` picks the compiled loop for calls large enough to pay for it (numba's
+:func:`use_compiled` picks the compiled loops for calls large enough to pay for them (numba's
 first compilation, or loading it from the on-disk cache, costs once per process) when numba
 is installed; which one runs never changes a result (``tests/test_vectorised.py``).
 """
@@ -41,17 +47,13 @@ from scipy import sparse
 #: import or compile numba (0.2 s to import, 0.6 s to compile without the disk cache)
 JIT_MIN_WORK = 1 << 18
 
-#: bytes of distances per product in the compiled path: a sub-block of ``SUB_BYTES / (8 k)``
-#: records (at least :data:`SUB_ROWS`). Each sub-block costs two calls from Python (the
-#: product, the loop, holding the GIL that the other block threads wait for), so fewer,
-#: larger ones are faster while the distances stay cached: at 100k x 16 (k=20) whole blocks
-#: of 12,500 records took 2.97 ms a call against 3.75 ms for sub-blocks of 2,048; at 1M x 32
-#: (k=50, 10,000 clients) 5,242 records, 2,048 and whole blocks were within noise
-#: (``python -m securefkm.bench.speed_diagnostics``, 2 threads; docs/benchmarks.md)
-SUB_BYTES = 1 << 21
-
-#: the fewest records per distance product, whatever ``k``
-SUB_ROWS = 2048
+#: records per distance product, counted from each piece's first record (the module's
+#: rule). The parallel loop took the same time with 256, 2,048 and 16,384 (1M x 32, k=50,
+#: 100 clients: 69.0, 68.5, 68.0 ms; 100k x 16, k=20: 2.03, 1.99 ms for 256 and 2,048;
+#: an ad-hoc run of ``speed_diagnostics._kernel_variants``): 2,048 keeps the numpy loop at
+#: one product per client of up to 2,048 records, and a product's distances (16 MB for
+#: k = 1,000) bounded
+PRODUCT_ROWS = 2048
 
 #: the compiled loop adds a client's run of at least ``k`` records into a local copy of its
 #: ``k`` rows (:func:`._cellsums_jit.fused`): the same additions, vectorised. At 10,000
@@ -62,9 +64,15 @@ SUB_ROWS = 2048
 LOCAL_RUNS = True
 
 
-def sub_rows(k: int) -> int:
-    """Records per distance product for ``k`` centres (:data:`SUB_BYTES`)."""
-    return max(SUB_ROWS, SUB_BYTES // (8 * max(k, 1)))
+def product_ranges(row_base: np.ndarray) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` record ranges of a block's distance products: each piece (a run
+    of equal ``row_base``) cut every :data:`PRODUCT_ROWS` records from its first."""
+    n = len(row_base)
+    cuts = np.flatnonzero(row_base[1:] != row_base[:-1]) + 1
+    ranges = []
+    for start, stop in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+        ranges += [(a, min(stop, a + PRODUCT_ROWS)) for a in range(start, stop, PRODUCT_ROWS)]
+    return ranges
 
 
 #: scratch buffers up to this size are kept by their thread between calls (a block of
@@ -114,7 +122,17 @@ def use_compiled(work: int) -> bool:
 
 def cell_sums_numpy(X, C2T, cc, row_base, sums, counts):
     """The reference loop: write the block's sums and counts into ``sums`` / ``counts``."""
-    D = np.matmul(X, C2T, out=scratch("distances", (len(X), len(cc))))
+    D = scratch("distances", (len(X), len(cc)))
+    ranges = product_ranges(row_base)
+    i = 0
+    while i < len(ranges):  # consecutive products of one length: one stacked matmul, a BLAS call each
+        start, stop = ranges[i]
+        j = i + 1
+        while j < len(ranges) and ranges[j][1] - ranges[j][0] == stop - start:
+            j += 1
+        end, m = ranges[j - 1][1], stop - start
+        np.matmul(X[start:end].reshape(j - i, m, X.shape[1]), C2T, out=D[start:end].reshape(j - i, m, len(cc)))
+        i = j
     D += cc[None, :]
     seg = row_base + np.argmin(D, axis=1)
     m = sparse.csc_matrix(
@@ -125,21 +143,15 @@ def cell_sums_numpy(X, C2T, cc, row_base, sums, counts):
 
 
 def cell_sums_compiled(X, C2T, cc, row_base, sums, counts):
-    """The compiled loop over sub-blocks of :func:`sub_rows` records, adding into ``sums`` /
-    ``counts`` (zeros): a row's records are added in record order across sub-blocks too."""
+    """The compiled loop after each product, adding into ``sums`` / ``counts`` (zeros): a
+    row's records are added in record order across products too."""
     fused = compiled()
-    step = sub_rows(len(cc))
     min_run = len(cc) if LOCAL_RUNS else len(X) + 1
-    D = scratch("distances", (min(step, len(X)), len(cc)))
-    for start in range(0, len(X), step):
-        stop = min(len(X), start + step)
+    D = scratch("distances", (min(PRODUCT_ROWS, len(X)), len(cc)))
+    for start, stop in product_ranges(row_base):
         Dsub = np.matmul(X[start:stop], C2T, out=D[: stop - start])
         fused(Dsub, cc, X[start:stop], row_base[start:stop], sums, counts, min_run)
 
-
-#: records per distance product in :func:`pooled_cell_sums` (scikit-learn's Lloyd loop
-#: uses 256 too: the (256, k) distances stay in the L1/L2 cache)
-POOLED_SUB_ROWS = 256
 
 #: False: the pooled kernel keeps its thread-pool form even where :func:`pooled_cell_sums`
 #: could run (the diagnostics' comparison, and the tests of both forms)
@@ -174,32 +186,57 @@ def use_pooled(work: int) -> bool:
     return dgemm() is not None
 
 
-def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int):
+def lanes(rows, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces of ``rows`` records dealt to ``threads`` lanes of about equal rows:
+    ``(order, lane_start)``, lane ``l`` computing pieces ``order[lane_start[l]:lane_start[l + 1]]``
+    in piece order. numba splits a parallel loop's iterations evenly by count, without
+    regard to their cost, so the loop runs over lanes rather than pieces: with clients of
+    very different sizes (the largest first) a loop over pieces gained nothing from a
+    second thread. Pieces are dealt largest first in snake order (lane 0, 1, .., T-1,
+    T-1, .., 0, ...). Which lane computes a piece changes no result."""
+    rows = np.asarray(rows)
+    threads = max(1, min(threads, len(rows)))
+    by_size = np.argsort(-rows, kind="stable")
+    turn = np.arange(len(rows)) % (2 * threads)
+    lane = np.empty(len(rows), dtype=np.int64)
+    lane[by_size] = np.where(turn < threads, turn, 2 * threads - 1 - turn)
+    order = np.argsort(lane, kind="stable").astype(np.int64)
+    lane_start = np.searchsorted(lane[order], np.arange(threads + 1)).astype(np.int64)
+    return order, lane_start
+
+
+def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int, lanes_of=None):
     """Each piece's per-cell sums and counts, ``(pieces * k, d)`` and ``(pieces * k,)``:
     piece ``p``, ``rows[p]`` C-ordered float64 records of ``d`` features at ``addresses[p]``
     (alive during the call), in rows ``p * k .. p * k + k - 1``.
 
     One call of the compiled parallel loop :func:`._cellsums_jit.pooled` on ``threads``
-    of numba's threads (at most numba's own count); BLAS must run single-threaded (the
-    caller's context). numba's ``workqueue`` layer (used where neither OpenMP nor TBB is
+    of numba's threads (at most numba's own count), the pieces dealt to one lane per
+    thread (``lanes_of``: :func:`lanes`, or a remembered equal of it), numpy's OpenBLAS
+    limited to one thread meanwhile (a threaded product inside each of the loop's threads
+    would oversubscribe the cores). numba's ``workqueue`` layer (used where neither OpenMP nor TBB is
     installed) must not be entered by two threads at once: calls are serialised until
     numba reports a thread-safe layer."""
     global _THREADSAFE_LAYER
     import numba
 
-    from ._numpy_blas import dgemm
+    from ._numpy_blas import dgemm, single_threaded
 
     k = len(cc)
     address, int_type = dgemm()
+    threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+    order, lane_start = (lanes_of or lanes)(rows, threads)
     sums, counts = np.zeros((len(addresses) * k, d)), np.zeros(len(addresses) * k)
     before = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    if before != threads:
+        numba.set_num_threads(threads)
     try:
-        with _POOLED_LOCK if not _THREADSAFE_LAYER else contextlib.nullcontext():
-            compiled("pooled")(address, np.zeros(6, dtype=int_type), addresses, rows, d, np.asfortranarray(C2T),
-                               cc, sums, counts, POOLED_SUB_ROWS)
+        with _POOLED_LOCK if not _THREADSAFE_LAYER else contextlib.nullcontext(), single_threaded():
+            compiled("pooled")(address, np.zeros(6, dtype=int_type), addresses, rows, order, lane_start, d,
+                               np.asfortranarray(C2T), cc, sums, counts, PRODUCT_ROWS)
     finally:
-        numba.set_num_threads(before)
+        if before != threads:
+            numba.set_num_threads(before)
         if _THREADSAFE_LAYER is None:
             try:
                 _THREADSAFE_LAYER = numba.threading_layer() in ("omp", "tbb")

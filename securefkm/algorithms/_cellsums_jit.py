@@ -57,9 +57,10 @@ def _dgemm(typingctx, address, chars, ints, scalars, a, b, c):
 
 
 @numba.njit(nogil=True, parallel=True, cache=True)
-def pooled(dgemm, int_proto, addresses, rows, d, C2T, cc, sums, counts, sub):  # pragma: no cover - compiled
+def pooled(dgemm, int_proto, addresses, rows, order, lane_start, d, C2T, cc, sums, counts, sub):  # pragma: no cover - compiled
     """Per-piece cell sums of a pooled k-means kernel call (:func:`._cellsums.pooled_cell_sums`),
-    the pieces spread over numba's threads.
+    the pieces spread over numba's threads: lane ``l`` (one per thread; numba splits a
+    ``prange`` statically) computes pieces ``order[lane_start[l]:lane_start[l + 1]]``.
 
     Piece ``p`` is ``rows[p]`` C-ordered float64 records of ``d`` features at address
     ``addresses[p]``; its records go to rows ``p * k .. p * k + k - 1`` of ``sums`` /
@@ -70,10 +71,11 @@ def pooled(dgemm, int_proto, addresses, rows, d, C2T, cc, sums, counts, sub):  #
     the numpy reference (:func:`._cellsums.cell_sums_numpy`). A piece of at least ``k``
     records is added into a local copy of its rows (as :func:`fused` does)."""
     k = cc.shape[0]
-    for p in numba.prange(addresses.shape[0]):
-        n = rows[p]
-        X = numba.carray(_f64_pointer(addresses[p]), (n, d))
-        D = np.empty((min(sub, n), k))
+    for lane in numba.prange(lane_start.shape[0] - 1):
+        # the lane's buffers, reused piece after piece
+        D = np.empty((sub, k))
+        acc = np.empty((k, d))
+        cnt = np.empty(k)
         ints = int_proto.copy()
         chars = np.empty(2, dtype=np.uint8)
         chars[0] = 84  # 'T': the distances' transpose (k x m) = (-2 C) (k x d) . X^T (d x m)
@@ -81,44 +83,58 @@ def pooled(dgemm, int_proto, addresses, rows, d, C2T, cc, sums, counts, sub):  #
         scalars = np.empty(2)
         scalars[0] = 1.0
         scalars[1] = 0.0
-        base = p * k
-        local = n >= k
-        acc = np.zeros((k if local else 0, d))
-        cnt = np.zeros(k if local else 0)
-        start = 0
-        while start < n:
-            stop = min(n, start + sub)
-            m = stop - start
-            Xs = X[start:stop]
-            ints[0] = k
-            ints[1] = m
-            ints[2] = d
-            ints[3] = d
-            ints[4] = d
-            ints[5] = k
-            _dgemm(dgemm, chars, ints, scalars, C2T, Xs, D)
-            for q in range(m):
-                best = D[q, 0] + cc[0]
-                label = 0
-                for j in range(1, k):
-                    v = D[q, j] + cc[j]
-                    if v < best:  # strict: the first minimum wins, as np.argmin
-                        best = v
-                        label = j
-                if local:
-                    cnt[label] += 1.0
-                    for t in range(d):
-                        acc[label, t] += Xs[q, t]
-                else:
-                    counts[base + label] += 1.0
-                    for t in range(d):
-                        sums[base + label, t] += Xs[q, t]
-            start = stop
-        if local:
-            for j in range(k):
-                counts[base + j] = cnt[j]
+        for i in range(lane_start[lane], lane_start[lane + 1]):
+            p = order[i]
+            X = numba.carray(_f64_pointer(addresses[p]), (rows[p], d))
+            _piece_sums(dgemm, chars, ints, scalars, X, C2T, cc, sums[p * k : (p + 1) * k], counts[p * k : (p + 1) * k],
+                        D, acc, cnt)
+
+
+@numba.njit(nogil=True, cache=True)
+def _piece_sums(dgemm, chars, ints, scalars, X, C2T, cc, sums, counts, D, acc, cnt):  # pragma: no cover - compiled
+    """One piece of :func:`pooled`: its records ``X`` into its rows ``sums`` / ``counts``
+    (zeros), distance products of at most ``len(D)`` records. A piece of at least ``k``
+    records is added into a local copy of its rows (``acc``, ``cnt``), as :func:`fused` does."""
+    n, d = X.shape
+    k = cc.shape[0]
+    local = n >= k
+    if local:
+        acc[:, :] = 0.0
+        cnt[:] = 0.0
+    start = 0
+    while start < n:
+        stop = min(n, start + D.shape[0])
+        m = stop - start
+        Xs = X[start:stop]
+        ints[0] = k
+        ints[1] = m
+        ints[2] = d
+        ints[3] = d
+        ints[4] = d
+        ints[5] = k
+        _dgemm(dgemm, chars, ints, scalars, C2T, Xs, D)
+        for q in range(m):
+            best = D[q, 0] + cc[0]
+            label = 0
+            for j in range(1, k):
+                v = D[q, j] + cc[j]
+                if v < best:  # strict: the first minimum wins, as np.argmin
+                    best = v
+                    label = j
+            if local:
+                cnt[label] += 1.0
                 for t in range(d):
-                    sums[base + j, t] = acc[j, t]
+                    acc[label, t] += Xs[q, t]
+            else:
+                counts[label] += 1.0
+                for t in range(d):
+                    sums[label, t] += Xs[q, t]
+        start = stop
+    if local:
+        for j in range(k):
+            counts[j] = cnt[j]
+            for t in range(d):
+                sums[j, t] = acc[j, t]
 
 
 @numba.njit(nogil=True, cache=True)

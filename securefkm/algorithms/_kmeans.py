@@ -20,7 +20,7 @@ from scipy import sparse
 from .._kernel_threads import kernel_threads
 from ..exceptions import InputError
 from . import _local
-from ._cellsums import block_cell_sums, pooled_cell_sums, scratch, use_compiled, use_pooled
+from ._cellsums import block_cell_sums, lanes, pooled_cell_sums, scratch, use_compiled, use_pooled
 
 
 def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -165,8 +165,8 @@ def _block_records(datas, block, d: int) -> np.ndarray:
     scratch buffer. The view spans only the pieces' own memory, all alive while ``datas`` is."""
     clients, starts, stops = block[:, 0], block[:, 1], block[:, 2]
     rows = int((stops - starts).sum())
-    if len(block) == 1:
-        return datas[clients[0]][starts[0] : stops[0]]
+    if len(block) == 1:  # C-ordered float64 as every other form reads it (BLAS's kernel depends on the layout)
+        return np.ascontiguousarray(datas[clients[0]][starts[0] : stops[0]], dtype=np.float64)
     arrays = [datas[c] for c in clients.tolist()]
     f64, tail = np.dtype(np.float64), (d,)
     if all(X.dtype == f64 and X.shape[1:] == tail and X.flags.c_contiguous for X in arrays):
@@ -206,13 +206,15 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     """For several clients at once: each client's per-cell coordinate sums (a list of
     (k, d) arrays) and counts (a list of (k,) float arrays) w.r.t. the same centres ``C``.
 
-    One pooled pass in blocks of ``chunk`` rows (default :data:`CHUNK_ROWS`) (:func:`_client_pieces`),
-    computed by ``n_threads`` threads (default: the CPUs this process may use,
-    :func:`securefkm._kernel_threads.kernel_threads`) with single-threaded BLAS, as
-    scikit-learn's Lloyd kernel does: per block one distance product, then one pass that
-    assigns each record and adds it to its (client, cell) row
-    (:func:`._cellsums.block_cell_sums`: compiled without the GIL for large calls, numpy
-    otherwise; the same bits either way). A row adds its records in record order and a
+    One pooled pass over the clients' pieces of at most ``chunk`` rows (default
+    :data:`CHUNK_ROWS`) (:func:`_client_pieces`), computed by ``n_threads`` threads
+    (default: the CPUs this process may use, :func:`securefkm._kernel_threads.kernel_threads`)
+    with single-threaded BLAS, as scikit-learn's Lloyd kernel does: distance products, then
+    one pass that assigns each record and adds it to its (client, cell) row. Large calls
+    run compiled: as one parallel loop over the pieces (:func:`_pooled_per_client`) where
+    numpy's own ``dgemm`` can be called from it (:func:`._cellsums.use_pooled`), else as
+    blocks on a thread pool (:func:`._cellsums.block_cell_sums`, without the GIL); small
+    calls run numpy's loop in blocks. The same bits every way. A row adds its records in record order and a
     client cut over several blocks adds its blocks' partial sums in block order, so a
     client's result equals the one it gets alone (``client_updates([X])``) bit for bit. The
     pooled records are never copied as a whole: a block is read in place when its clients
@@ -262,6 +264,16 @@ def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threa
     return sums, counts
 
 
+@functools.lru_cache(maxsize=16)
+def _lanes_of(sizes: tuple, chunk: int, threads: int) -> tuple:
+    """:func:`._cellsums.lanes` of :func:`_pieces_of`, remembered (read-only) per layout."""
+    pieces = _pieces_of(sizes, chunk)
+    out = lanes(pieces[:, 2] - pieces[:, 1], threads)
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 def _pooled_per_client(datas, C2T, cc, sizes: list, chunk: int, threads: int):
     """:func:`per_client_cell_sums` as one compiled parallel call over the clients' pieces
     (:func:`._cellsums.pooled_cell_sums`): each piece summed alone, a client's pieces added
@@ -271,11 +283,12 @@ def _pooled_per_client(datas, C2T, cc, sizes: list, chunk: int, threads: int):
     f64 = np.dtype(np.float64)
     kept = [X if X.dtype == f64 and X.flags.c_contiguous else np.ascontiguousarray(X, dtype=np.float64)
             for X in datas]  # read in place: the clients' own arrays, or one copy for this call
-    pieces = _pieces_of(tuple(sizes), chunk)
+    layout = tuple(sizes)
+    pieces = _pieces_of(layout, chunk)
     bases = np.fromiter((_data_address(X) for X in kept), dtype=np.int64, count=len(kept))
     addresses = bases[pieces[:, 0]] + pieces[:, 1] * (8 * d)
-    with _single_threaded_blas():
-        sums, counts = pooled_cell_sums(addresses, pieces[:, 2] - pieces[:, 1], d, C2T, cc, threads)
+    sums, counts = pooled_cell_sums(addresses, pieces[:, 2] - pieces[:, 1], d, C2T, cc, threads,
+                                    lanes_of=lambda rows, t: _lanes_of(layout, chunk, t))
     del kept
     groups, group_counts = sums.reshape(-1, k, d), counts.reshape(-1, k)
     if len(groups) == len(datas) and all(sizes):  # one piece per client: group i is client i's
@@ -345,7 +358,7 @@ def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list, helpers: int = 1) ->
     pool's threads sleep while the server does its part, and the pool thread starts its
     first block about 0.1 ms after the caller (``python -m securefkm.bench.speed_diagnostics``;
     scikit-learn's OpenMP threads spin instead). With the caller working from the start (and
-    larger distance products, :func:`._cellsums.sub_rows`) the DWF round at 100k x 16 went
+    larger distance products, since replaced by :data:`._cellsums.PRODUCT_ROWS`) the DWF round at 100k x 16 went
     from 2.3 to 1.8 x scikit-learn's Lloyd iteration (docs/benchmarks.md). One task per
     helper rather than one future per block: a submit costs several us under the GIL, eight
     of them delayed the caller's first block. A block that raises stops everyone taking

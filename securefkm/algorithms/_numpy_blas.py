@@ -32,14 +32,26 @@ def numpy_blas_dirs() -> tuple[str, ...]:
     return (package + ".libs", os.path.join(package, ".dylibs"), package)
 
 
+_CONTROLLER = None  # threadpoolctl's controller of numpy's OpenBLAS alone
+
+
 def _numpy_openblas_path() -> str | None:
+    global _CONTROLLER
     from threadpoolctl import ThreadpoolController
 
     dirs = tuple(os.path.realpath(p) for p in numpy_blas_dirs())
-    for lib in ThreadpoolController().lib_controllers:
+    controller = ThreadpoolController()
+    for lib in controller.lib_controllers:
         if lib.internal_api == "openblas" and os.path.dirname(os.path.realpath(lib.filepath)) in dirs:
+            _CONTROLLER = controller.select(filepath=lib.filepath)
             return lib.filepath
     return None
+
+
+def single_threaded():
+    """A context in which numpy's OpenBLAS (the :func:`dgemm` found) runs on one thread:
+    a compiled loop calls it from each of its own threads."""
+    return _CONTROLLER.limit(limits=1)
 
 
 def dgemm() -> tuple[int, type] | None:

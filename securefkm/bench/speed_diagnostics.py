@@ -13,14 +13,9 @@ about a minute). Each prints one line; none is a target.
   forms (one compiled parallel loop, :func:`~securefkm.algorithms._cellsums.pooled_cell_sums`,
   the default; blocks on a thread pool) and scikit-learn's Lloyd kernel, on one thread and
   on two, each in a tight loop: the kernels alone.
-* ``pooled_form``: the pooled kernel call as one compiled parallel loop with distance
-  products of 256 records (the default, :data:`~securefkm.algorithms._cellsums.POOLED_SUB_ROWS`)
-  and of 1,024, and in its thread-pool form, alternated, at 100k x 16 (k=20, 100 clients)
-  and 1M x 32 (k=50, 10,000 clients).
-* ``sub_blocks`` (the thread-pool form): the pooled kernel call with distance products of 2,048 records (the
-  previous rule), of :func:`~securefkm.algorithms._cellsums.sub_rows` (2 MiB of distances, the
-  default) and of whole blocks, alternated, at 100k x 16 (k=20) and 1M x 32 (k=50, 10,000
-  clients).
+* ``pooled_form``: the pooled kernel call as one compiled parallel loop (the default) and in
+  its thread-pool form, alternated, at 100k x 16 (k=20, 100 clients) and 1M x 32 (k=50,
+  10,000 clients).
 * ``local_runs`` (the thread-pool form): the pooled kernel call with the compiled loop adding a client's runs of
   records into a local copy of its rows (the default, :data:`~securefkm.algorithms._cellsums.LOCAL_RUNS`)
   and adding every record in place, alternated, at 100k x 16 (k=20, 100 clients) and
@@ -173,18 +168,6 @@ def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 
     return f"kernel_threads ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
-def sub_blocks(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
-    from ..algorithms import _cellsums
-
-    med = _kernel_variants(n, d, k, n_clients, repeats, {
-        "2048 records": {"SUB_BYTES": 0, "SUB_ROWS": 2048, "POOLED": False},
-        "2 MiB (default)": {"SUB_BYTES": _cellsums.SUB_BYTES, "SUB_ROWS": _cellsums.SUB_ROWS, "POOLED": False},
-        "whole blocks": {"SUB_BYTES": 1 << 40, "SUB_ROWS": _cellsums.SUB_ROWS, "POOLED": False},
-    })
-    cells = ", ".join(f"{name} {ms:.2f} ms" for name, ms in med.items())
-    return f"sub_blocks ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
-
-
 def local_runs(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     med = _kernel_variants(n, d, k, n_clients, repeats,
                            {"local rows": {"LOCAL_RUNS": True, "POOLED": False},
@@ -194,13 +177,8 @@ def local_runs(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
 
 
 def pooled_form(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
-    from ..algorithms import _cellsums
-
     med = _kernel_variants(n, d, k, n_clients, repeats, {
-        "parallel loop, 256-record products (default)": {"POOLED": True, "POOLED_SUB_ROWS": 256},
-        "1,024-record products": {"POOLED": True, "POOLED_SUB_ROWS": 1024},
-        "thread-pool form": {"POOLED": False, "POOLED_SUB_ROWS": _cellsums.POOLED_SUB_ROWS},
-    })
+        "parallel loop (default)": {"POOLED": True}, "thread-pool form": {"POOLED": False}})
     cells = ", ".join(f"{name} {ms:.2f} ms" for name, ms in med.items())
     return f"pooled_form ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
@@ -327,7 +305,6 @@ RUNS = {
     "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
     "kernel_threads": [kernel_threads],
     "pooled_form": [lambda: pooled_form(100_000, 16, 20, 100, 100), lambda: pooled_form(1_000_000, 32, 50, 10_000, 15)],
-    "sub_blocks": [lambda: sub_blocks(100_000, 16, 20, 100, 60), lambda: sub_blocks(1_000_000, 32, 50, 10_000, 10)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
     "transcript_memory": [transcript_memory],
     "local_kmeans": [local_kmeans],
