@@ -60,6 +60,7 @@ def test_speed_diagnostics_run(monkeypatch):
     assert diag.framework(3000, 3, 4, 10, 1).startswith("framework:")
     assert "thread-pool form" in diag.kernel_threads(3000, 3, 4, 10, 2) and _cellsums.POOLED is True
     assert "thread-pool form" in diag.pooled_form(3000, 3, 4, 10, 1) and _cellsums.POOLED is True  # put back
+    assert "largest first" in diag.skewed_clients(3000, 3, 4, 10, 2) and _cellsums.POOLED is True
     assert diag.x25519(10).startswith("x25519:")
     assert "ms in process" in diag.auto_backend(sizes=(6,), repeats=1)
     assert "in place" in diag.local_runs(3000, 3, 4, 10, 1) and _cellsums.LOCAL_RUNS is True

@@ -16,6 +16,9 @@ about a minute). Each prints one line; none is a target.
 * ``pooled_form``: the pooled kernel call as one compiled parallel loop (the default) and in
   its thread-pool form, alternated, at 100k x 16 (k=20, 100 clients) and 1M x 32 (k=50,
   10,000 clients).
+* ``skewed_clients``: the pooled kernel call on 100 clients of very different sizes (a
+  Pareto draw, the largest first; 100k x 16, k=20) in both forms, on one thread and on two:
+  how much the second thread gains when clients are not of one size.
 * ``local_runs`` (the thread-pool form): the pooled kernel call with the compiled loop adding a client's runs of
   records into a local copy of its rows (the default, :data:`~securefkm.algorithms._cellsums.LOCAL_RUNS`)
   and adding every record in place, alternated, at 100k x 16 (k=20, 100 clients) and
@@ -183,6 +186,34 @@ def pooled_form(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
     return f"pooled_form ({n_clients} clients of {n} x {d}, k={k}; medians of {repeats}): {cells}"
 
 
+def skewed_clients(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 100, repeats: int = 60) -> str:
+    from ..algorithms import _cellsums
+
+    rng = np.random.default_rng(0)
+    sizes = np.sort(rng.pareto(1.2, n_clients) + 0.05)[::-1]
+    sizes = np.maximum(1, (sizes * (n / sizes.sum())).astype(int))
+    X = rng.normal(size=(int(sizes.sum()), d))
+    clients, C = np.split(X, np.cumsum(sizes)[:-1]), X[rng.choice(len(X), k, replace=False)].copy()
+    med = {}
+    saved = _cellsums.POOLED
+    try:
+        for _ in range(2):  # alternated
+            for form, pooled in (("parallel loop", True), ("thread-pool form", False)):
+                _cellsums.POOLED = pooled
+                for threads in (1, 2):
+                    f = functools.partial(_kmeans.per_client_cell_sums, clients, C, n_threads=threads)
+                    f()
+                    med.setdefault((form, threads), []).extend(_timed(f) for _ in range(repeats // 2))
+    finally:
+        _cellsums.POOLED = saved
+    cells = "; ".join(f"{form} {statistics.median(med[(form, 1)]) * 1e3:.2f} ms on 1 thread, "
+                      f"{statistics.median(med[(form, 2)]) * 1e3:.2f} ms on 2 "
+                      f"(x{statistics.median(med[(form, 1)]) / statistics.median(med[(form, 2)]):.2f})"
+                      for form in ("parallel loop", "thread-pool form"))
+    return (f"skewed_clients ({n_clients} clients of {len(X)} x {d}, k={k}, {sizes.max()} to {sizes.min()} records, "
+            f"largest first; medians of {repeats}): {cells}")
+
+
 def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds: int = 4) -> str:
     import gc
     import tracemalloc
@@ -304,6 +335,7 @@ RUNS = {
     "timeline": [timeline],
     "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
     "kernel_threads": [kernel_threads],
+    "skewed_clients": [skewed_clients],
     "pooled_form": [lambda: pooled_form(100_000, 16, 20, 100, 100), lambda: pooled_form(1_000_000, 32, 50, 10_000, 15)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
     "transcript_memory": [transcript_memory],
