@@ -75,8 +75,11 @@ def test_products_cut_each_piece_from_its_own_first_record(monkeypatch):
     counted from the piece's first record: what shares the call depends on its client alone."""
     monkeypatch.setattr(_cellsums, "PRODUCT_ROWS", 4)
     row_base = np.repeat(np.array([0, 3, 6, 9]), [5, 4, 1, 9])
-    assert _cellsums.product_ranges(row_base) == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 14), (14, 18), (18, 19)]
-    assert _cellsums.product_ranges(np.zeros(0, dtype=np.int64)) == []
+    starts, stops = _cellsums.product_ranges(row_base)
+    assert list(zip(starts.tolist(), stops.tolist())) == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 14), (14, 18), (18, 19)]
+    starts, stops = _cellsums.product_ranges(row_base[5:9])  # no piece longer than a product
+    assert list(zip(starts.tolist(), stops.tolist())) == [(0, 4)]
+    assert [len(r) for r in _cellsums.product_ranges(np.zeros(0, dtype=np.int64))] == [0, 0]
 
 
 def test_blocks_cut_each_client_from_its_own_first_row():

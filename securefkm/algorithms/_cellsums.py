@@ -64,15 +64,22 @@ PRODUCT_ROWS = 2048
 LOCAL_RUNS = True
 
 
-def product_ranges(row_base: np.ndarray) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` record ranges of a block's distance products: each piece (a run
-    of equal ``row_base``) cut every :data:`PRODUCT_ROWS` records from its first."""
+def product_ranges(row_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, stops)``: the record ranges of a block's distance products, each piece (a
+    run of equal ``row_base``) cut every :data:`PRODUCT_ROWS` records from its first."""
     n = len(row_base)
     cuts = np.flatnonzero(row_base[1:] != row_base[:-1]) + 1
-    ranges = []
-    for start, stop in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
-        ranges += [(a, min(stop, a + PRODUCT_ROWS)) for a in range(start, stop, PRODUCT_ROWS)]
-    return ranges
+    starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [n]])
+    if n == 0:
+        return starts[:0], stops[:0]
+    lengths = stops - starts
+    if lengths.max() > PRODUCT_ROWS:  # long pieces: more than one product each
+        count = -(-lengths // PRODUCT_ROWS)
+        first = np.repeat(starts, count)
+        offset = (np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)) * PRODUCT_ROWS
+        starts = first + offset
+        stops = np.minimum(np.repeat(stops, count), starts + PRODUCT_ROWS)
+    return starts, stops
 
 
 #: scratch buffers up to this size are kept by their thread between calls (a block of
@@ -120,19 +127,25 @@ def use_compiled(work: int) -> bool:
     return work >= JIT_MIN_WORK and compiled() is not None
 
 
+def products(X, C2T, row_base, D) -> np.ndarray:
+    """``D = X @ C2T`` by the module's rule: one ``np.matmul`` per :func:`product_ranges`
+    range; consecutive ranges of one length (clients of one size) go as one stacked matmul,
+    which makes the same BLAS call for each of them (``X``: C-ordered)."""
+    starts, stops = product_ranges(row_base)
+    if not len(starts):
+        return D
+    lengths = stops - starts
+    runs = np.flatnonzero(lengths[1:] != lengths[:-1]) + 1
+    d, k = X.shape[1], C2T.shape[1]
+    for first, last in zip([0, *runs.tolist()], [*runs.tolist(), len(starts)]):
+        start, end, m = int(starts[first]), int(stops[last - 1]), int(lengths[first])
+        np.matmul(X[start:end].reshape(last - first, m, d), C2T, out=D[start:end].reshape(last - first, m, k))
+    return D
+
+
 def cell_sums_numpy(X, C2T, cc, row_base, sums, counts):
     """The reference loop: write the block's sums and counts into ``sums`` / ``counts``."""
-    D = scratch("distances", (len(X), len(cc)))
-    ranges = product_ranges(row_base)
-    i = 0
-    while i < len(ranges):  # consecutive products of one length: one stacked matmul, a BLAS call each
-        start, stop = ranges[i]
-        j = i + 1
-        while j < len(ranges) and ranges[j][1] - ranges[j][0] == stop - start:
-            j += 1
-        end, m = ranges[j - 1][1], stop - start
-        np.matmul(X[start:end].reshape(j - i, m, X.shape[1]), C2T, out=D[start:end].reshape(j - i, m, len(cc)))
-        i = j
+    D = products(X, C2T, row_base, scratch("distances", (len(X), len(cc))))
     D += cc[None, :]
     seg = row_base + np.argmin(D, axis=1)
     m = sparse.csc_matrix(
@@ -143,14 +156,10 @@ def cell_sums_numpy(X, C2T, cc, row_base, sums, counts):
 
 
 def cell_sums_compiled(X, C2T, cc, row_base, sums, counts):
-    """The compiled loop after each product, adding into ``sums`` / ``counts`` (zeros): a
-    row's records are added in record order across products too."""
-    fused = compiled()
-    min_run = len(cc) if LOCAL_RUNS else len(X) + 1
-    D = scratch("distances", (min(PRODUCT_ROWS, len(X)), len(cc)))
-    for start, stop in product_ranges(row_base):
-        Dsub = np.matmul(X[start:stop], C2T, out=D[: stop - start])
-        fused(Dsub, cc, X[start:stop], row_base[start:stop], sums, counts, min_run)
+    """The compiled loop over the block's products (:func:`products`), adding into ``sums`` /
+    ``counts`` (zeros) in record order."""
+    D = products(X, C2T, row_base, scratch("distances", (len(X), len(cc))))
+    compiled()(D, cc, X, row_base, sums, counts, len(cc) if LOCAL_RUNS else len(X) + 1)
 
 
 #: False: the pooled kernel keeps its thread-pool form even where :func:`pooled_cell_sums`

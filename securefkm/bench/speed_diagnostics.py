@@ -2,8 +2,9 @@
 docs/benchmarks.md quotes to explain its tables (``python -m securefkm.bench.speed_diagnostics``;
 about a minute). Each prints one line; none is a target.
 
-* ``spin``: CPU time the process spends in the 10 ms after a scikit-learn Lloyd kernel call
-  while its main thread sleeps (its OpenMP threads spin, taking a core from whatever runs next).
+* ``spin``: CPU time the process spends in the 50 ms after a scikit-learn Lloyd kernel call,
+  and after a pooled kernel call, while its main thread sleeps (their OpenMP threads spin,
+  taking a core from whatever runs next).
 * ``timeline``: one pooled kernel call in its thread-pool form at 100k x 16 (k=20, 100
   clients): when the calling thread and the pool thread start their first block, and the
   median block time.
@@ -48,22 +49,26 @@ import time
 import numpy as np
 
 from ..algorithms import _kmeans, dwf
-from .speed import _Round, _SklearnKernel, _split, _timed
+from .speed import _Round, _SklearnKernel, _split, _timed, side_by_side
 
 
 def spin(repeats: int = 5) -> str:
     X = np.random.default_rng(1).normal(size=(100_000, 16))
-    pooled, _, C = _split(X, 20, 100, 0)
-    kernel = _SklearnKernel(pooled, C)
-    for _ in range(5):
-        kernel()
-    cpu = []
-    for _ in range(repeats):
-        kernel()
-        c = time.process_time()
-        time.sleep(0.01)
-        cpu.append((time.process_time() - c) * 1e3)
-    return f"spin: CPU ms used in the 10 ms sleep after a scikit-learn kernel call (100k x 16): {[round(v, 1) for v in cpu]}"
+    pooled, clients, C = _split(X, 20, 100, 0)
+    kernels = {"scikit-learn's kernel": _SklearnKernel(pooled, C),
+               "the pooled kernel (parallel loop)": functools.partial(_kmeans.per_client_cell_sums, clients, C)}
+    cells = []
+    for name, kernel in kernels.items():
+        for _ in range(5):
+            kernel()
+        cpu = []
+        for _ in range(repeats):
+            kernel()
+            c = time.process_time()
+            time.sleep(0.05)
+            cpu.append((time.process_time() - c) * 1e3)
+        cells.append(f"after {name} {[round(v, 1) for v in cpu]}")
+    return f"spin: CPU ms used in a 50 ms sleep of the main thread (100k x 16): {'; '.join(cells)}"
 
 
 def timeline(repeats: int = 20) -> str:
@@ -120,25 +125,30 @@ def framework(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
 
 def _kernel_variants(n: int, d: int, k: int, n_clients: int, repeats: int, variants: dict) -> dict:
     """Median ms of the pooled kernel call under each variant ({name: {``_cellsums``
-    attribute: value}}), the variants alternated, each call after an untimed one; the
-    attributes are put back afterwards."""
+    attribute: value}}), alternated as the bench alternates (:func:`~securefkm.bench.speed.side_by_side`:
+    each sample the mean of 5 calls after an untimed one and after idling, as the parallel
+    loop's OpenMP threads spin for about 9 ms after a call: ``spin``); the attributes are
+    put back afterwards."""
     from ..algorithms import _cellsums
 
     X = np.random.default_rng(1).normal(size=(n, d))
     _, clients, C = _split(X, k, n_clients, 0)
     saved = {attr: getattr(_cellsums, attr) for settings in variants.values() for attr in settings}
-    times: dict = {name: [] for name in variants}
+
+    def variant(settings):
+        def call():
+            for attr, value in settings.items():
+                setattr(_cellsums, attr, value)
+            _kmeans.per_client_cell_sums(clients, C)
+
+        return call
+
     try:
-        for _ in range(repeats):
-            for name, settings in variants.items():
-                for attr, value in settings.items():
-                    setattr(_cellsums, attr, value)
-                _kmeans.per_client_cell_sums(clients, C)  # untimed: the same thread state for each
-                times[name].append(_timed(lambda: _kmeans.per_client_cell_sums(clients, C)))
+        med = side_by_side({name: variant(settings) for name, settings in variants.items()}, repeats, batch=5)
     finally:
         for attr, value in saved.items():
             setattr(_cellsums, attr, value)
-    return {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    return {name: v * 1e3 for name, v in med.items()}
 
 
 def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 100, repeats: int = 100) -> str:
@@ -336,7 +346,7 @@ RUNS = {
     "framework": [lambda: framework(100_000, 16, 20, 100, 300), lambda: framework(1_000_000, 32, 50, 10_000, 10)],
     "kernel_threads": [kernel_threads],
     "skewed_clients": [skewed_clients],
-    "pooled_form": [lambda: pooled_form(100_000, 16, 20, 100, 100), lambda: pooled_form(1_000_000, 32, 50, 10_000, 15)],
+    "pooled_form": [lambda: pooled_form(100_000, 16, 20, 100, 30), lambda: pooled_form(1_000_000, 32, 50, 10_000, 5)],
     "local_runs": [lambda: local_runs(100_000, 16, 20, 100, 100), lambda: local_runs(1_000_000, 32, 50, 10_000, 15)],
     "transcript_memory": [transcript_memory],
     "local_kmeans": [local_kmeans],
