@@ -352,12 +352,20 @@ def _uptime() -> str:
         return "load average " + ", ".join(f.read().split()[:3])
 
 
+def _kernel_form() -> str:
+    """How this process runs the pooled k-means kernel's large calls (``_cellsums.use_pooled``)."""
+    from ..algorithms import _cellsums
+
+    if _cellsums.use_pooled(_cellsums.JIT_MIN_WORK):
+        return "numba's threads over the clients' pieces, numpy's OpenBLAS on one thread in each"
+    return "the calling thread and a pool thread per other CPU, sharing blocks of records"
+
+
 def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", "masked")):
     """Print the tables of ``parts`` ("rounds": table 1; "masked": tables 2 and 3)."""
     out(f"securefkm bench speed: medians of {repeats} alternated repeats (table 1: each a batch of back-to-back "
         f"calls after an untimed one), {kernel_threads()} CPUs, same threads "
-        f"for both sides (scikit-learn's OpenMP threads; ours: the calling thread and a pool thread per other CPU, "
-        f"sharing blocks of records); {_uptime()}\n")
+        f"for both sides (scikit-learn's OpenMP threads; ours: {_kernel_form()}); {_uptime()}\n")
     rows = _rounds_table(repeats, out) if "rounds" in parts else []
     if "masked" in parts:
         rows += _masked_tables(out, big_masked)
