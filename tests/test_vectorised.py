@@ -280,6 +280,23 @@ def test_numpys_dgemm_is_found_with_numpys_openblas():
     assert "scipy.libs" not in path and any(path.startswith(p) for p in _numpy_blas.numpy_blas_dirs())
 
 
+def _forked_result(target):
+    """What ``target(queue)`` puts on the queue in a child forked from this process (which
+    must exit cleanly within a minute, not hang or be terminated)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=target, args=(queue,))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    return queue.get(timeout=5)
+
+
 def _parallel_loop_in_forked_child(queue):
     rng = np.random.default_rng(0)
     datas = [rng.normal(size=(20_000, 4)) for _ in range(4)]
@@ -291,22 +308,12 @@ def test_a_child_forked_after_the_parallel_loop_uses_the_thread_pool_form():
     """numba's OpenMP layer terminates a forked child that starts a parallel loop after its
     parent ran one; such a child computes the same sums in the thread-pool form."""
     _pooled_loop_available()
-    import multiprocessing
 
     rng = np.random.default_rng(0)
     datas = [rng.normal(size=(20_000, 4)) for _ in range(4)]
     expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(5, 4)), n_threads=2)
     assert _cellsums._THREADSAFE_LAYER is not None  # the parent ran the parallel loop
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_parallel_loop_in_forked_child, args=(queue,))
-    child.start()
-    child.join(60)
-    alive = child.is_alive()
-    if alive:
-        child.kill()
-    assert not alive and child.exitcode == 0
-    assert queue.get(timeout=5) == (float(sum(s.sum() for s in expected)), True)
+    assert _forked_result(_parallel_loop_in_forked_child) == (float(sum(s.sum() for s in expected)), True)
 
 
 @pytest.mark.parametrize("name, make", ALGOS[:3])
@@ -494,22 +501,12 @@ def _cell_sums_in_child(queue):
 def test_kept_thread_pool_survives_fork():
     """The kernel's pool is kept between calls; a forked child (multiprocessing's fork start
     method) has none of its threads and must build its own instead of waiting forever."""
-    import multiprocessing
 
     rng = np.random.default_rng(0)
     datas = [rng.normal(size=(300, 3)) for _ in range(8)]
     expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(4, 3)), chunk=256, n_threads=2)
     assert 1 in _kmeans._POOLS  # the parent's pool (one thread beside the caller) exists when the child is forked
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_cell_sums_in_child, args=(queue,))
-    child.start()
-    child.join(60)
-    alive = child.is_alive()
-    if alive:
-        child.kill()
-    assert not alive and child.exitcode == 0
-    assert queue.get(timeout=5) == float(sum(s.sum() for s in expected))
+    assert _forked_result(_cell_sums_in_child) == float(sum(s.sum() for s in expected))
 
 
 def test_scratch_buffers_kept_only_up_to_a_size(monkeypatch):

@@ -56,6 +56,27 @@ def _dgemm(typingctx, address, chars, ints, scalars, a, b, c):
     return sig, codegen
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _nearest(D, q, cc):  # pragma: no cover - compiled
+    """The first ``j`` minimising ``D[q, j] + cc[j]`` (``np.argmin``'s tie rule)."""
+    best = D[q, 0] + cc[0]
+    label = 0
+    for j in range(1, cc.shape[0]):
+        v = D[q, j] + cc[j]
+        if v < best:  # strict: the first minimum wins
+            best = v
+            label = j
+    return label
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _add_record(X, q, row, sums, counts):  # pragma: no cover - compiled
+    """Add record ``q`` of ``X`` to row ``row`` of ``sums`` and one to ``counts[row]``."""
+    counts[row] += 1.0
+    for t in range(X.shape[1]):
+        sums[row, t] += X[q, t]
+
+
 @numba.njit(nogil=True, parallel=True, cache=True)
 def pooled(dgemm, int_proto, addresses, rows, order, lane_start, d, C2T, cc, sums, counts, sub):  # pragma: no cover - compiled
     """Per-piece cell sums of a pooled k-means kernel call (:func:`._cellsums.pooled_cell_sums`),
@@ -114,21 +135,11 @@ def _piece_sums(dgemm, chars, ints, scalars, X, C2T, cc, sums, counts, D, acc, c
         ints[5] = k
         _dgemm(dgemm, chars, ints, scalars, C2T, Xs, D)
         for q in range(m):
-            best = D[q, 0] + cc[0]
-            label = 0
-            for j in range(1, k):
-                v = D[q, j] + cc[j]
-                if v < best:  # strict: the first minimum wins, as np.argmin
-                    best = v
-                    label = j
+            label = _nearest(D, q, cc)
             if local:
-                cnt[label] += 1.0
-                for t in range(d):
-                    acc[label, t] += Xs[q, t]
+                _add_record(Xs, q, label, acc, cnt)
             else:
-                counts[label] += 1.0
-                for t in range(d):
-                    sums[label, t] += Xs[q, t]
+                _add_record(Xs, q, label, sums, counts)
         start = stop
     if local:
         for j in range(k):
@@ -164,22 +175,11 @@ def fused(D, cc, X, row_base, sums, counts, min_run):  # pragma: no cover - comp
                 for t in range(d):
                     acc[j, t] = sums[base + j, t]
         for q in range(r, end):
-            best = D[q, 0] + cc[0]
-            label = 0
-            for j in range(1, k):
-                v = D[q, j] + cc[j]
-                if v < best:  # strict: the first minimum wins, as np.argmin
-                    best = v
-                    label = j
+            label = _nearest(D, q, cc)
             if local:
-                cnt[label] += 1.0
-                for t in range(d):
-                    acc[label, t] += X[q, t]
+                _add_record(X, q, label, acc, cnt)
             else:
-                s = base + label
-                counts[s] += 1.0
-                for t in range(d):
-                    sums[s, t] += X[q, t]
+                _add_record(X, q, base + label, sums, counts)
         if local:
             for j in range(k):
                 counts[base + j] = cnt[j]
