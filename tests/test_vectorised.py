@@ -248,6 +248,42 @@ def test_parallel_loop_leaves_numba_threads_and_runs_from_two_threads():
         assert all(np.array_equal(a, b) for a, b in zip(expected[0] + expected[1], got[0] + got[1]))
 
 
+_WORKQUEUE_SCRIPT = """
+import threading, numpy as np
+from securefkm.algorithms import _kmeans, _cellsums
+rng = np.random.default_rng(3)
+datas = [rng.normal(size=(5000, 8)) for _ in range(12)]
+C = rng.normal(size=(9, 8))
+expected = _kmeans.per_client_cell_sums(datas, C, n_threads=2)
+import numba
+assert numba.threading_layer() == "workqueue" and _cellsums._THREADSAFE_LAYER is False
+results = []
+def call():
+    for _ in range(10):
+        results.append(_kmeans.per_client_cell_sums(datas, C, n_threads=2))
+threads = [threading.Thread(target=call) for _ in range(3)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert len(results) == 30
+assert all(np.array_equal(a, b) for r in results for a, b in zip(expected[0] + expected[1], r[0] + r[1]))
+print("ok")
+"""
+
+
+def test_parallel_loop_on_numbas_workqueue_layer_is_serialised():
+    """numba's workqueue layer (no OpenMP or TBB installed) aborts the process when two
+    threads enter a parallel loop at once: the calls are serialised there (three threads
+    calling together get the right sums; without the lock the process was terminated)."""
+    _pooled_loop_available()
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    run = subprocess.run([sys.executable, "-c", _WORKQUEUE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
 def test_without_numpys_openblas_the_thread_pool_form_runs(monkeypatch):
     """Where numpy's BLAS is not an OpenBLAS it ships (MKL, Accelerate), there is no
     ``dgemm`` to call from the loop: the compiled thread-pool form runs, with np.matmul."""
@@ -312,7 +348,7 @@ def test_a_child_forked_after_the_parallel_loop_uses_the_thread_pool_form():
     rng = np.random.default_rng(0)
     datas = [rng.normal(size=(20_000, 4)) for _ in range(4)]
     expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(5, 4)), n_threads=2)
-    assert _cellsums._THREADSAFE_LAYER is not None  # the parent ran the parallel loop
+    assert _cellsums._STARTED  # the parent ran the parallel loop
     assert _forked_result(_parallel_loop_in_forked_child) == (float(sum(s.sum() for s in expected)), True)
 
 

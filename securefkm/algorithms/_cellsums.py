@@ -170,15 +170,18 @@ _POOLED_LOCK = threading.Lock()
 _THREADSAFE_LAYER: bool | None = None  # whether numba's threading layer may be entered by two threads at once
 
 
-_FORKED = False  # this process was forked from one that had run pooled_cell_sums
+_STARTED = False  # this process has started pooled_cell_sums at least once
+_FORKED = False  # this process was forked from one that had started it
 
 
 def _after_fork_in_child() -> None:
     """numba's OpenMP layer terminates a forked child that starts a parallel loop after its
     parent ran one ("fork() called from a process already using GNU OpenMP, this is
-    unsafe"): such a child uses the thread-pool form instead (the same bits)."""
-    global _FORKED
-    _FORKED = _FORKED or _THREADSAFE_LAYER is not None
+    unsafe"): such a child uses the thread-pool form instead (the same bits). The lock is
+    new: a thread of the parent may have held it at the fork."""
+    global _FORKED, _POOLED_LOCK
+    _FORKED = _FORKED or _STARTED
+    _POOLED_LOCK = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -226,7 +229,7 @@ def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int, lanes_of=No
     would oversubscribe the cores). numba's ``workqueue`` layer (used where neither OpenMP nor TBB is
     installed) must not be entered by two threads at once: calls are serialised until
     numba reports a thread-safe layer."""
-    global _THREADSAFE_LAYER
+    global _THREADSAFE_LAYER, _STARTED
     import numba
 
     from ._numpy_blas import dgemm, single_threaded
@@ -236,6 +239,7 @@ def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int, lanes_of=No
     threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
     order, lane_start = (lanes_of or lanes)(rows, threads)
     sums, counts = np.zeros((len(addresses) * k, d)), np.zeros(len(addresses) * k)
+    _STARTED = True
     before = numba.get_num_threads()
     if before != threads:
         numba.set_num_threads(threads)
