@@ -73,13 +73,15 @@ def test_cell_sums_match_definition_and_thread_count():
 def test_products_cut_each_piece_from_its_own_first_record(monkeypatch):
     """A record's distance product is one matmul over its piece's PRODUCT_ROWS-record cut,
     counted from the piece's first record: what shares the call depends on its client alone."""
+    assert _cellsums.product_rows(20) == _cellsums.product_rows(128) == 2048
+    assert _cellsums.product_rows(1000) == 262 and _cellsums.product_rows(100_000) == 256  # 2 MiB, at least 256
     monkeypatch.setattr(_cellsums, "PRODUCT_ROWS", 4)
     row_base = np.repeat(np.array([0, 3, 6, 9]), [5, 4, 1, 9])
-    starts, stops = _cellsums.product_ranges(row_base)
+    starts, stops = _cellsums.product_ranges(row_base, 3)
     assert list(zip(starts.tolist(), stops.tolist())) == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 14), (14, 18), (18, 19)]
-    starts, stops = _cellsums.product_ranges(row_base[5:9])  # no piece longer than a product
+    starts, stops = _cellsums.product_ranges(row_base[5:9], 3)  # no piece longer than a product
     assert list(zip(starts.tolist(), stops.tolist())) == [(0, 4)]
-    assert [len(r) for r in _cellsums.product_ranges(np.zeros(0, dtype=np.int64))] == [0, 0]
+    assert [len(r) for r in _cellsums.product_ranges(np.zeros(0, dtype=np.int64), 3)] == [0, 0]
 
 
 def test_blocks_cut_each_client_from_its_own_first_row():
@@ -158,7 +160,7 @@ def _pooled_loop_available():
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("sub", [2048, 256, 7])
-@pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32)])
+@pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 1), (20, 16), (50, 32), (300, 5)])
 def test_parallel_loop_equals_numpy_reference(k, d, sub, threads, monkeypatch):
     """The pooled kernel as one compiled parallel loop (numpy's own dgemm on ``sub``
     records of a piece at a time, as the reference's np.matmul) gives the numpy reference's bits, ties included (integer data, a

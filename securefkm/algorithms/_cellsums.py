@@ -9,8 +9,8 @@ Input: the records of a block of client pieces ``X`` (n, d), the centres as
 other, in record order, starting from 0.
 
 ``P`` is the distance product ``X @ C2T``, computed by one ``np.matmul`` per
-:data:`PRODUCT_ROWS` records of a piece, counted from the piece's first record
-(:func:`product_ranges`). BLAS picks other kernels (other summation orders) for other
+:func:`product_rows` records of a piece (2,048 for up to 128 centres), counted from the
+piece's first record (:func:`product_ranges`). BLAS picks other kernels (other summation orders) for other
 matrix sizes, so a product's last bits could depend on what else shares its call; with
 this rule a record's products depend on its own client alone, and a client gets the same
 labels computed alone or pooled with any others, whichever form runs.
@@ -47,13 +47,18 @@ from scipy import sparse
 #: import or compile numba (0.2 s to import, 0.6 s to compile without the disk cache)
 JIT_MIN_WORK = 1 << 18
 
-#: records per distance product, counted from each piece's first record (the module's
-#: rule). The parallel loop took the same time with 256, 2,048 and 16,384 (1M x 32, k=50,
-#: 100 clients: 69.0, 68.5, 68.0 ms; 100k x 16, k=20: 2.03, 1.99 ms for 256 and 2,048;
-#: an ad-hoc run of ``speed_diagnostics._kernel_variants``): 2,048 keeps the numpy loop at
-#: one product per client of up to 2,048 records, and a product's distances (16 MB for
-#: k = 1,000) bounded
+#: the most records per distance product, counted from each piece's first record (the
+#: module's rule, :func:`product_rows`). The parallel loop took the same time with 256,
+#: 2,048 and 16,384 (1M x 32, k=50, 100 clients: 69.0, 68.5, 68.0 ms; 100k x 16, k=20:
+#: 2.03, 1.99 ms for 256 and 2,048; an ad-hoc run of ``speed_diagnostics._kernel_variants``):
+#: 2,048 keeps the numpy loop at one product per client of up to 2,048 records
 PRODUCT_ROWS = 2048
+
+#: fewer records per product for many centres: a product's distances stay within
+#: :data:`PRODUCT_BYTES` (a parallel-loop thread keeps one such buffer), down to
+#: :data:`PRODUCT_MIN_ROWS` records
+PRODUCT_BYTES = 1 << 21
+PRODUCT_MIN_ROWS = 256
 
 #: the compiled loop adds a client's run of at least ``k`` records into a local copy of its
 #: ``k`` rows (:func:`._cellsums_jit.fused`): the same additions, vectorised. At 10,000
@@ -64,21 +69,29 @@ PRODUCT_ROWS = 2048
 LOCAL_RUNS = True
 
 
-def product_ranges(row_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def product_rows(k: int) -> int:
+    """Records per distance product with ``k`` centres: :data:`PRODUCT_ROWS`, fewer when
+    their distances would pass :data:`PRODUCT_BYTES` (k > 128), at least
+    :data:`PRODUCT_MIN_ROWS`. It depends on ``k`` alone, which every client of a call shares."""
+    return max(1, min(PRODUCT_ROWS, max(PRODUCT_MIN_ROWS, PRODUCT_BYTES // (8 * max(k, 1)))))
+
+
+def product_ranges(row_base: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, stops)``: the record ranges of a block's distance products, each piece (a
-    run of equal ``row_base``) cut every :data:`PRODUCT_ROWS` records from its first."""
+    run of equal ``row_base``) cut every :func:`product_rows` records from its first."""
+    rows = product_rows(k)
     n = len(row_base)
     cuts = np.flatnonzero(row_base[1:] != row_base[:-1]) + 1
     starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [n]])
     if n == 0:
         return starts[:0], stops[:0]
     lengths = stops - starts
-    if lengths.max() > PRODUCT_ROWS:  # long pieces: more than one product each
-        count = -(-lengths // PRODUCT_ROWS)
+    if lengths.max() > rows:  # long pieces: more than one product each
+        count = -(-lengths // rows)
         first = np.repeat(starts, count)
-        offset = (np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)) * PRODUCT_ROWS
+        offset = (np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)) * rows
         starts = first + offset
-        stops = np.minimum(np.repeat(stops, count), starts + PRODUCT_ROWS)
+        stops = np.minimum(np.repeat(stops, count), starts + rows)
     return starts, stops
 
 
@@ -131,7 +144,7 @@ def products(X, C2T, row_base, D) -> np.ndarray:
     """``D = X @ C2T`` by the module's rule: one ``np.matmul`` per :func:`product_ranges`
     range; consecutive ranges of one length (clients of one size) go as one stacked matmul,
     which makes the same BLAS call for each of them (``X``: C-ordered)."""
-    starts, stops = product_ranges(row_base)
+    starts, stops = product_ranges(row_base, C2T.shape[1])
     if not len(starts):
         return D
     lengths = stops - starts
@@ -246,7 +259,7 @@ def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int, lanes_of=No
     try:
         with _POOLED_LOCK if not _THREADSAFE_LAYER else contextlib.nullcontext(), single_threaded():
             compiled("pooled")(address, np.zeros(6, dtype=int_type), addresses, rows, order, lane_start, d,
-                               np.asfortranarray(C2T), cc, sums, counts, PRODUCT_ROWS)
+                               np.asfortranarray(C2T), cc, sums, counts, product_rows(k))
     finally:
         if before != threads:
             numba.set_num_threads(before)
