@@ -1,9 +1,21 @@
-"""Lazy package exports: ``import securefkm`` / ``protocols`` / ``attacks`` stay fast (no
-scikit-learn, torch or Flower until a name that needs them is used)."""
+"""Lazy imports: package exports, so that ``import securefkm`` / ``protocols`` / ``attacks``
+stay fast (no scikit-learn, torch or Flower until a name that needs them is used), and
+optional modules (the compiled loops, which need numba)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
+
+
+@functools.cache
+def optional_module(name: str):
+    """Module ``name``, imported on first use, or None when it cannot be imported (an
+    optional dependency missing); asked once per process."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def lazy_exports(package: str, exports: dict[str, str]):

@@ -43,6 +43,8 @@ import threading
 import numpy as np
 from scipy import sparse
 
+from .._lazy import optional_module
+
 #: calls with fewer (records x centres) than this use the numpy loop: small fits never
 #: import or compile numba (0.2 s to import, 0.6 s to compile without the disk cache)
 JIT_MIN_WORK = 1 << 18
@@ -100,7 +102,6 @@ def product_ranges(row_base: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
 #: are not kept by the kernel's long-lived threads)
 SCRATCH_KEEP_BYTES = 1 << 26
 
-_COMPILED = None  # the compiled loop, False when numba is unavailable
 _SCRATCH = threading.local()
 
 
@@ -124,15 +125,8 @@ def scratch(name: str, shape: tuple[int, int]) -> np.ndarray:
 def compiled(name: str = "fused"):
     """The compiled loop ``name`` of :mod:`._cellsums_jit` (compiled, or loaded from numba's
     disk cache, on first use), or None without numba."""
-    global _COMPILED
-    if _COMPILED is None:
-        try:
-            from . import _cellsums_jit
-
-            _COMPILED = _cellsums_jit
-        except ImportError:
-            _COMPILED = False
-    return getattr(_COMPILED, name) if _COMPILED else None
+    module = optional_module(__package__ + "._cellsums_jit")
+    return getattr(module, name) if module else None
 
 
 def use_compiled(work: int) -> bool:
@@ -230,27 +224,33 @@ def lanes(rows, threads: int) -> tuple[np.ndarray, np.ndarray]:
     return order, lane_start
 
 
-def pooled_cell_sums(addresses, rows, d: int, C2T, cc, threads: int, lanes_of=None):
+def loop_threads(threads: int) -> int:
+    """``threads``, at most numba's own thread count (``NUMBA_NUM_THREADS``)."""
+    import numba
+
+    return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def pooled_cell_sums(addresses, rows, d: int, C2T, cc, lanes_: tuple):
     """Each piece's per-cell sums and counts, ``(pieces * k, d)`` and ``(pieces * k,)``:
     piece ``p``, ``rows[p]`` C-ordered float64 records of ``d`` features at ``addresses[p]``
     (alive during the call), in rows ``p * k .. p * k + k - 1``.
 
-    One call of the compiled parallel loop :func:`._cellsums_jit.pooled` on ``threads``
-    of numba's threads (at most numba's own count), the pieces dealt to one lane per
-    thread (``lanes_of``: :func:`lanes`, or a remembered equal of it), numpy's OpenBLAS
-    limited to one thread meanwhile (a threaded product inside each of the loop's threads
-    would oversubscribe the cores). numba's ``workqueue`` layer (used where neither OpenMP nor TBB is
-    installed) must not be entered by two threads at once: calls are serialised until
-    numba reports a thread-safe layer."""
+    One call of the compiled parallel loop :func:`._cellsums_jit.pooled`, one of numba's
+    threads per lane of ``lanes_`` (:func:`lanes` for at most :func:`loop_threads`
+    threads), numpy's OpenBLAS limited to one thread meanwhile (a threaded product inside
+    each of the loop's threads would oversubscribe the cores). numba's ``workqueue`` layer
+    (used where neither OpenMP nor TBB is installed) must not be entered by two threads at
+    once: calls are serialised until numba reports a thread-safe layer."""
     global _THREADSAFE_LAYER, _STARTED
     import numba
 
     from ._numpy_blas import dgemm, single_threaded
 
+    order, lane_start = lanes_
+    threads = len(lane_start) - 1
     k = len(cc)
     address, int_type = dgemm()
-    threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
-    order, lane_start = (lanes_of or lanes)(rows, threads)
     sums, counts = np.zeros((len(addresses) * k, d)), np.zeros(len(addresses) * k)
     _STARTED = True
     before = numba.get_num_threads()

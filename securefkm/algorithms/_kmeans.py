@@ -20,7 +20,15 @@ from scipy import sparse
 from .._kernel_threads import kernel_threads
 from ..exceptions import InputError
 from . import _local
-from ._cellsums import block_cell_sums, lanes, pooled_cell_sums, scratch, use_compiled, use_pooled
+from ._cellsums import (
+    block_cell_sums,
+    lanes,
+    loop_threads,
+    pooled_cell_sums,
+    scratch,
+    use_compiled,
+    use_pooled,
+)
 
 
 def sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -287,8 +295,8 @@ def _pooled_per_client(datas, C2T, cc, sizes: list, chunk: int, threads: int):
     pieces = _pieces_of(layout, chunk)
     bases = np.fromiter((_data_address(X) for X in kept), dtype=np.int64, count=len(kept))
     addresses = bases[pieces[:, 0]] + pieces[:, 1] * (8 * d)
-    sums, counts = pooled_cell_sums(addresses, pieces[:, 2] - pieces[:, 1], d, C2T, cc, threads,
-                                    lanes_of=lambda rows, t: _lanes_of(layout, chunk, t))
+    sums, counts = pooled_cell_sums(addresses, pieces[:, 2] - pieces[:, 1], d, C2T, cc,
+                                    _lanes_of(layout, chunk, loop_threads(threads)))
     del kept
     groups, group_counts = sums.reshape(-1, k, d), counts.reshape(-1, k)
     if len(groups) == len(datas) and all(sizes):  # one piece per client: group i is client i's

@@ -24,25 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._lazy import optional_module
+
 #: local k-means work (records x centres, summed over calls in this process) after which
 #: the compiled loops run: about 50 clients of 100 records at k = 50, about as long in numpy
 #: as importing numba and loading the cached loops takes
 LOCAL_JIT_MIN_WORK = 1 << 18
 
 _work_done = 0
-_COMPILED = None  # the compiled module, False when numba is unavailable
-
-
-def _compiled():
-    global _COMPILED
-    if _COMPILED is None:
-        try:
-            from . import _local_jit
-
-            _COMPILED = _local_jit
-        except ImportError:
-            _COMPILED = False
-    return _COMPILED
 
 
 def use_compiled(work: int):
@@ -52,7 +41,7 @@ def use_compiled(work: int):
     _work_done += work
     if _work_done < LOCAL_JIT_MIN_WORK:
         return None
-    return _compiled() or None
+    return optional_module(__package__ + "._local_jit")
 
 
 def direct_sq_distances(X: np.ndarray, C: np.ndarray) -> np.ndarray:
