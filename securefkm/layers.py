@@ -326,7 +326,7 @@ class _PlainServer(ServerSession):
         sums = {}
         for spec in self.ctx.specs:
             rows = [self.replies[c][spec.name] for c in contributors]
-            if int(np.prod(spec.shape)) == 1:  # np.sum adds a single column pairwise: keep it
+            if spec.size == 1:  # np.sum adds a single column pairwise: keep it
                 sums[spec.name] = np.sum(rows, axis=0, dtype=np.float64)
                 continue
             # np.sum over axis 0 of the stacked replies adds them one by one in contributor
@@ -370,6 +370,9 @@ class PlainSum(Aggregator):
 
     def client_session(self, client, ctx, sums):
         return _PlainClient(sums)
+
+    def client_sessions(self, clients, ctx, sums_list):
+        return [_PlainClient(sums) for sums in sums_list]
 
 
 def validate_stack(protection, algorithm=None) -> tuple[list[Layer], Aggregator]:

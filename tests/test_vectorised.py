@@ -656,3 +656,46 @@ def test_fuzzy_pooled_compiled_round_equals_per_client_numpy(m, monkeypatch):
     for a, b in zip(alone, pooled):
         for key in a.sums:
             assert np.array_equal(a.sums[key], b.sums[key]), key
+
+
+def test_call_addresses_are_remembered_for_the_same_arrays_only():
+    """A pooled call remembers its clients' record addresses by the ids of their arrays; a
+    later call with the same arrays reuses them, a call whose arrays died (even if new
+    arrays took their ids) or that needs copies computes them afresh."""
+    import weakref
+
+    pooled = np.arange(60.0).reshape(20, 3)
+    datas = np.array_split(pooled, 4)
+    kept, bases = _kmeans._record_addresses(datas)
+    assert kept is datas and bases.tolist() == [X.__array_interface__["data"][0] for X in datas]
+    assert _kmeans._record_addresses(datas)[1] is bases  # remembered
+    # an entry whose arrays died is not trusted, whatever ids the new arrays got
+    key = tuple(map(id, datas))
+    _kmeans._CALL_ADDRESSES[key] = (tuple(weakref.ref(np.zeros(1)) for _ in datas), np.zeros(4, dtype=np.int64))
+    assert _kmeans._record_addresses(datas)[1].tolist() == bases.tolist()
+    # Fortran-ordered or float32 clients are copied for the call and not remembered
+    odd = [np.asfortranarray(X) for X in datas[:2]] + [X.astype(np.float32) for X in datas[2:]]
+    kept, bases = _kmeans._record_addresses(odd)
+    assert all(K.flags.c_contiguous and K.dtype == np.float64 and np.array_equal(K, X) for K, X in zip(kept, odd))
+    assert bases.tolist() == [K.__array_interface__["data"][0] for K in kept]
+    assert tuple(map(id, odd)) not in _kmeans._CALL_ADDRESSES
+    # a bounded number of calls is remembered
+    for _ in range(2 * _kmeans._CALL_ADDRESSES_KEPT):
+        _kmeans._record_addresses([X.copy() for X in datas])
+    assert len(_kmeans._CALL_ADDRESSES) <= _kmeans._CALL_ADDRESSES_KEPT
+
+
+def test_numpy_blas_single_threaded_sets_and_restores_its_threads():
+    from securefkm.algorithms import _numpy_blas
+
+    if _numpy_blas.dgemm() is None:
+        pytest.skip("numpy's BLAS is not the OpenBLAS its wheels ship")
+    lib = _numpy_blas._CONTROLLER.lib_controllers[0]
+    before = lib.get_num_threads()
+    lib.set_num_threads(2)
+    try:
+        with _numpy_blas.single_threaded():
+            assert lib.get_num_threads() == 1
+        assert lib.get_num_threads() == 2
+    finally:
+        lib.set_num_threads(before)

@@ -166,6 +166,39 @@ def _data_address(X: np.ndarray) -> int:
     return address
 
 
+#: the latest calls' clients (weak references) and their records' addresses, by the ids of
+#: their arrays: a fit asks for the same clients' addresses round after round
+_CALL_ADDRESSES: dict[tuple, tuple] = {}
+_CALL_ADDRESSES_KEPT = 4
+
+
+def _record_addresses(datas) -> tuple[list, np.ndarray]:
+    """(arrays, addresses): each client's records as C-ordered float64 -- its own array, or
+    a copy for this call, which the caller keeps alive while it reads them -- and the
+    address of their data. When every client's own array is read in place, the addresses
+    are remembered for the same array objects (:func:`_data_address`'s reasoning): checking
+    that the weak references still give those objects costs a tenth of looking each up."""
+    key = tuple(map(id, datas))
+    entry = _CALL_ADDRESSES.get(key)
+    if entry is not None and all(ref() is X for ref, X in zip(entry[0], datas)):
+        return datas, entry[1]
+    f64 = np.dtype(np.float64)
+    kept = [X if X.dtype == f64 and X.flags.c_contiguous else np.ascontiguousarray(X, dtype=np.float64)
+            for X in datas]  # read in place: the clients' own arrays, or one copy for this call
+    bases = np.fromiter((_data_address(X) for X in kept), dtype=np.int64, count=len(kept))
+    if all(K is X for K, X in zip(kept, datas)):
+        try:
+            refs = tuple(weakref.ref(X) for X in datas)
+        except TypeError:  # an array type without weak references: not remembered
+            return kept, bases
+        bases.flags.writeable = False
+        while len(_CALL_ADDRESSES) >= _CALL_ADDRESSES_KEPT:
+            _CALL_ADDRESSES.pop(next(iter(_CALL_ADDRESSES)))
+        _CALL_ADDRESSES[key] = (refs, bases)
+        return datas, bases
+    return kept, bases
+
+
 def _block_records(datas, block, d: int) -> np.ndarray:
     """The block's records as one (rows, d) array: a view of the clients' own memory when
     its pieces lie back to back in it -- clients that are consecutive slices of one C-ordered
@@ -288,12 +321,9 @@ def _pooled_per_client(datas, C2T, cc, sizes: list, chunk: int, threads: int):
     in piece order -- the partial sums the thread-pool form makes (a block never holds two
     pieces of one client), so the same bits."""
     k, d = len(cc), C2T.shape[0]
-    f64 = np.dtype(np.float64)
-    kept = [X if X.dtype == f64 and X.flags.c_contiguous else np.ascontiguousarray(X, dtype=np.float64)
-            for X in datas]  # read in place: the clients' own arrays, or one copy for this call
     layout = tuple(sizes)
     pieces = _pieces_of(layout, chunk)
-    bases = np.fromiter((_data_address(X) for X in kept), dtype=np.int64, count=len(kept))
+    kept, bases = _record_addresses(datas)
     addresses = bases[pieces[:, 0]] + pieces[:, 1] * (8 * d)
     sums, counts = pooled_cell_sums(addresses, pieces[:, 2] - pieces[:, 1], d, C2T, cc,
                                     _lanes_of(layout, chunk, loop_threads(threads)))

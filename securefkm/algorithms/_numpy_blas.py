@@ -48,10 +48,23 @@ def _numpy_openblas_path() -> str | None:
     return None
 
 
-def single_threaded():
+class single_threaded:
     """A context in which numpy's OpenBLAS (the :func:`dgemm` found) runs on one thread:
-    a compiled loop calls it from each of its own threads."""
-    return _CONTROLLER.limit(limits=1)
+    a compiled loop calls it from each of its own threads. It sets the library's thread
+    count through threadpoolctl's controller of that one library, and back on exit
+    (``ThreadpoolController.limit`` does the same for 8 us a call, which a round of small
+    clients notices; this costs 1-2 us)."""
+
+    def __enter__(self):
+        lib = self._lib = _CONTROLLER.lib_controllers[0]
+        self._before = lib.get_num_threads()
+        if self._before != 1:
+            lib.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        if self._before != 1:
+            self._lib.set_num_threads(self._before)
 
 
 def dgemm() -> tuple[int, type] | None:

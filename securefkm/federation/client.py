@@ -17,7 +17,8 @@ Nothing here reads another client's data or any server state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +26,15 @@ import numpy as np
 
 from ..exceptions import InputError
 from ..layers import Aggregator, ClientContext, Layer, ProtocolRefusal, RoundContext, RunInfo
-from ..messages import Broadcast, check_sums
+from ..messages import Broadcast, check_all_sums
 
 UPDATE_STAGE = "update"
 
 
-@dataclass
+@dataclass(frozen=True)
 class UpdateRequest:
-    """The server's first message of a round: the broadcast and the round's public facts."""
+    """The server's first message of a round: the broadcast and the round's public facts.
+    Immutable: clients sent the same broadcast share one request object."""
 
     run: int
     round: int
@@ -156,7 +158,7 @@ class ClientRuntime:
 
     def _respond(self, stage: str, message: Any) -> Any:
         reply = self.session.respond(stage, message)
-        if stage == self.aggregator.input_stage:
+        if self.layers and stage == self.aggregator.input_stage:
             self._input_sent(self._ctx)
         return reply
 
@@ -183,6 +185,14 @@ class ClientRuntime:
         return self._respond(stage, message)
 
 
+_LAYERS, _AGGREGATOR = operator.attrgetter("layers"), operator.attrgetter("aggregator")
+
+
+def _one_object(objects) -> bool:
+    """Whether ``objects`` (at least one) are all the very same object."""
+    return len(set(map(id, objects))) == 1
+
+
 def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[UpdateReply]:
     """The ``update`` stage for many in-process clients that got the same broadcast.
 
@@ -198,14 +208,30 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
     datas = prepared_datas(clients, ctx)
     # one question for the batch: the clients share the algorithm and the broadcast
     rngs = [c.rng(request) for c in clients] if algorithm.client_rng_needed(request.broadcast) else [None] * len(clients)
-    updates = algorithm.client_updates(datas, request.broadcast, rngs, [c.memory for c in clients])
+    updates = algorithm.client_updates(datas, request.broadcast, rngs, _Memories(clients))
     return finish_updates(clients, updates, ctx)
+
+
+class _Memories(Sequence):
+    """The clients' :attr:`ClientRuntime.memory`, each looked up when the algorithm reads it
+    (a one-step k-means round reads none of them)."""
+
+    def __init__(self, clients: list[ClientRuntime]):
+        self._clients = clients
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [c.memory for c in self._clients[i]]
+        return self._clients[i].memory
 
 
 def prepared_datas(clients: list[ClientRuntime], ctx: RoundContext) -> list[np.ndarray]:
     """:meth:`ClientRuntime.prepared_data` for many clients: each layer sees the round's
     records at once (:meth:`Layer.client_datas`) when the clients share their layer objects."""
-    if any(c.layers is not clients[0].layers for c in clients):
+    if not _one_object(map(_LAYERS, clients)):
         return [prepared_datas([c], ctx)[0] for c in clients]
     datas = [c.X for c in clients]
     for layer in clients[0].layers:
@@ -217,7 +243,7 @@ def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContex
     """:meth:`ClientRuntime.finish_update` for many clients: each client-side layer sees the
     round's live updates at once (:meth:`Layer.client_updates`, so e.g. DP noise shares are
     drawn in one pass) when the clients share their layer objects, as simulated clients do."""
-    if any(c.layers is not clients[0].layers for c in clients):
+    if not _one_object(map(_LAYERS, clients)):
         return [finish_updates([c], [u], ctx)[0] for c, u in zip(clients, updates)]
     updates = list(updates)
     declined: dict[int, Layer] = {}
@@ -243,14 +269,13 @@ def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext
     (:meth:`Aggregator.client_sessions`)."""
     if not clients:
         return []
-    for u in updates:
-        check_sums(u.sums, ctx.specs)
+    check_all_sums([u.sums for u in updates], ctx.specs)
     if not ctx.specs:  # no aggregator stage: the update reply itself is the input
         for c in clients:
             c.session = None
             c._input_sent(ctx)
     else:
-        if all(c.aggregator is clients[0].aggregator for c in clients):
+        if _one_object(map(_AGGREGATOR, clients)):
             sessions = clients[0].aggregator.client_sessions([c.context for c in clients], ctx,
                                                              [u.sums for u in updates])
         else:
@@ -273,6 +298,9 @@ def serve(
     replies: dict[int, Any] = {}
     refused: dict[int, str] = {}
     if stage == UPDATE_STAGE:
+        first = next(iter(messages.values()), None)
+        if first is not None and first.then is None and _one_object(messages.values()):  # one shared request
+            return dict(zip(messages, batch_update([clients[c] for c in messages], first))), refused
         groups: dict[int, list[int]] = {}
         for c, message in messages.items():
             if message.then is not None:  # fused first stage: per-client answers
@@ -284,8 +312,11 @@ def serve(
             replies.update(zip(members, outs))
         return {c: replies[c] for c in messages}, refused
     for c, message in messages.items():
+        client = clients[c]
         try:
-            replies[c] = clients[c].handle(stage, message)
+            if client.session is None:
+                raise RuntimeError(f"client {c} got stage {stage!r} without an open round")
+            replies[c] = client._respond(stage, message)  # handle() for a stage after the update
         except ProtocolRefusal as exc:
             refused[c] = str(exc)
     return replies, refused
