@@ -245,6 +245,8 @@ def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContex
     drawn in one pass) when the clients share their layer objects, as simulated clients do."""
     if not _one_object(map(_LAYERS, clients)):
         return [finish_updates([c], [u], ctx)[0] for c, u in zip(clients, updates)]
+    if not any(layer.side == "client" for layer in clients[0].layers):
+        return open_sessions(clients, updates, ctx)
     updates = list(updates)
     declined: dict[int, Layer] = {}
     for layer in clients[0].layers:
