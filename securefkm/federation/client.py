@@ -180,6 +180,10 @@ class ClientRuntime:
             X = self.prepared_data(ctx)
             update = self.algorithm.client_update(X, message.broadcast, self.rng(message), self.memory)
             return self.answer_fused(self.finish_update(update, ctx), message)
+        return self.answer(stage, message)
+
+    def answer(self, stage: str, message: Any) -> Any:
+        """:meth:`handle` for a stage after the update: the aggregator session answers."""
         if self.session is None:
             raise RuntimeError(f"client {self.client_id} got stage {stage!r} without an open round")
         return self._respond(stage, message)
@@ -314,11 +318,8 @@ def serve(
             replies.update(zip(members, outs))
         return {c: replies[c] for c in messages}, refused
     for c, message in messages.items():
-        client = clients[c]
         try:
-            if client.session is None:
-                raise RuntimeError(f"client {c} got stage {stage!r} without an open round")
-            replies[c] = client._respond(stage, message)  # handle() for a stage after the update
+            replies[c] = clients[c].answer(stage, message)
         except ProtocolRefusal as exc:
             refused[c] = str(exc)
     return replies, refused
