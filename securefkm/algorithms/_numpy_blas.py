@@ -53,7 +53,7 @@ class single_threaded:
     a compiled loop calls it from each of its own threads. It sets the library's thread
     count through threadpoolctl's controller of that one library, and back on exit
     (``ThreadpoolController.limit`` does the same for 8 us a call, which a round of small
-    clients notices; this costs 1-2 us)."""
+    clients notices; this costs 1-2 us, timed ad hoc)."""
 
     def __enter__(self):
         lib = self._lib = _CONTROLLER.lib_controllers[0]

@@ -41,6 +41,7 @@ about a minute). Each prints one line; none is a target.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import threading
@@ -50,6 +51,19 @@ import numpy as np
 
 from ..algorithms import _kmeans, dwf
 from .speed import _Round, _SklearnKernel, _split, _timed, side_by_side
+
+
+@contextlib.contextmanager
+def _kernel_form(pooled: bool):
+    """The pooled kernel in its parallel-loop form (True) or its thread-pool form (False)
+    while the block runs; the setting is put back after it."""
+    from ..algorithms import _cellsums
+
+    saved, _cellsums.POOLED = _cellsums.POOLED, pooled
+    try:
+        yield
+    finally:
+        _cellsums.POOLED = saved
 
 
 def spin(repeats: int = 5) -> str:
@@ -82,24 +96,21 @@ def timeline(repeats: int = 20) -> str:
         original(*args)
         events.append((threading.current_thread() is threading.main_thread(), t, time.perf_counter()))
 
-    from ..algorithms import _cellsums
-
     _kmeans._block_sums = traced
-    pooled_form, _cellsums.POOLED = _cellsums.POOLED, False  # the blocks of the thread-pool form
     try:
-        for _ in range(10):
-            _kmeans.per_client_cell_sums(clients, C)
-        caller, pool, blocks = [], [], []
-        for _ in range(repeats):
-            events.clear()
-            t = time.perf_counter()
-            _kmeans.per_client_cell_sums(clients, C)
-            caller.append(min(s for main, s, _ in events if main) - t)
-            pool.append(min((s for main, s, _ in events if not main), default=float("nan")) - t)
-            blocks += [e - s for _, s, e in events]
+        with _kernel_form(False):  # the blocks of the thread-pool form
+            for _ in range(10):
+                _kmeans.per_client_cell_sums(clients, C)
+            caller, pool, blocks = [], [], []
+            for _ in range(repeats):
+                events.clear()
+                t = time.perf_counter()
+                _kmeans.per_client_cell_sums(clients, C)
+                caller.append(min(s for main, s, _ in events if main) - t)
+                pool.append(min((s for main, s, _ in events if not main), default=float("nan")) - t)
+                blocks += [e - s for _, s, e in events]
     finally:
         _kmeans._block_sums = original
-        _cellsums.POOLED = pooled_form
     med = statistics.median
     return (f"timeline (100k x 16, k=20, 100 clients, {len(events)} blocks): first block of the caller at "
             f"{med(caller) * 1e3:.2f} ms, of the pool thread at {med(pool) * 1e3:.2f} ms; median block {med(blocks) * 1e3:.2f} ms")
@@ -157,8 +168,6 @@ def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 
     alone, without the round around ours or the bench's alternation."""
     from threadpoolctl import threadpool_limits
 
-    from ..algorithms import _cellsums
-
     X = np.random.default_rng(1).normal(size=(n, d))
     pooled, clients, C = _split(X, k, n_clients, 0)
     med = {}
@@ -167,13 +176,9 @@ def kernel_threads(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 
         sk.n_threads = threads
         ours = functools.partial(_kmeans.per_client_cell_sums, clients, C, n_threads=threads)
         for name, f, pooled_form in (("scikit-learn", sk, True), ("ours", ours, True), ("thread pool", ours, False)):
-            saved, _cellsums.POOLED = _cellsums.POOLED, pooled_form
-            try:
-                with threadpool_limits(threads, user_api="openmp"):
-                    f()
-                    med[(name, threads)] = statistics.median(_timed(f) for _ in range(repeats)) * 1e3
-            finally:
-                _cellsums.POOLED = saved
+            with _kernel_form(pooled_form), threadpool_limits(threads, user_api="openmp"):
+                f()
+                med[(name, threads)] = statistics.median(_timed(f) for _ in range(repeats)) * 1e3
             time.sleep(0.05)  # the OpenMP threads stop spinning
     cells = "; ".join(f"{t} thread{'s' if t > 1 else ''}: scikit-learn {med[('scikit-learn', t)]:.2f} ms, "
                       f"ours {med[('ours', t)]:.2f} ms (thread-pool form {med[('thread pool', t)]:.2f} ms)"
@@ -197,25 +202,19 @@ def pooled_form(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
 
 
 def skewed_clients(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 100, repeats: int = 60) -> str:
-    from ..algorithms import _cellsums
-
     rng = np.random.default_rng(0)
     sizes = np.sort(rng.pareto(1.2, n_clients) + 0.05)[::-1]
     sizes = np.maximum(1, (sizes * (n / sizes.sum())).astype(int))
     X = rng.normal(size=(int(sizes.sum()), d))
     clients, C = np.split(X, np.cumsum(sizes)[:-1]), X[rng.choice(len(X), k, replace=False)].copy()
     med = {}
-    saved = _cellsums.POOLED
-    try:
-        for _ in range(2):  # alternated
-            for form, pooled in (("parallel loop", True), ("thread-pool form", False)):
-                _cellsums.POOLED = pooled
+    for _ in range(2):  # alternated
+        for form, pooled in (("parallel loop", True), ("thread-pool form", False)):
+            with _kernel_form(pooled):
                 for threads in (1, 2):
                     f = functools.partial(_kmeans.per_client_cell_sums, clients, C, n_threads=threads)
                     f()
                     med.setdefault((form, threads), []).extend(_timed(f) for _ in range(repeats // 2))
-    finally:
-        _cellsums.POOLED = saved
     cells = "; ".join(f"{form} {statistics.median(med[(form, 1)]) * 1e3:.2f} ms on 1 thread, "
                       f"{statistics.median(med[(form, 2)]) * 1e3:.2f} ms on 2 "
                       f"(x{statistics.median(med[(form, 1)]) / statistics.median(med[(form, 2)]):.2f})"
