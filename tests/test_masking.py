@@ -318,10 +318,51 @@ def test_signed_keys_reject_tampered_key():
 
     with pytest.raises(ProtocolRefusal, match="signature"):
         drive(PairwiseMasking(sign_keys=True, threshold=3), 4, sums, hook=tamper)
+
+    def list_twice(stage, msgs):  # client 2 listed again under another key type, other keys
+        if stage != "share":
+            return msgs
+        fresh = {"c_pk": X25519PrivateKey.generate().public_key().public_bytes_raw(), "s_pk": evil}
+        return {c: {"keys": {**m["keys"], "2": fresh}} if c == 0 else m for c, m in msgs.items()}
+
+    with pytest.raises(ProtocolRefusal, match="names client 2 twice"):
+        drive(PairwiseMasking(threshold=3), 4, sums, hook=list_twice)
     # without signatures the substitution goes unnoticed at the share stage
     drive_unsigned = PairwiseMasking(threshold=3)
     with pytest.raises(RoundAbortedError, match="check slot"):
         drive(drive_unsigned, 4, sums, hook=tamper)
+
+
+@pytest.mark.parametrize("attack, why", [
+    ("flip", "shares from client 1 do not decrypt .*authentication"),
+    ("swap", "shares from client 1 do not decrypt"),  # client 3's blob relabelled as client 1's
+    ("short", "shares from client 1 do not decrypt .*malformed"),
+    ("stranger", "not one of my key-sharing neighbours"),
+    ("twice", "two share ciphertexts from one client"),
+])
+def test_masked_input_refuses_tampered_or_misrouted_share_ciphertexts(attack, why):
+    """The server relays the share ciphertexts; client 0 refuses any it cannot authenticate
+    as its neighbour's, sent to it, once."""
+    sums = random_sums(5, np.random.default_rng(13))
+
+    def tamper(stage, msgs):
+        if stage != "masked_input":
+            return msgs
+        m = dict(msgs[0])
+        if attack == "flip":
+            m[1] = m[1][:-1] + bytes([m[1][-1] ^ 1])
+        elif attack == "swap":
+            m[1] = m[3]
+        elif attack == "short":
+            m[1] = m[1][:20]
+        elif attack == "stranger":
+            m[99] = m.pop(1)
+        else:
+            m["1"] = m[1]  # client 1 listed twice, under two key types
+        return {**msgs, 0: m}
+
+    with pytest.raises(ProtocolRefusal, match=why):
+        drive(PairwiseMasking(threshold=3), 5, sums, hook=tamper)
 
 
 # --------------------------------------------------------------------------- broadcast binding
@@ -455,10 +496,27 @@ def test_constructor_errors():
         PairwiseMasking(cipher="rc4")
 
 
-def test_hkdf_is_rfc5869_hkdf_sha256():
-    """The key derivation is HKDF-SHA256 with no salt: RFC 5869 test case 3."""
-    from protocols.masking.keys import hkdf
+@pytest.mark.parametrize("length", [1, 31, 32, 33, 64, 100, 256])
+def test_kdf_is_sp800_56c_one_step_sha256(length):
+    """The key derivation is NIST SP 800-56C's one-step KDF over SHA-256: the bytes of
+    ``cryptography``'s ConcatKDFHash, for every length and for other secrets and infos."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.concatkdf import ConcatKDFHash
 
-    okm = bytes.fromhex("8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8")
-    assert hkdf(b"\x0b" * 22, b"", 42) == okm
-    assert hkdf(b"\x0b" * 22, b"x", 42) != okm
+    from protocols.masking.keys import kdf
+
+    rng = np.random.default_rng(length)
+    for secret_len, info_len in ((32, 0), (32, 90), (22, 7), (1, 300)):
+        secret, info = rng.bytes(secret_len), rng.bytes(info_len)
+        want = ConcatKDFHash(algorithm=hashes.SHA256(), length=length, otherinfo=info).derive(secret)
+        assert kdf(secret, info, length) == want
+    assert kdf(b"\x0b" * 32, b"x", length) != kdf(b"\x0b" * 32, b"y", length)
+    assert kdf(b"\x0b" * 32, b"x", 64)[:32] == kdf(b"\x0b" * 32, b"x", 32)
+
+
+@pytest.mark.parametrize("length", [0, 257])
+def test_kdf_refuses_lengths_it_cannot_give(length):
+    from protocols.masking.keys import kdf
+
+    with pytest.raises(ValueError, match="kdf length"):
+        kdf(b"s" * 32, b"info", length)

@@ -126,7 +126,7 @@ def split_view_attack(layer, n, victim, told_dropped, corrupt=(), sums=None):
     expander.add(x, b_seed, -1)
     sk = keys.load_x25519(s_sk)
     for v in server.plan.graph.neighbours(victim).tolist():
-        seed = keys.hkdf(
+        seed = keys.kdf(
             keys.x25519_agree(sk, server.adverts[v]["s_pk"]),
             keys.mask_seed_info(server.plan.rid, victim, v, server.digest),
         )

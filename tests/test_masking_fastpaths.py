@@ -23,8 +23,8 @@ def test_pair_keys_equal_the_per_peer_derivations():
     s_pks = [keys.x25519_keypair()[1] for _ in peers]
     c_pks = [keys.x25519_keypair()[1] for _ in peers]
     got = keys.pair_keys(s_key, c_key, rid, me, peers, s_pks, c_pks, digest)
-    for (seed, send, recv), v, s_pk, c_pk in zip(got, peers, s_pks, c_pks):
-        assert seed == keys.hkdf(keys.x25519_agree(s_sk, s_pk), keys.mask_seed_info(rid, me, v, digest))
+    for seed, send, recv, v, s_pk, c_pk in zip(*got, peers, s_pks, c_pks, strict=True):
+        assert seed == keys.kdf(keys.x25519_agree(s_sk, s_pk), keys.mask_seed_info(rid, me, v, digest))
         assert (send, recv) == keys.share_keys(keys.x25519_agree(c_sk, c_pk), rid, me, v)
     bad = list(c_pks)
     bad[3] = bytes(32)  # a small-order point: the shared secret would be all zeros
@@ -51,6 +51,26 @@ def test_encrypt_shares_many_equals_encrypt_shares(monkeypatch):
         assert keys.decrypt_shares(k, rid, 5, r, blob) == p
         with pytest.raises(keys.CryptoFailure):
             keys.decrypt_shares(k, rid, 6, r, blob)  # another sender: the associated data differ
+
+
+def test_decrypt_shares_many_equals_decrypt_shares_and_names_the_sender():
+    rid = keys.round_id(0, 1, "update")
+    senders, receiver = [3, 8, 20, 31], 5
+    ks = [os.urandom(32) for _ in senders]
+    payloads = [os.urandom(84) for _ in senders]
+    blobs = [keys.encrypt_shares(k, rid, s, receiver, p) for k, s, p in zip(ks, senders, payloads)]
+    blobs[2] = bytearray(blobs[2])  # another bytes-like type takes the checked path
+    assert keys.decrypt_shares_many(ks, rid, senders, receiver, blobs) == payloads
+    assert [keys.decrypt_shares(k, rid, s, receiver, b) for k, s, b in zip(ks, senders, blobs)] == payloads
+    for bad, why in ((bytes(blobs[1][:-1]) + b"x", "authentication"), (b"short", "malformed"), (None, "malformed")):
+        tampered = list(blobs)
+        tampered[1] = bad
+        with pytest.raises(keys.PeerKeyError) as info:
+            keys.decrypt_shares_many(ks, rid, senders, receiver, tampered)
+        assert info.value.peer == 8 and why in str(info.value.failure)
+    with pytest.raises(keys.PeerKeyError) as info:  # the receiver is in the associated data
+        keys.decrypt_shares_many(ks, rid, senders, receiver + 1, blobs)
+    assert info.value.peer == 3
 
 
 @pytest.mark.parametrize("cipher", prg.CIPHERS)

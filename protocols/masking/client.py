@@ -207,11 +207,14 @@ class MaskingClient(ClientSession):
         if not isinstance(mine, dict) or (mine.get("c_pk"), mine.get("s_pk")) != self.my_keys:
             self._refuse("the key list does not contain my own advertised keys unchanged")
         seen: set[bytes] = set()
-        peers = []
+        peers, listed = [], set()
         for v, adv in adverts.items():
             v = int(v)
             if v != self.me and v not in self.neigh:
                 self._refuse(f"key list names client {v}, who is not my neighbour this round")
+            if v in listed:
+                self._refuse(f"key list names client {v} twice")
+            listed.add(v)
             try:
                 c_pk, s_pk = adv["c_pk"], adv["s_pk"]
             except (KeyError, TypeError):
@@ -248,8 +251,9 @@ class MaskingClient(ClientSession):
                                      self.digest)
         except keys.PeerKeyError as exc:
             self._refuse(f"client {exc.peer}'s advertised key is invalid ({exc.failure})")
-        self.pair_seeds: dict[int, bytes] = {v: d[0] for v, d in zip(peers, derived)}
-        self.recv_keys: dict[int, bytes] = {v: d[2] for v, d in zip(peers, derived)}
+        seeds, send_keys, recv_keys = derived
+        self.pair_seeds: dict[int, bytes] = dict(zip(peers, seeds))
+        self.recv_keys: dict[int, bytes] = dict(zip(peers, recv_keys))
         self.b_seed = os.urandom(32)
         sharing = self.__dict__.pop("_sharing", None)
         if sharing is not None:  # polynomials drawn when the session opened (prepare_sharing)
@@ -260,7 +264,7 @@ class MaskingClient(ClientSession):
         self.held: dict[int, tuple[bytes, bytes]] = {self.me: (s_shares[at], b_shares[at])}
         # the peers are the holders without me, in the same (sorted) order
         del s_shares[at], b_shares[at]
-        blobs = keys.encrypt_shares_many([d[1] for d in derived], self.rid, self.me, peers,
+        blobs = keys.encrypt_shares_many(send_keys, self.rid, self.me, peers,
                                          [a + b for a, b in zip(s_shares, b_shares)])
         out = dict(zip(peers, blobs))
         del self.c_sk, self.s_sk
@@ -272,20 +276,25 @@ class MaskingClient(ClientSession):
         self._enter("masked_input")
         if not isinstance(message, dict):
             self._refuse("the masked-input request carries no share ciphertexts")
-        mask_peers = []
-        for u, blob in message.items():
+        senders, recv_keys = [], self.recv_keys
+        for u in message:
             u = int(u)
-            if u not in self.recv_keys:
+            if u not in recv_keys:
                 self._refuse(f"received shares from client {u}, who is not one of my key-sharing neighbours")
-            try:
-                payload = keys.decrypt_shares(self.recv_keys[u], self.rid, u, self.me, blob)
-            except keys.CryptoFailure as exc:
-                self._refuse(f"shares from client {u} do not decrypt ({exc})")
+            senders.append(u)
+        if len(set(senders)) != len(senders):
+            self._refuse("received two share ciphertexts from one client")
+        try:
+            payloads = keys.decrypt_shares_many([recv_keys[u] for u in senders], self.rid, senders, self.me,
+                                                list(message.values()))
+        except keys.PeerKeyError as exc:
+            self._refuse(f"shares from client {exc.peer} do not decrypt ({exc.failure})")
+        held = self.held
+        for u, payload in zip(senders, payloads):
             if len(payload) != 2 * _SHARE_LEN:
                 self._refuse(f"shares from client {u} are malformed")
-            self.held[u] = (payload[:_SHARE_LEN], payload[_SHARE_LEN:])
-            mask_peers.append(u)
-        mask_peers.sort()
+            held[u] = (payload[:_SHARE_LEN], payload[_SHARE_LEN:])
+        mask_peers = sorted(senders)
         if len(mask_peers) + 1 < self.t_share:
             self._refuse(
                 f"only {len(mask_peers)} neighbours completed the share stage; "

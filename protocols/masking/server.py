@@ -329,7 +329,7 @@ class MaskingServer(RoundChecks, ServerSession):
             peers = [u for u in plan.graph.neighbours(v).tolist() if u in surv_set]
             sk = keys.load_x25519(s_sk)
             for u in peers:
-                seed = keys.hkdf(
+                seed = keys.kdf(
                     keys.x25519_agree(sk, self.adverts[u]["s_pk"]),
                     keys.mask_seed_info(plan.rid, u, v, self.digest),
                 )

@@ -32,7 +32,7 @@ import numpy as np
 
 from protocols.masking import PairwiseMasking
 from protocols.masking.graph import default_neighbours
-from protocols.masking.keys import hkdf, x25519_agree, x25519_keypair
+from protocols.masking.keys import kdf, x25519_agree, x25519_keypair
 from protocols.masking.prg import MaskExpander, keystream_bytes
 from securefkm.layers import ClientContext, RoundContext, RunInfo
 from securefkm.messages import FieldSpec
@@ -66,7 +66,7 @@ def _unit_costs() -> dict:
     for _ in range(5):  # CPU time, best of 5: robust to other processes on the machine
         t0 = time.process_time()
         for _ in range(100):
-            hkdf(x25519_agree(sk, pk), b"i")
+            kdf(x25519_agree(sk, pk), b"i")
         per_pair = min(per_pair, (time.process_time() - t0) / 100)
         t0 = time.process_time()
         for _ in range(10):
@@ -163,7 +163,7 @@ def simulate_round(n: int, length: int, graph: str, drop: float = 0.1, trace: bo
 
 def _estimate_round(n: int, length: int, graph: str, costs: dict) -> float:
     d = _degree(n, graph)
-    pairs = n * d * 1.6  # c and s agreements per client (+ server recomputation, HKDF, AEAD)
+    pairs = n * d * 1.6  # c and s agreements per client (+ server recomputation, KDF, AEAD)
     keystream = n * (d + 2) * 8 * length * costs["byte"]
     return 2.5 * (pairs * costs["pair"] + keystream)
 
@@ -182,7 +182,7 @@ def run(
         n_list, lengths, full_round, time_limit = (10, 100), (1_000,), (1000,), 120.0
     costs = _unit_costs()
     out(
-        f"unit costs on this machine: X25519+HKDF {costs['pair'] * 1e6:.1f} us/pair, "
+        f"unit costs on this machine: X25519+KDF {costs['pair'] * 1e6:.1f} us/pair, "
         f"ChaCha20 keystream {1 / costs['byte'] / 1e9:.2f} GB/s; time limit {time_limit:.0f} s per configuration"
     )
     rows: list[dict] = []

@@ -49,7 +49,7 @@ What Flower's SecAgg+ does that PairwiseMasking does not:
   * masks from a 32-bit seed fed to numpy's MT19937 (cheap, not a cryptographic PRG).
 What PairwiseMasking does that Flower's SecAgg+ does not:
   * exact 64-bit fixed point (24 fractional bits), values out of range refused, not clipped;
-  * full-entropy 256-bit seeds (HKDF-SHA256 over X25519, os.urandom) expanded with ChaCha20;
+  * full-entropy 256-bit seeds (SP 800-56C SHA-256 KDF over X25519, os.urandom) expanded with ChaCha20;
   * dropout recovery at every stage (Flower halts on a dropout during setup or share-keys);
   * masks bound to the broadcast digest + check slot (model inconsistency is detected);
   * honest clients refuse both-share and replayed unmask requests;
