@@ -77,6 +77,24 @@ def _from_limbs(limbs: np.ndarray, length: int) -> bytes:
     return value.to_bytes(length, "big")
 
 
+def from_limb_rows(limbs: np.ndarray, length: int) -> list[bytes]:
+    """:func:`_from_limbs` of each row of ``limbs`` (shape ``(G, m)``): one range check
+    for all rows, then each row's integer."""
+    if limbs.size and (limbs.max() >= (1 << LIMB_BITS) or limbs.min() < 0):
+        raise ShareError("shares are inconsistent (a reconstructed limb is out of range): a share was tampered with or mixed from different secrets.")
+    shifts = [LIMB_BITS * i for i in range(limbs.shape[1])]
+    limit = 1 << (8 * length)
+    out = []
+    for row in limbs.tolist():
+        value = 0
+        for limb, shift in zip(row, shifts):
+            value |= limb << shift
+        if value >= limit:
+            raise ShareError("shares are inconsistent (the reconstructed value is longer than the secret).")
+        out.append(value.to_bytes(length, "big"))
+    return out
+
+
 def random_field_elements(shape) -> np.ndarray:
     """Uniform elements of GF(p) from the OS CSPRNG (rejection sampling of 31-bit words)."""
     count = int(np.prod(shape, dtype=np.int64))

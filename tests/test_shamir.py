@@ -41,6 +41,45 @@ def test_fewer_than_t_shares_do_not_determine_secret():
     assert wrong != secret
 
 
+def test_per_holder_set_reconstruction_refuses_what_reconstruct_many_refuses():
+    """The vectorised reconstruction of the sparse graph checks every share of every group
+    at once: a wrong size, a non-bytes share, a duplicated point, too few shares and a
+    limb out of range are refused as ShareError, like reconstruct_many; a tampered limb in
+    range gives another secret or an out-of-range one (the masking layer's checks catch it)."""
+    from protocols.masking.server import reconstruct_per_holder_set
+
+    t = 3
+    secrets = [os.urandom(32) for _ in range(4)]
+    groups = [shamir.share(sec, t, [1 + g, 5 + g, 9 + g, 20 + g]) for g, sec in enumerate(secrets)]
+    assert reconstruct_per_holder_set(groups, t) == secrets
+    assert reconstruct_per_holder_set([[bytearray(sh) for sh in g] for g in groups], t) == secrets
+
+    def broken(g, i, share):
+        out = [list(gr) for gr in groups]
+        out[g][i] = share
+        return out
+
+    for bad, match in (
+        (broken(2, 3, groups[2][3][:-1]), "sizes differ"),  # a short share, not the group's first
+        (broken(1, 2, groups[1][2] + b"\0\0\0\0"), "sizes differ"),
+        (broken(3, 1, list(groups[3][1])), "sizes differ"),  # a list of ints, not bytes
+        (broken(2, 1, groups[2][0]), "duplicate"),
+        (broken(0, 1, groups[0][1][:6] + b"\xff\xff\xff\x7f" + groups[0][1][10:]), "out of range"),
+        ([g[:2] if i == 1 else g for i, g in enumerate(groups)], "too few"),
+    ):
+        with pytest.raises(shamir.ShareError, match=match):
+            reconstruct_per_holder_set(bad, t)
+        with pytest.raises(shamir.ShareError):
+            shamir.reconstruct_many(bad, t)
+    tampered = bytearray(groups[1][0])
+    tampered[8] ^= 0x01
+    try:  # the shifted secret's limbs may fall out of range (refused) or not (another secret)
+        got = reconstruct_per_holder_set(broken(1, 0, bytes(tampered)), t)[1]
+    except shamir.ShareError:
+        got = None
+    assert got != secrets[1]
+
+
 def test_duplicates_tampering_and_bad_arguments():
     secret = os.urandom(32)
     shares = shamir.share(secret, 3, [1, 2, 3, 4])

@@ -57,6 +57,9 @@ def _pow_mod(a: np.ndarray, e: int) -> np.ndarray:
     return result
 
 
+_BYTES = {bytes, bytearray}
+
+
 def reconstruct_per_holder_set(groups: list[list[bytes]], threshold: int, chunk_elems: int = 1 << 21) -> list[bytes]:
     """Reconstruct many secrets whose shares are held at *different* points, vectorised.
 
@@ -80,17 +83,18 @@ def reconstruct_per_holder_set(groups: list[list[bytes]], threshold: int, chunk_
         first = group[0] if len(group) else None
         if not isinstance(first, (bytes, bytearray)) or len(first) < header:
             raise shamir.ShareError("too few shares: none given." if first is None else "a share must be bytes produced by protocols.shamir.share.")
-        length = int.from_bytes(first[4:6], "little")
-        size = header + 4 * shamir.n_limbs(length)
-        if any(not isinstance(sh, (bytes, bytearray)) or len(sh) != size for sh in group):
-            raise shamir.ShareError("shares of different secrets were mixed or a share is malformed (sizes differ).")
         if len(group) < t:
             raise shamir.ShareError(f"too few shares: {len(group)} given, threshold {t} needed.")
-        buckets.setdefault((length, len(group)), []).append(gi)
+        buckets.setdefault((int.from_bytes(first[4:6], "little"), len(group)), []).append(gi)
     for (length, count), members in buckets.items():
         m = shamir.n_limbs(length)
+        # every share of the bucket is bytes of the size its first share's header implies
+        flat = [sh for gi in members for sh in groups[gi]]
+        sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat)) if set(map(type, flat)) <= _BYTES else None
+        if sizes is None or np.any(sizes != 6 + 4 * m):
+            raise shamir.ShareError("shares of different secrets were mixed or a share is malformed (sizes differ).")
         dt = np.dtype([("x", "<u4"), ("len", "<u2"), ("ys", "<u4", (m,))])
-        rec = np.frombuffer(b"".join(sh for gi in members for sh in groups[gi]), dtype=dt).reshape(len(members), count)
+        rec = np.frombuffer(b"".join(flat), dtype=dt).reshape(len(members), count)
         if np.any(rec["len"] != length):
             raise shamir.ShareError("shares of different secrets were mixed (different secret lengths).")
         xs = rec["x"].astype(np.int64)
@@ -107,13 +111,14 @@ def reconstruct_per_holder_set(groups: list[list[bytes]], threshold: int, chunk_
         idx = np.arange(t)
         for start in range(0, len(members), chunk):
             X, Y = X_all[start : start + chunk], Y_all[start : start + chunk]
-            diff = (X[:, None, :] - X[:, :, None]) % P  # diff[g, i, j] = x_gj - x_gi
+            diff = X[:, None, :] - X[:, :, None]  # diff[g, i, j] = x_gj - x_gi, in (-p, p)
+            diff += P * (diff < 0)  # mod p without a division
             diff[:, idx, idx] = 1
             den = _mulmod(_prod_tree(diff), X)  # x_gi * prod_{j != i} (x_gj - x_gi)
             lam = shamir._canon(_mulmod(_prod_tree(X)[:, None], _pow_mod(den, P - 2)))
             limbs = (shamir._fold(lam[:, :, None] * Y).sum(axis=1)) % P  # t values <= p + 1 each
-            for gi, row in zip(members[start : start + chunk], limbs):
-                out[gi] = shamir._from_limbs(row, length)
+            for gi, secret in zip(members[start : start + chunk], shamir.from_limb_rows(limbs, length)):
+                out[gi] = secret
     return out  # type: ignore[return-value]
 
 
