@@ -7,8 +7,8 @@ length, added modulo ``R`` (here ``2**64``). The PRGs: the keystream of ChaCha20
 AES-256-CTR (zero IV), keyed with the full 32-byte seed; or SHAKE-256 (FIPS 202, the
 standard library's OpenSSL-backed ``hashlib.shake_256``) of the 32-byte seed. Every seed is
 used for exactly one mask (seeds are fresh per round: self-mask seeds come from
-``os.urandom`` and pairwise seeds from HKDF over fresh per-round X25519 keys), so a fixed
-nonce never repeats a (key, nonce) pair.
+``os.urandom`` and pairwise seeds from :func:`~protocols.masking.keys.kdf` over fresh
+per-round X25519 keys), so a fixed nonce never repeats a (key, nonce) pair.
 
 ``"auto"`` (the default) picks by the mask's length, which every party knows from the
 round's public plan, so all of them expand alike: SHAKE-256 up to ``AUTO_XOF_MAX_BYTES``
