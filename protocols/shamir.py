@@ -67,19 +67,13 @@ def _to_limbs(secret: bytes) -> np.ndarray:
 
 
 def _from_limbs(limbs: np.ndarray, length: int) -> bytes:
-    if np.any(limbs >= (1 << LIMB_BITS)) or np.any(limbs < 0):
-        raise ShareError("shares are inconsistent (a reconstructed limb is out of range): a share was tampered with or mixed from different secrets.")
-    value = 0
-    for i, limb in enumerate(limbs.tolist()):
-        value |= int(limb) << (LIMB_BITS * i)
-    if value >= 1 << (8 * length):
-        raise ShareError("shares are inconsistent (the reconstructed value is longer than the secret).")
-    return value.to_bytes(length, "big")
+    return from_limb_rows(np.asarray(limbs)[None, :], length)[0]
 
 
 def from_limb_rows(limbs: np.ndarray, length: int) -> list[bytes]:
-    """:func:`_from_limbs` of each row of ``limbs`` (shape ``(G, m)``): one range check
-    for all rows, then each row's integer."""
+    """The secrets of ``length`` bytes whose limbs are the rows of ``limbs`` (shape
+    ``(G, m)``): one range check for all rows, then each row's integer. ``ShareError`` if a
+    limb is out of range or a value longer than the secret (inconsistent shares)."""
     if limbs.size and (limbs.max() >= (1 << LIMB_BITS) or limbs.min() < 0):
         raise ShareError("shares are inconsistent (a reconstructed limb is out of range): a share was tampered with or mixed from different secrets.")
     shifts = [LIMB_BITS * i for i in range(limbs.shape[1])]

@@ -8,9 +8,8 @@ secret into 256-bit keys with the one-step key derivation of NIST SP 800-56C Rev
 SHA-256 (:func:`kdf`; Bonawitz et al.'s ``KA.agree`` is the Diffie-Hellman secret composed
 with a hash, as here), with fixed info that binds the round, the ordered pair of clients
 and the purpose, and (with ``bind_broadcast``) the SHA-256 digest of the broadcast the
-client acted on. Shares travel
-under ChaCha20-Poly1305 (RFC 8439) with a random 96-bit nonce and the round and both ids as
-associated data; each direction has its own key.
+client acted on. Shares travel under ChaCha20-Poly1305 (RFC 8439) with a random 96-bit
+nonce and the round and both ids as associated data; each direction has its own key.
 
 Signatures (``sign_keys=True``, Bonawitz et al. Sec. 6, active model): every client holds
 a long-term Ed25519 identity key registered out of band; it signs its two advertised
