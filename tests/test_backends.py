@@ -301,6 +301,20 @@ def test_worker_stats_report_memory_per_worker():
     assert [s["clients"] for s in stats] == [6, 6]
     assert all(s["peak_mib"] > 10 for s in stats)
     assert len({s["pid"] for s in stats}) == 2 and os.getpid() not in {s["pid"] for s in stats}
+    assert all(s["busy_s"] == {} for s in stats)  # no stage answered yet
+
+
+def test_worker_stats_sum_the_time_spent_on_each_stage():
+    with _federation(make_clients(), protection=[PairwiseMasking(threshold=3)], n_workers=2) as fed:
+        state = fed.algorithm.init(fed.n_clients, 2, np.random.default_rng(0))
+        fed.run_round(state, round=0)
+        once = fed.transport.worker_stats()
+        fed.run_round(state, round=1)
+        twice = fed.transport.worker_stats()
+    stages = {"update", "advertise", "share", "masked_input", "unmask"}
+    for a, b in zip(once, twice):
+        assert set(a["busy_s"]) == set(b["busy_s"]) == stages
+        assert all(0 < a["busy_s"][s] < b["busy_s"][s] for s in stages)
 
 
 def test_n_workers_capped_by_clients():

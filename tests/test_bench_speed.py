@@ -63,6 +63,9 @@ def test_speed_diagnostics_run(monkeypatch):
     assert "largest first" in diag.skewed_clients(3000, 3, 4, 10, 2) and _cellsums.POOLED is True
     assert diag.x25519(10).startswith("x25519:")
     assert "ms in process" in diag.auto_backend(sizes=(6,), repeats=1)
+    stages = diag.masked_stages(12, rounds=1, backend="processes")
+    assert " workers, medians of 1 rounds" in stages and all(f"{s} " in stages for s in ("update", "share", "masked_input", "unmask"))
+    assert "nothing to split" in diag.masked_stages(12, rounds=1)  # backend="auto" keeps 12 clients in process
     assert "in place" in diag.local_runs(3000, 3, 4, 10, 1) and _cellsums.LOCAL_RUNS is True
     memory = diag.transcript_memory(n_clients=50, k=3, d=2, rounds=2)
     full, aggregates = (float(memory.split(f"{level} ")[1].split(" MiB")[0]) for level in ("full", "aggregates"))

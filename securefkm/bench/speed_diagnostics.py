@@ -37,6 +37,9 @@ about a minute). Each prints one line; none is a target.
   pool of workers takes to start: what :data:`~securefkm.federation.workers.AUTO_MIN_CLIENTS`
   (where ``backend="auto"`` starts using workers) rests on.
   ``python -m securefkm.bench.speed_diagnostics auto_backend`` runs it alone.
+* ``masked_stages``: a 1,000-client masked DWF round with the default backend, stage by
+  stage: the driver's wall time for each exchange against the busiest worker's time
+  answering it, the driver's own work, and what the agreements alone cost a worker.
 """
 
 from __future__ import annotations
@@ -338,6 +341,52 @@ def auto_backend(sizes=(50, 100, 200, 400), repeats: int = 5) -> str:
     return f"auto_backend (masked DWF round, medians of {repeats}): " + "; ".join(cells)
 
 
+def masked_stages(n_clients: int = 1000, rounds: int = 5, backend: str = "auto") -> str:
+    """Where a masked DWF round's wall time goes with the default backend (its clients in
+    worker processes): per stage, the driver's wall time for the exchange and the busiest
+    worker's time answering it (``worker_stats()["busy_s"]``), the driver's own work (the
+    round's time outside the exchanges: the server's messages, receipt and result), and
+    what the agreements alone cost a worker (its clients' ``2 k`` X25519 agreements each,
+    at the unit cost measured here)."""
+    from .speed import _degree, _masked_setup, _unit_costs
+
+    _, masked = _masked_setup(n_clients, backend=backend)
+    transport = masked.fed.transport
+    walls: dict[str, list[float]] = {}
+    exchange = transport.exchange
+
+    def timed_exchange(stage, messages):
+        start = time.perf_counter()
+        try:
+            return exchange(stage, messages)
+        finally:
+            walls.setdefault(stage, []).append(time.perf_counter() - start)
+
+    try:
+        masked()  # starts the workers
+        if masked.fed.backend == "local":
+            return f"masked_stages: {n_clients} clients run in process (backend={backend!r}); nothing to split"
+        transport.exchange = timed_exchange
+        before = transport.worker_stats()
+        walls.clear()
+        totals = [_timed(masked) for _ in range(rounds)]
+        after = transport.worker_stats()
+    finally:
+        masked.fed.close()
+    busy = {stage: max(a["busy_s"][stage] - b["busy_s"].get(stage, 0.0) for a, b in zip(after, before)) / rounds
+            for stage in walls}
+    total = statistics.median(totals)
+    med = {stage: statistics.median(w) for stage, w in walls.items()}
+    per_worker = max(s["clients"] for s in after)
+    agree = _unit_costs(5)["wall"]["agree"]
+    cells = ", ".join(f"{stage} {med[stage] * 1e3:.0f}/{busy[stage] * 1e3:.0f}" for stage in walls)
+    return (f"masked_stages ({n_clients} clients, {len(after)} workers, medians of {rounds} rounds): round "
+            f"{total:.3f} s; per stage, exchange / busiest worker (ms): {cells}; busiest worker in all "
+            f"{sum(busy.values()):.3f} s; the driver's own work {total - sum(med.values()):.3f} s; a worker's "
+            f"{per_worker} clients' {2 * _degree(n_clients) * per_worker:,} agreements at {agree * 1e6:.1f} us: "
+            f"{2 * _degree(n_clients) * per_worker * agree:.3f} s")
+
+
 #: what each name runs: its diagnostics at the sizes docs/benchmarks.md quotes
 RUNS = {
     "spin": [spin],
@@ -351,6 +400,7 @@ RUNS = {
     "local_kmeans": [local_kmeans],
     "x25519": [x25519],
     "auto_backend": [auto_backend],
+    "masked_stages": [masked_stages],
 }
 
 

@@ -46,6 +46,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import Future, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -148,9 +149,11 @@ class Shard:
             i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st)
             for i, X, st in zip(ids, arrays, states)
         }
+        self.busy: dict[str, float] = {}  # seconds spent answering each stage, summed
 
     def exchange(self, stage: str, messages: dict[int, Any]):
         """``("ok", (replies, refused))`` or ``("error", exception)`` for the driver to re-raise."""
+        start = time.perf_counter()
         try:
             return "ok", serve(self.clients, stage, messages)
         except Exception as exc:  # re-raised in the driver, as LocalTransport would raise it
@@ -159,14 +162,18 @@ class Shard:
             except Exception:
                 exc = RuntimeError(f"{type(exc).__name__}: {exc}")
             return "error", exc
+        finally:
+            self.busy[stage] = self.busy.get(stage, 0.0) + time.perf_counter() - start
 
     def stats(self) -> dict:
-        """This worker's pid, client count and peak resident memory (MiB)."""
+        """This worker's pid, client count, peak resident memory (MiB), node name, and the
+        seconds it spent answering each stage so far (``busy_s``, summed over the fit)."""
         peak = peak_rss_mib()
         node = os.uname().nodename
         if "ray" in sys.modules and sys.modules["ray"].is_initialized():  # a Ray actor: its node id
             node = sys.modules["ray"].get_runtime_context().get_node_id()
-        return {"pid": os.getpid(), "clients": len(self.clients), "peak_mib": peak, "node": node}
+        return {"pid": os.getpid(), "clients": len(self.clients), "peak_mib": peak, "node": node,
+                "busy_s": dict(self.busy)}
 
 
 def peak_rss_mib() -> float:
@@ -538,7 +545,8 @@ class WorkerTransport(SimulatedTransport):
         return list(self.pool.pids)
 
     def worker_stats(self) -> list[dict]:
-        """Per live worker: pid, number of clients, peak resident memory (MiB), node name."""
+        """Per live worker: pid, number of clients, peak resident memory (MiB), node name and
+        the seconds it spent answering each stage (``busy_s``)."""
         calls = {w: ("stats", ()) for w in range(self.n_workers) if w not in self.lost}
         return [s for s in self.pool.call(calls, self.timeout).values() if not isinstance(s, _Lost)]
 
