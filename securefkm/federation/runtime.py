@@ -110,8 +110,6 @@ def _update_requests(run, round, sampled, per_client, first, fused, attempt) -> 
     """Each sampled client's :class:`UpdateRequest`. Clients sent the same broadcast object
     without a fused stage message get the same (immutable) request: every field of it is
     the same for them, and 10,000 clients need one object instead of 10,000."""
-    if not fused and len(set(map(id, map(per_client.__getitem__, sampled)))) == 1:
-        return dict.fromkeys(sampled, UpdateRequest(run, round, per_client[sampled[0]], sampled, None, attempt=attempt))
     shared: dict[int, UpdateRequest] = {}
     requests = {}
     for c in sampled:
