@@ -31,11 +31,15 @@ def test_rounds_measure_runs_every_algorithm(monkeypatch):
 
 def test_masked_round_counts_its_cryptography():
     """A 20-client masked round: every client makes two key pairs and agrees keys with each
-    graph neighbour (complete graph here), once per pair for masks and once for shares."""
+    graph neighbour (complete graph here), for masks and for shares: in one process once
+    per pair, and once per client and pair when every client computes its own."""
     r = speed.masked_round(20, repeats=1)
     assert r["counts"]["keygen"] == 2 * 20
-    assert r["counts"]["agree"] == 2 * 20 * 19
+    assert r["counts"]["agree"] == 2 * 20 * 19 // 2
     assert r["masked"] > r["plain"] > 0 and r["crypto_s"] > 0
+    alone = speed.masked_round(20, repeats=1, alone=True)
+    assert alone["counts"]["agree"] == 2 * 20 * 19 and alone["counts"]["keygen"] == 2 * 20
+    assert alone["counts"]["kdf"] == r["counts"]["kdf"]  # every client derives its own keys either way
 
 
 def test_masked_round_as_a_user_gets_it(monkeypatch):

@@ -520,3 +520,93 @@ def test_kdf_refuses_lengths_it_cannot_give(length):
 
     with pytest.raises(ValueError, match="kdf length"):
         kdf(b"s" * 32, b"info", length)
+
+
+# --------------------------------------------------------------------------- pair secrets in process
+def _batch_after_advertise(n, layer):
+    """Sessions opened together (one PairSecrets), past the advertise stage, with the
+    server's share requests."""
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    server = layer.server_session(ctx)
+    sums = random_sums(n, np.random.default_rng(21))
+    sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    server.receive("advertise", {c: s.respond("advertise", m) for (c, m), s in
+                                 zip(server.messages("advertise", tuple(range(n))).items(), sessions)})
+    return sessions, server.messages("share", tuple(range(n)))
+
+
+def _count_agreements(monkeypatch):
+    from protocols.masking import keys
+
+    count, agree = [0], keys.x25519_agree
+
+    def counted(*a):
+        count[0] += 1
+        return agree(*a)
+
+    monkeypatch.setattr(keys, "x25519_agree", counted)
+    return count
+
+
+def _crossed(msgs, a, b, via_a, via_b):
+    """The server hands ``a`` client ``b``'s mask key in place of its neighbour ``via_a``'s, and
+    ``b`` client ``a``'s in place of ``via_b``'s: ``a`` and ``b`` then agree a seed although
+    they are not neighbours (no signatures, so neither notices)."""
+    out = {c: {"keys": {v: dict(adv) for v, adv in m["keys"].items()}} for c, m in msgs.items()}
+    out[a]["keys"][via_a]["s_pk"] = msgs[b]["keys"][b]["s_pk"]
+    out[b]["keys"][via_b]["s_pk"] = msgs[a]["keys"][a]["s_pk"]
+    return out
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_sessions_opened_together_agree_each_pair_once_with_the_same_bytes(monkeypatch, tamper):
+    """Sessions opened together compute each pairwise X25519 secret once between them; every
+    seed and key is byte for byte what each session computes alone (a pickled copy, which
+    drops the shared object) -- also when the server substitutes keys so that two
+    non-neighbours agree a seed."""
+    n = 30
+    layer = PairwiseMasking(graph="sparse", neighbours=6, threshold=4)
+    sessions, msgs = _batch_after_advertise(n, layer)
+    if tamper:
+        a = 0
+        b = next(c for c in range(n) if c not in sessions[a].neigh and c != a)
+        msgs = _crossed(msgs, a, b, min(sessions[a].neigh), min(sessions[b].neigh))
+    alone = [pickle.loads(pickle.dumps(s)) for s in sessions]
+    assert all("_pairs" not in s.__dict__ for s in alone) and all("_pairs" in s.__dict__ for s in sessions)
+    count = _count_agreements(monkeypatch)
+    for s in alone:
+        s.respond("share", msgs[s.me])
+    assert count[0] == 2 * 6 * n  # each client its own: two agreements per neighbour
+    count[0] = 0
+    for s in sessions:
+        s.respond("share", msgs[s.me])
+    # one agreement per pair and key type; crossed: the pair a-b is one more (the neighbours
+    # a and b no longer reach compute theirs alone, one each, as the pair did)
+    assert count[0] == 6 * n + (1 if tamper else 0)
+    for s, t in zip(sessions, alone):
+        assert s.pair_seeds == t.pair_seeds and s.recv_keys == t.recv_keys, s.me
+        assert "_pairs" not in s.__dict__  # released after the share stage
+
+
+def test_pair_secrets_keep_only_what_a_session_of_theirs_will_take():
+    """A secret is kept for a peer key advertised by one of the object's sessions and
+    removed when that peer takes it: after every session shared, nothing is left; a
+    session that never reaches the share stage leaves exactly its pairs' secrets."""
+    n = 12
+    layer = PairwiseMasking(graph="sparse", neighbours=4, threshold=3)
+    sessions, msgs = _batch_after_advertise(n, layer)
+    pairs = sessions[0]._pairs
+    for s in sessions[1:]:
+        s.respond("share", msgs[s.me])
+    assert len(pairs._open) == 2 * len(sessions[0].neigh)  # client 0's neighbours' secrets await it
+    sessions[0].respond("share", msgs[0])
+    assert pairs._open == {}
+    from protocols.masking.keys import PairSecrets, load_x25519, x25519_keypair
+
+    outsider = PairSecrets()
+    sk, pk = x25519_keypair()
+    peer = x25519_keypair()[1]
+    outsider.agree(load_x25519(sk), pk, peer)
+    assert outsider._open == {}  # the peer is none of its sessions: nobody would take it

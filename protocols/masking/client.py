@@ -123,9 +123,21 @@ class MaskingClient(ClientSession):
             for (session, _), sharing in zip(members, sharings):
                 session._sharing = sharing
 
+    @staticmethod
+    def share_pair_secrets(sessions: list[MaskingClient]) -> None:
+        """Let sessions opened together in one process compute each pairwise X25519 secret
+        once between them (:class:`~protocols.masking.keys.PairSecrets`: ``X25519(a, B)`` is
+        ``X25519(b, A)``, so the bytes are those each would compute). What every session
+        sends is unchanged; the simulation does half the agreements of pairs it holds both
+        ends of. Dropped with the session's other unpicklable state when it is pickled."""
+        pairs = keys.PairSecrets()
+        for session in sessions:
+            session._pairs = pairs
+
     def __getstate__(self):
         # loaded key objects are not picklable; a restored session reloads the raw keys
-        return {k: v for k, v in self.__dict__.items() if k != "_loaded"}
+        # nor is the process's PairSecrets: a restored session computes its own agreements
+        return {k: v for k, v in self.__dict__.items() if k not in ("_loaded", "_pairs")}
 
     # ------------------------------------------------------------------ helpers
     def _refuse(self, why: str):
@@ -190,6 +202,9 @@ class MaskingClient(ClientSession):
         self.c_sk, c_pk, c_key = keys.x25519_keypair(with_key=True)
         self.s_sk, s_pk, s_key = keys.x25519_keypair(with_key=True)
         self._loaded = (c_key, s_key)  # not pickled (__getstate__): reloaded from the raw keys
+        pairs = self.__dict__.get("_pairs")
+        if pairs is not None:
+            pairs.join(c_pk, s_pk)
         sig = None
         if self.identity_private is not None:
             sig = keys.sign(self.identity_private, keys.advert_message(self.rid, self.me, c_pk, s_pk))
@@ -248,7 +263,7 @@ class MaskingClient(ClientSession):
         try:
             derived = keys.pair_keys(s_key, c_key, self.rid, self.me, peers,
                                      [adverts[v]["s_pk"] for v in peers], [adverts[v]["c_pk"] for v in peers],
-                                     self.digest)
+                                     self.digest, pairs=self.__dict__.pop("_pairs", None), own=self.my_keys)
         except keys.PeerKeyError as exc:
             self._refuse(f"client {exc.peer}'s advertised key is invalid ({exc.failure})")
         seeds, send_keys, recv_keys = derived

@@ -302,6 +302,7 @@ class PairwiseMasking(Aggregator):
         vectors[:, -1] = 1  # check slot: the unmasked sum must equal the number of contributors
         sessions = [self._client_session(c, ctx, plan, v) for c, v in zip(clients, vectors)]
         MaskingClient.prepare_sharing(sessions)
+        MaskingClient.share_pair_secrets(sessions)
         return sessions
 
     def _client_session(self, client: ClientContext, ctx: RoundContext, plan: RoundPlan, vector) -> MaskingClient:

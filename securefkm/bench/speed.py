@@ -24,7 +24,10 @@ noise, ratios are not. Three tables:
 3. *Masked round vs its cryptography*: the round's wall time / (its X25519 key
    generations, key agreements and key derivations (SP 800-56C over SHA-256), counted in
    a separate identical round, times their unit costs measured in this run). Target <= 1.5 ("nothing but the
-   cryptography costs"), in process, where every agreement is the round's own. A
+   cryptography costs"), in process. There the sessions of a pair of clients take the
+   pair's X25519 secret from one another (:class:`protocols.masking.keys.PairSecrets`: the
+   same bytes, each pair's agreement once); a second pair of rows runs the same round with
+   every client computing its own agreements, as each client of a deployment does. A
    10,000-client masked round runs in a fresh process that reports its peak RSS (target:
    within 4 GB), over the driver and its workers for the default backend.
 """
@@ -35,6 +38,7 @@ import statistics
 import time
 import tracemalloc
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 from sklearn.cluster import KMeans
@@ -263,11 +267,35 @@ def masked_round_default(n_clients=1000, repeats=3) -> dict:
             "masked": statistics.median(wall["masked"])}
 
 
-def masked_round(n_clients=1000, repeats=3) -> dict:
-    """Masked / plain DWF round and masked round / its cryptography, side by side.
+@contextmanager
+def _each_client_alone(alone: bool = True):
+    """With ``alone``: sessions that compute every key agreement themselves, as each client
+    of a deployment does, instead of taking the secrets of pairs held in one process from
+    one another (:class:`~protocols.masking.keys.PairSecrets`, same bytes)."""
+    if not alone:
+        yield
+        return
+    from protocols.masking.client import MaskingClient
+
+    saved = MaskingClient.__dict__["share_pair_secrets"]
+    MaskingClient.share_pair_secrets = staticmethod(lambda sessions: None)
+    try:
+        yield
+    finally:
+        MaskingClient.share_pair_secrets = saved
+
+
+def masked_round(n_clients=1000, repeats=3, alone=False) -> dict:
+    """Masked / plain DWF round and masked round / its cryptography, side by side; with
+    ``alone`` every simulated client computes its own agreements (:func:`_each_client_alone`).
 
     Wall and CPU time (``process_time``) both: on a shared machine the CPU-time ratio is the
     robust one (the round is single-threaded, so on an idle machine the two agree)."""
+    with _each_client_alone(alone):
+        return _masked_round(n_clients, repeats)
+
+
+def _masked_round(n_clients, repeats) -> dict:
     plain, masked = _masked_setup(n_clients)
     counts = _count_crypto(masked)  # also the warm-up
     plain()
@@ -301,7 +329,12 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _big_masked_round(n_clients: int) -> dict:
+def _big_masked_round(n_clients: int, alone: bool = False) -> dict:
+    with _each_client_alone(alone):
+        return _big_masked_round_local(n_clients)
+
+
+def _big_masked_round_local(n_clients: int) -> dict:
     plain, masked = _masked_setup(n_clients)
     units = _unit_costs(3)
     # one round only (minutes): timed while counting; a counter costs < 1% of an agreement
@@ -332,14 +365,16 @@ def _big_masked_round_default(n_clients: int) -> dict:
         masked.fed.close()
 
 
-def big_masked_round(n_clients=10_000, backend="local") -> dict:
+def big_masked_round(n_clients=10_000, backend="local", alone=False) -> dict:
     """One masked round in a fresh process (its peak RSS is the round's alone). With
-    ``backend="auto"`` (the default a user gets) the peak is the driver's plus its workers'."""
+    ``backend="auto"`` (the default a user gets) the peak is the driver's plus its workers';
+    ``alone`` (in process only): every client computes its own agreements."""
     import multiprocessing
 
+    args = (n_clients, alone) if backend == "local" else (n_clients,)
     fn = _big_masked_round if backend == "local" else _big_masked_round_default
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, n_clients).result()
+        return pool.submit(fn, *args).result()
 
 
 def _degree(n):
@@ -406,7 +441,7 @@ def _rounds_table(repeats, out):
 
 def _masked_tables(out, big_masked):
     rows = []
-    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519 and SP 800-56C KDF, SHAKE-256 masks, ChaCha20-Poly1305 shares, graph='auto'), 100 records "
+    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519 and SP 800-56C KDF, SHAKE-256 masks, ChaCha20-Poly1305 shares, graph='auto'; clients simulated in one process take the X25519 secrets of pairs they both hold from each other), 100 records "
         "x 2 features per client, no dropouts")
     out("| clients | graph degree | time | plain (ms) | masked (s) | masked / plain | target | keygen+agree+KDF | "
         "their cost (s) | masked / crypto | target | peak RSS (MB) |")
@@ -414,7 +449,6 @@ def _masked_tables(out, big_masked):
     sizes = [1000] + ([10_000] if big_masked else [])
     for n in sizes:
         r = masked_round(n, repeats=3) if n <= 1000 else big_masked_round(n)
-        c = r["counts"]
         rows.append({"table": "masked", **r})
         rss = f"{r['peak_rss'] / 2**20:.0f}" if "peak_rss" in r else ""
         # as a user gets it: the default backend (the peak: this process's and its workers')
@@ -425,9 +459,14 @@ def _masked_tables(out, big_masked):
         out(f"| {n} | {_degree(n)} | wall, backend='auto' (masked: clients in {where}) | {w['plain'] * 1e3:.1f} | "
             f"{w['masked']:.2f} | {w['masked'] / w['plain']:.0f} | {'<= 300' if n == 1000 else ''} | (as below) | | | "
             f"| {w_rss} |")
-        for kind, sfx in (("wall", ""), ("CPU", "_cpu")):
-            plain, masked, crypto = r["plain" + sfx], r["masked" + sfx], r["crypto_" + ("cpu" if sfx else "s")]
-            out(f"| {n} | {_degree(n)} | {kind}, backend='local' | {plain * 1e3:.1f} | {masked:.2f} | "
-                f"{masked / plain:.0f} | | {c['keygen']}+{c['agree']}+{c['kdf']} | {crypto:.2f} | "
-                f"{masked / crypto:.2f} | <= 1.5 | {rss} |")
+        # the same in process with every client computing its own agreements, as deployed
+        a = masked_round(n, repeats=3, alone=True) if n <= 1000 else big_masked_round(n, alone=True)
+        rows.append({"table": "masked_alone", **a})
+        for run, how in ((r, "backend='local'"), (a, "backend='local', every client its own agreements")):
+            c = run["counts"]
+            for kind, sfx in (("wall", ""), ("CPU", "_cpu")):
+                plain, masked, crypto = run["plain" + sfx], run["masked" + sfx], run["crypto_" + ("cpu" if sfx else "s")]
+                out(f"| {n} | {_degree(n)} | {kind}, {how} | {plain * 1e3:.1f} | {masked:.2f} | "
+                    f"{masked / plain:.0f} | | {c['keygen']}+{c['agree']}+{c['kdf']} | {crypto:.2f} | "
+                    f"{masked / crypto:.2f} | <= 1.5 | {rss if run is r else ''} |")
     return rows

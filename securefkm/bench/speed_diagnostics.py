@@ -346,9 +346,11 @@ def masked_stages(n_clients: int = 1000, rounds: int = 5, backend: str = "auto")
     worker processes): per stage, the driver's wall time for the exchange and the busiest
     worker's time answering it (``worker_stats()["busy_s"]``), the driver's own work (the
     round's time outside the exchanges: the server's messages, receipt and result), and
-    what the agreements alone cost a worker (its clients' ``2 k`` X25519 agreements each,
-    at the unit cost measured here)."""
-    from .speed import _degree, _masked_setup, _unit_costs
+    what the agreements alone cost the busiest worker in the last round (two per client and
+    neighbour in another worker, one per client and neighbour in its own: the sessions of a
+    pair in one process compute its secrets once, :class:`protocols.masking.keys.PairSecrets`),
+    at the unit cost measured here."""
+    from .speed import _masked_setup, _unit_costs
 
     _, masked = _masked_setup(n_clients, backend=backend)
     transport = masked.fed.transport
@@ -378,14 +380,19 @@ def masked_stages(n_clients: int = 1000, rounds: int = 5, backend: str = "auto")
              for a, b in zip(after, before)]
     total = statistics.median(totals)
     med = {stage: statistics.median(w) for stage, w in walls.items()}
-    clients = max(s["clients"] for s in after)  # the largest shard
-    agreements = 2 * _degree(n_clients) * clients
+    # the last round's graph (the driver's copy of the public plan) over the workers' shards
+    graph = masked.fed.aggregator._plan_cache[1].graph
+    owner = transport.owner
+    per_worker = [sum(2 if owner[int(v)] != w else 1 for c in shard for v in graph.neighbours(c))
+                  for w, shard in enumerate(transport.shards)]
+    busiest = int(np.argmax([sum(w.values()) for w in spent]))
+    clients, agreements = len(transport.shards[busiest]), per_worker[busiest]
     agree = _unit_costs(5)["wall"]["agree"]
     cells = ", ".join(f"{stage} {med[stage] * 1e3:.0f}/{max(w[stage] for w in spent) * 1e3:.0f}" for stage in walls)
     return (f"masked_stages ({n_clients} clients, {len(after)} workers, medians of {rounds} rounds): round "
             f"{total:.3f} s; per stage, exchange / busiest worker (ms): {cells}; busiest worker in all "
             f"{max(sum(w.values()) for w in spent):.3f} s; the driver's own work {total - sum(med.values()):.3f} s; "
-            f"a worker's {clients} clients' {agreements:,} agreements at "
+            f"the busiest worker's {clients} clients' {agreements:,} agreements at "
             f"{agree * 1e6:.1f} us: {agreements * agree:.3f} s")
 
 
