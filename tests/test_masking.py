@@ -5,6 +5,7 @@ server sees. Drives the aggregator directly through its sessions and through Fed
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -610,3 +611,52 @@ def test_pair_secrets_keep_only_what_a_session_of_theirs_will_take():
     peer = x25519_keypair()[1]
     outsider.agree(load_x25519(sk), pk, peer)
     assert outsider._open == {}  # the peer is none of its sessions: nobody would take it
+
+
+@pytest.mark.parametrize("attack, why", [
+    ("stranger", "names client {x}, who is not my neighbour"),
+    ("short_key", "malformed advertised keys for client {a}"),
+    ("missing_key", "malformed advertised keys for client {a}"),
+    ("not_a_dict", "malformed advertised keys for client {a}"),
+    ("replayed_key", r"not all distinct \(client {b}\): a replayed key"),
+    ("same_key_twice", r"not all distinct \(client {a}\)"),
+    ("my_keys_changed", "does not contain my own advertised keys unchanged"),
+    ("id_as_text", "names client {a} twice"),
+])
+def test_share_stage_refuses_a_tampered_key_list(attack, why):
+    """The server forwards the neighbours' advertised keys; client 0 refuses a list that
+    names a stranger, carries malformed or repeated keys, or changes its own."""
+    n = 12
+    sums = random_sums(n, np.random.default_rng(17))
+    layer = PairwiseMasking(graph="sparse", neighbours=4, threshold=3)
+    ids = {}
+
+    def tamper(stage, msgs):
+        if stage != "share":
+            return msgs
+        ks = {v: dict(adv) for v, adv in msgs[0]["keys"].items()}
+        order = list(ks)  # client 0's neighbourhood, in the server's order
+        a, b = [v for v in order if v != 0][:2]
+        x = next(c for c in range(n) if c not in ks)
+        ids.update(a=a, b=b, x=x)
+        if attack == "stranger":
+            ks[x] = dict(msgs[x]["keys"][x])
+        elif attack == "short_key":
+            ks[a]["c_pk"] = ks[a]["c_pk"][:31]
+        elif attack == "missing_key":
+            del ks[a]["s_pk"]
+        elif attack == "not_a_dict":
+            ks[a] = [ks[a]["c_pk"], ks[a]["s_pk"]]
+        elif attack == "replayed_key":
+            ks[b]["c_pk"] = ks[a]["c_pk"]
+        elif attack == "same_key_twice":
+            ks[a]["s_pk"] = ks[a]["c_pk"]
+        elif attack == "my_keys_changed":
+            ks[0]["s_pk"] = ks[a]["s_pk"]
+        else:
+            ks[str(a)] = ks[a]
+        return {**msgs, 0: {"keys": ks}}
+
+    with pytest.raises(ProtocolRefusal) as refused:
+        drive(layer, n, sums, hook=tamper)
+    assert re.search(why.format(**ids), str(refused.value)), str(refused.value)
