@@ -538,19 +538,6 @@ def _batch_after_advertise(n, layer):
     return sessions, server.messages("share", tuple(range(n)))
 
 
-def _count_agreements(monkeypatch):
-    from protocols.masking import keys
-
-    count, agree = [0], keys.x25519_agree
-
-    def counted(*a):
-        count[0] += 1
-        return agree(*a)
-
-    monkeypatch.setattr(keys, "x25519_agree", counted)
-    return count
-
-
 def _crossed(msgs, a, b, via_a, via_b):
     """The server hands ``a`` client ``b``'s mask key in place of its neighbour ``via_a``'s, and
     ``b`` client ``a``'s in place of ``via_b``'s: ``a`` and ``b`` then agree a seed although
@@ -562,7 +549,7 @@ def _crossed(msgs, a, b, via_a, via_b):
 
 
 @pytest.mark.parametrize("tamper", [False, True])
-def test_sessions_opened_together_agree_each_pair_once_with_the_same_bytes(monkeypatch, tamper):
+def test_sessions_opened_together_agree_each_pair_once_with_the_same_bytes(tamper):
     """Sessions opened together compute each pairwise X25519 secret once between them; every
     seed and key is byte for byte what each session computes alone (a pickled copy, which
     drops the shared object) -- also when the server substitutes keys so that two
@@ -576,16 +563,16 @@ def test_sessions_opened_together_agree_each_pair_once_with_the_same_bytes(monke
         msgs = _crossed(msgs, a, b, min(sessions[a].neigh), min(sessions[b].neigh))
     alone = [pickle.loads(pickle.dumps(s)) for s in sessions]
     assert all("_pairs" not in s.__dict__ for s in alone) and all("_pairs" in s.__dict__ for s in sessions)
-    count = _count_agreements(monkeypatch)
-    for s in alone:
-        s.respond("share", msgs[s.me])
-    assert count[0] == 2 * 6 * n  # each client its own: two agreements per neighbour
-    count[0] = 0
-    for s in sessions:
-        s.respond("share", msgs[s.me])
+    from securefkm.bench.speed import _count_crypto
+
+    def share(group):
+        return lambda: [s.respond("share", msgs[s.me]) for s in group]
+
+    # each client its own: two agreements per neighbour
+    assert _count_crypto(share(alone))["agree"] == 2 * 6 * n
     # one agreement per pair and key type; crossed: the pair a-b is one more (the neighbours
     # a and b no longer reach compute theirs alone, one each, as the pair did)
-    assert count[0] == 6 * n + (1 if tamper else 0)
+    assert _count_crypto(share(sessions))["agree"] == 6 * n + (1 if tamper else 0)
     for s, t in zip(sessions, alone):
         assert s.pair_seeds == t.pair_seeds and s.recv_keys == t.recv_keys, s.me
         assert "_pairs" not in s.__dict__  # released after the share stage

@@ -292,28 +292,24 @@ def masked_round(n_clients=1000, repeats=3, alone=False) -> dict:
     Wall and CPU time (``process_time``) both: on a shared machine the CPU-time ratio is the
     robust one (the round is single-threaded, so on an idle machine the two agree)."""
     with _each_client_alone(alone):
-        return _masked_round(n_clients, repeats)
-
-
-def _masked_round(n_clients, repeats) -> dict:
-    plain, masked = _masked_setup(n_clients)
-    counts = _count_crypto(masked)  # also the warm-up
-    plain()
-    wall = {"plain": [], "masked": []}
-    cpu = {"plain": [], "masked": []}
-    units = [_unit_costs()]
-    for _ in range(repeats):
-        for name, f in (("plain", plain), ("masked", masked)):
-            t, c = time.perf_counter(), time.process_time()
-            f()
-            wall[name].append(time.perf_counter() - t)
-            cpu[name].append(time.process_time() - c)
-        units.append(_unit_costs(3))  # interleaved: the machine's load drifts
-    unit = {kind: {k: statistics.median(u[kind][k] for u in units) for k in counts} for kind in ("wall", "cpu")}
-    med = statistics.median
-    return {"n": n_clients, "plain": med(wall["plain"]), "masked": med(wall["masked"]),
-            "plain_cpu": med(cpu["plain"]), "masked_cpu": med(cpu["masked"]), "counts": counts,
-            "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"])}
+        plain, masked = _masked_setup(n_clients)
+        counts = _count_crypto(masked)  # also the warm-up
+        plain()
+        wall = {"plain": [], "masked": []}
+        cpu = {"plain": [], "masked": []}
+        units = [_unit_costs()]
+        for _ in range(repeats):
+            for name, f in (("plain", plain), ("masked", masked)):
+                t, c = time.perf_counter(), time.process_time()
+                f()
+                wall[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+            units.append(_unit_costs(3))  # interleaved: the machine's load drifts
+        unit = {kind: {k: statistics.median(u[kind][k] for u in units) for k in counts} for kind in ("wall", "cpu")}
+        med = statistics.median
+        return {"n": n_clients, "plain": med(wall["plain"]), "masked": med(wall["masked"]),
+                "plain_cpu": med(cpu["plain"]), "masked_cpu": med(cpu["masked"]), "counts": counts,
+                "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"])}
 
 
 def _peak_rss() -> int:
@@ -331,24 +327,20 @@ def _peak_rss() -> int:
 
 def _big_masked_round(n_clients: int, alone: bool = False) -> dict:
     with _each_client_alone(alone):
-        return _big_masked_round_local(n_clients)
-
-
-def _big_masked_round_local(n_clients: int) -> dict:
-    plain, masked = _masked_setup(n_clients)
-    units = _unit_costs(3)
-    # one round only (minutes): timed while counting; a counter costs < 1% of an agreement
-    t, c = time.perf_counter(), time.process_time()
-    counts = _count_crypto(masked)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
-    units2 = _unit_costs(3)
-    unit = {kind: {k: (units[kind][k] + units2[kind][k]) / 2 for k in counts} for kind in ("wall", "cpu")}
-    t, c = time.perf_counter(), time.process_time()
-    plain()
-    p_wall, p_cpu = time.perf_counter() - t, time.process_time() - c
-    rss = _peak_rss()
-    return {"n": n_clients, "masked": wall, "masked_cpu": cpu, "plain": p_wall, "plain_cpu": p_cpu, "counts": counts,
-            "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"]), "peak_rss": rss}
+        plain, masked = _masked_setup(n_clients)
+        units = _unit_costs(3)
+        # one round only (minutes): timed while counting; a counter costs < 1% of an agreement
+        t, c = time.perf_counter(), time.process_time()
+        counts = _count_crypto(masked)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        units2 = _unit_costs(3)
+        unit = {kind: {k: (units[kind][k] + units2[kind][k]) / 2 for k in counts} for kind in ("wall", "cpu")}
+        t, c = time.perf_counter(), time.process_time()
+        plain()
+        p_wall, p_cpu = time.perf_counter() - t, time.process_time() - c
+        rss = _peak_rss()
+        return {"n": n_clients, "masked": wall, "masked_cpu": cpu, "plain": p_wall, "plain_cpu": p_cpu, "counts": counts,
+                "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"]), "peak_rss": rss}
 
 
 def _big_masked_round_default(n_clients: int) -> dict:

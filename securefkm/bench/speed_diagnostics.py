@@ -39,7 +39,7 @@ about a minute). Each prints one line; none is a target.
   ``python -m securefkm.bench.speed_diagnostics auto_backend`` runs it alone.
 * ``masked_stages``: a 1,000-client masked DWF round with the default backend, stage by
   stage: the driver's wall time for each exchange against the busiest worker's time
-  answering it, the driver's own work, and what the agreements alone cost a worker.
+  answering it, the driver's own work, and what the agreements alone cost the busiest worker.
 """
 
 from __future__ import annotations
