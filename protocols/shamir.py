@@ -191,24 +191,35 @@ def _secret_limbs(secrets: Sequence[bytes]) -> tuple[list[bytes], list[int], np.
     for s in secrets:
         if not 1 <= len(s) <= 0xFFFF:
             raise InputError(f"each secret must be 1..65535 bytes, got {len(s)}.")
-    limbs = [_to_limbs(s) for s in secrets]
-    return secrets, [len(limb) for limb in limbs], np.concatenate(limbs)
+    sizes = [n_limbs(len(s)) for s in secrets]
+    mask = (1 << LIMB_BITS) - 1
+    limbs = [(value >> shift) & mask for s, m in zip(secrets, sizes)
+             for value in (int.from_bytes(s, "big"),) for shift in range(0, LIMB_BITS * m, LIMB_BITS)]
+    return secrets, sizes, np.array(limbs, dtype=np.int64)
 
 
 def _serialise(secrets: list[bytes], sizes: list[int], xs_arr: np.ndarray, ys: np.ndarray) -> list[list[bytes]]:
-    """``out[j][i]``: the share of ``secrets[j]`` at ``xs_arr[i]`` from the limb values ``ys``."""
-    ys = ys.astype("<u4")
-    out: list[list[bytes]] = []
-    offset = 0
-    for s, m in zip(secrets, sizes):
-        # all shares of one secret serialised at once: header "<IH" (x, length) + m limbs,
-        # the byte layout of _HEADER.pack(x, len) + limbs.tobytes()
-        rec = np.empty(xs_arr.size, dtype=np.dtype([("x", "<u4"), ("len", "<u2"), ("ys", "<u4", (m,))]))
-        rec["x"], rec["len"], rec["ys"] = xs_arr, len(s), ys[:, offset : offset + m]
+    """``out[j][i]``: the share of ``secrets[j]`` at ``xs_arr[i]`` from the limb values ``ys``
+    (the columns of the secrets' limbs, in order)."""
+    offsets = np.cumsum([0] + sizes)
+    return [_serialise_joined([s], [m], xs_arr, ys[:, offsets[j] : offsets[j] + m])
+            for j, (s, m) in enumerate(zip(secrets, sizes))]
+
+
+def _serialise_joined(secrets: list[bytes], sizes: list[int], xs_arr: np.ndarray, ys: np.ndarray) -> list[bytes]:
+    """``out[i]``: the shares of all ``secrets`` at ``xs_arr[i]``, concatenated in order, from
+    one record array: per secret a header "<IH" (x, length) and its limbs, the byte layout
+    of ``_HEADER.pack(x, len) + limbs.tobytes()``."""
+    fields = []
+    for j, m in enumerate(sizes):
+        fields += [(f"x{j}", "<u4"), (f"len{j}", "<u2"), (f"ys{j}", "<u4", (m,))]
+    rec = np.empty(xs_arr.size, dtype=np.dtype(fields))
+    ys, offset = ys.astype("<u4"), 0
+    for j, (s, m) in enumerate(zip(secrets, sizes)):
+        rec[f"x{j}"], rec[f"len{j}"], rec[f"ys{j}"] = xs_arr, len(s), ys[:, offset : offset + m]
         offset += m
-        raw, size = rec.tobytes(), rec.dtype.itemsize
-        out.append([raw[i : i + size] for i in range(0, len(raw), size)])
-    return out
+    raw, size = rec.tobytes(), rec.dtype.itemsize
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
 def share_many(secrets: Sequence[bytes], threshold: int, xs: Sequence[int]) -> list[list[bytes]]:
@@ -243,9 +254,11 @@ class Sharing:
     def __init__(self, xs: np.ndarray, threshold: int, part: np.ndarray):
         self.xs, self.threshold, self.part = xs, threshold, part
 
-    def share(self, secrets: Sequence[bytes], xs: Sequence[int]) -> list[list[bytes]]:
+    def share(self, secrets: Sequence[bytes], xs: Sequence[int], *, joined: bool = False) -> list:
         """``out[j][i]``: the share of ``secrets[j]`` at ``xs[i]``, each of ``xs`` one of the
-        prepared points; the secrets' limbs must fill the prepared width."""
+        prepared points; the secrets' limbs must fill the prepared width. With ``joined``,
+        ``out[i]``: the shares of all the secrets at ``xs[i]`` concatenated (what one holder
+        is sent), the same bytes."""
         part = self.part
         if part is None:
             raise InputError("this Sharing was already used: prepare fresh polynomials for new secrets.")
@@ -264,10 +277,16 @@ class Sharing:
         if min(points) < 1 or max(points) >= P:
             raise InputError("xs names a point this sharing was not prepared for.")
         xs_arr = np.array(points, dtype=np.int64)
-        rows = np.minimum(np.searchsorted(self.xs, xs_arr), self.xs.size - 1)
-        if (self.xs[rows] != xs_arr).any():
-            raise InputError("xs names a point this sharing was not prepared for.")
-        return _serialise(secrets, sizes, xs_arr, (part[rows].astype(np.int64) + consts) % P)
+        if xs_arr.size == self.xs.size and (xs_arr == self.xs).all():  # every prepared point
+            ys = part.astype(np.int64)
+        else:
+            rows = np.minimum(np.searchsorted(self.xs, xs_arr), self.xs.size - 1)
+            if (self.xs[rows] != xs_arr).any():
+                raise InputError("xs names a point this sharing was not prepared for.")
+            ys = part[rows].astype(np.int64)
+        ys += consts
+        ys %= P
+        return (_serialise_joined if joined else _serialise)(secrets, sizes, xs_arr, ys)
 
 
 def prepare_sharings(xs_rows, threshold: int, width: int, chunk_elems: int = 1 << 20) -> list[Sharing]:

@@ -570,9 +570,10 @@ def test_sessions_opened_together_agree_each_pair_once_with_the_same_bytes(tampe
 
     # each client its own: two agreements per neighbour
     assert _count_crypto(share(alone))["agree"] == 2 * 6 * n
-    # one agreement per pair and key type; crossed: the pair a-b is one more (the neighbours
-    # a and b no longer reach compute theirs alone, one each, as the pair did)
-    assert _count_crypto(share(sessions))["agree"] == 6 * n + (1 if tamper else 0)
+    # one agreement per pair and key type; crossed: the pairs a-via_a and b-via_b no longer
+    # match (a holds via_a's c_pk with b's s_pk), so each side computes both of its own
+    # secrets: two pairs of four agreements instead of two
+    assert _count_crypto(share(sessions))["agree"] == 6 * n + (4 if tamper else 0)
     for s, t in zip(sessions, alone):
         assert s.pair_seeds == t.pair_seeds and s.recv_keys == t.recv_keys, s.me
         assert "_pairs" not in s.__dict__  # released after the share stage
@@ -588,15 +589,16 @@ def test_pair_secrets_keep_only_what_a_session_of_theirs_will_take():
     pairs = sessions[0]._pairs
     for s in sessions[1:]:
         s.respond("share", msgs[s.me])
-    assert len(pairs._open) == 2 * len(sessions[0].neigh)  # client 0's neighbours' secrets await it
+    assert len(pairs._open) == len(sessions[0].neigh)  # client 0's neighbours' secrets await it
     sessions[0].respond("share", msgs[0])
     assert pairs._open == {}
-    from protocols.masking.keys import PairSecrets, load_x25519, x25519_keypair
+    from protocols.masking.keys import PairSecrets, load_x25519, x25519_agree, x25519_keypair
 
     outsider = PairSecrets()
-    sk, pk = x25519_keypair()
-    peer = x25519_keypair()[1]
-    outsider.agree(load_x25519(sk), pk, peer)
+    (c_sk, c_pk), (s_sk, s_pk) = x25519_keypair(), x25519_keypair()
+    peer_c, peer_s = x25519_keypair()[1], x25519_keypair()[1]
+    got = outsider.agree(load_x25519(s_sk), load_x25519(c_sk), c_pk + s_pk, peer_c, peer_s)
+    assert got == (x25519_agree(s_sk, peer_s), x25519_agree(c_sk, peer_c))
     assert outsider._open == {}  # the peer is none of its sessions: nobody would take it
 
 

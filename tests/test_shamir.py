@@ -1,5 +1,6 @@
 """Shamir t-of-n sharing over GF(2^31-1): correctness, hiding threshold, errors, speed."""
 
+import copy
 import itertools
 import os
 import time
@@ -217,7 +218,8 @@ def _share_many_with(monkeypatch, coeffs, secrets, t, xs):
 def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypatch, same_points, t, m):
     """Sharings prepared for many dealers (stacked products, or one Vandermonde matrix when
     all share their points) give byte for byte the shares share_many makes from the same
-    coefficients, for any subset of the prepared points."""
+    coefficients, for all the prepared points and for any subset of them; ``joined`` gives
+    each holder's shares concatenated, the same bytes."""
     rng = np.random.default_rng(t * 100 + m + same_points)
     n, width = 5, 2 * shamir.n_limbs(32)
     base = rng.choice(30_000, m, replace=False) + 1
@@ -242,8 +244,11 @@ def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypat
             per_dealer = list(np.concatenate(drawn, axis=0))
     for i, sharing in enumerate(sharings):
         secrets = [os.urandom(32), os.urandom(32)]
-        pts = sorted(int(x) for x in rng.choice(rows[i], size=int(rng.integers(t, m + 1)), replace=False))
+        size = m if i % 2 == 0 else int(rng.integers(t, m + 1))  # every prepared point, or a subset
+        pts = sorted(int(x) for x in rng.choice(rows[i], size=size, replace=False))
+        joined = copy.deepcopy(sharing).share(secrets, pts, joined=True)
         got = sharing.share(secrets, pts)
+        assert joined == [a + b for a, b in zip(*got)]
         want = (shamir.share_many(secrets, t, pts) if t == 1 else
                 _share_many_with(monkeypatch, per_dealer[i], secrets, t, pts))
         assert got == want

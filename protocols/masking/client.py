@@ -272,15 +272,15 @@ class MaskingClient(ClientSession):
         self.b_seed = os.urandom(32)
         sharing = self.__dict__.pop("_sharing", None)
         if sharing is not None:  # polynomials drawn when the session opened (prepare_sharing)
-            s_shares, b_shares = sharing.share([self.s_sk, self.b_seed], [h + 1 for h in holders])
+            # each holder's payload: its share of s, then its share of b
+            payloads = sharing.share([self.s_sk, self.b_seed], [h + 1 for h in holders], joined=True)
         else:
             s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
+            payloads = [a + b for a, b in zip(s_shares, b_shares)]
         at = holders.index(self.me)
-        self.held: dict[int, tuple[bytes, bytes]] = {self.me: (s_shares[at], b_shares[at])}
-        # the peers are the holders without me, in the same (sorted) order
-        del s_shares[at], b_shares[at]
-        blobs = keys.encrypt_shares_many(send_keys, self.rid, self.me, peers,
-                                         [a + b for a, b in zip(s_shares, b_shares)])
+        own = payloads.pop(at)  # the peers are the holders without me, in the same (sorted) order
+        self.held: dict[int, tuple[bytes, bytes]] = {self.me: (own[:_SHARE_LEN], own[_SHARE_LEN:])}
+        blobs = keys.encrypt_shares_many(send_keys, self.rid, self.me, peers, payloads)
         out = dict(zip(peers, blobs))
         del self.c_sk, self.s_sk
         self.done.append("share")
@@ -291,14 +291,18 @@ class MaskingClient(ClientSession):
         self._enter("masked_input")
         if not isinstance(message, dict):
             self._refuse("the masked-input request carries no share ciphertexts")
-        senders, recv_keys = [], self.recv_keys
-        for u in message:
-            u = int(u)
-            if u not in recv_keys:
-                self._refuse(f"received shares from client {u}, who is not one of my key-sharing neighbours")
-            senders.append(u)
-        if len(set(senders)) != len(senders):
-            self._refuse("received two share ciphertexts from one client")
+        recv_keys = self.recv_keys
+        senders = list(message)
+        # as sent in process: distinct int ids, all of them neighbours; else checked one by one
+        if not (recv_keys.keys() >= set(senders) and all(type(u) is int for u in senders)):
+            senders = []
+            for u in message:
+                u = int(u)
+                if u not in recv_keys:
+                    self._refuse(f"received shares from client {u}, who is not one of my key-sharing neighbours")
+                senders.append(u)
+            if len(set(senders)) != len(senders):
+                self._refuse("received two share ciphertexts from one client")
         try:
             payloads = keys.decrypt_shares_many([recv_keys[u] for u in senders], self.rid, senders, self.me,
                                                 list(message.values()))

@@ -120,14 +120,16 @@ class PairSecrets:
     Two clients ``u`` and ``v`` holding private keys ``a`` and ``b`` with public keys
     ``A = X25519(a, 9)`` and ``B = X25519(b, 9)`` agree on ``X25519(a, B) = X25519(b, A)``
     (RFC 7748: both are the x-coordinate of ``clamp(a) clamp(b) G``), so when both sessions
-    live in one process the second can take the value the first computed instead of
-    computing it again: the same bytes, half the agreements. A secret is keyed by the
-    unordered pair (the public key of the private key it was computed with, the peer key
-    as received); it is found only by a session whose own public key and received peer key
-    form the very same pair, which by the identity above computes the very same bytes -- a
-    substituted or replayed key makes another pair, and that session computes its own.
-    Each secret is taken at most once (only its two parties can ask for its pair, each
-    once a round) and removed when taken; a secret is kept only for a peer key one of the
+    live in one process the second can take the values the first computed instead of
+    computing them again: the same bytes, half the agreements. A pair's two secrets (mask
+    key ``s``, share-encryption key ``c``) are kept together, keyed by the unordered pair
+    (the session's own advertised ``c_pk || s_pk``, the peer's ``c_pk || s_pk`` as
+    received); they are found only by a session whose own keys and received peer keys form
+    the very same pair, which by the identity above computes the very same bytes -- a
+    substituted, swapped or replayed key (either of the two) makes another pair, and that
+    session computes its own.
+    Each entry is taken at most once (only its two parties can ask for its pair, each once
+    a round) and removed when taken; an entry is kept only for peer keys one of the
     object's sessions advertised (:meth:`join`). The layer gives one object to the sessions
     it opens together in one process (:meth:`MaskingClient.share_pair_secrets`); it is
     never pickled, so a session that travels or is persisted computes its own.
@@ -137,22 +139,24 @@ class PairSecrets:
 
     def __init__(self):
         self._members: set[bytes] = set()
-        self._open: dict[bytes, bytes] = {}
+        self._open: dict[bytes, tuple[bytes, bytes]] = {}
 
-    def join(self, *public_keys: bytes) -> None:
-        """Public keys advertised by this object's sessions: secrets with them are kept."""
-        self._members.update(public_keys)
+    def join(self, c_pk: bytes, s_pk: bytes) -> None:
+        """Public keys advertised by one of this object's sessions: entries with them are kept."""
+        self._members.add(c_pk + s_pk)
 
-    def agree(self, private: X25519PrivateKey, own_public: bytes, peer_public: bytes) -> bytes:
-        """:func:`x25519_agree` ``(private, peer_public)``, where ``own_public`` is the public
-        key of ``private``, computed once for the pair."""
-        pair = own_public + peer_public if own_public < peer_public else peer_public + own_public
-        secret = self._open.pop(pair, None)
-        if secret is None:
-            secret = x25519_agree(private, peer_public)
-            if peer_public in self._members:
-                self._open[pair] = secret
-        return secret
+    def agree(self, s_key: X25519PrivateKey, c_key: X25519PrivateKey, own: bytes, c_pk: bytes, s_pk: bytes):
+        """``(x25519_agree(s_key, s_pk), x25519_agree(c_key, c_pk))``, where ``own`` is
+        ``c_pk || s_pk`` of the session's own keys ``c_key``, ``s_key``: computed once for
+        the pair. Raises :class:`CryptoFailure` for an invalid peer key."""
+        peer = c_pk + s_pk
+        pair = own + peer if own < peer else peer + own
+        secrets = self._open.pop(pair, None)
+        if secrets is None:
+            secrets = (x25519_agree(s_key, s_pk), x25519_agree(c_key, c_pk))
+            if peer in self._members:
+                self._open[pair] = secrets
+        return secrets
 
 
 def pair_keys(s_key: X25519PrivateKey, c_key: X25519PrivateKey, rid: bytes, me: int, peers, s_pks, c_pks, digest: bytes,
@@ -161,9 +165,9 @@ def pair_keys(s_key: X25519PrivateKey, c_key: X25519PrivateKey, rid: bytes, me: 
     receive keys ``v -> me``, by :func:`x25519_agree`, :func:`kdf` with :func:`mask_seed_info`
     and :func:`share_keys`, as one call per client. With ``pairs`` (a :class:`PairSecrets`
     shared with the peers simulated in this process) and ``own`` (this client's advertised
-    ``(c_pk, s_pk)``) each secret a peer already computed is taken from it: the same bytes.
-    Raises :class:`PeerKeyError` (``.peer``, ``.failure``) for a peer whose advertised key
-    fails the agreement."""
+    ``(c_pk, s_pk)``) each pair's secrets a peer already computed are taken from it: the
+    same bytes. Raises :class:`PeerKeyError` (``.peer``, ``.failure``) for a peer whose
+    advertised key fails the agreement."""
     seeds, send, recv = [], [], []
     # the info strings of mask_seed_info and share_keys, their constant parts built once
     mask_prefix, mask_suffix = DOMAIN + b"|mask|" + rid, b"|" + digest
@@ -172,15 +176,14 @@ def pair_keys(s_key: X25519PrivateKey, c_key: X25519PrivateKey, rid: bytes, me: 
     if pairs is not None:
         if own is None:
             raise ValueError("pair_keys: pairs= needs own=(c_pk, s_pk), the client's advertised public keys")
-        take, (own_c, own_s) = pairs.agree, own
+        take, mine = pairs.agree, own[0] + own[1]
     for v, s_pk, c_pk in zip(peers, s_pks, c_pks):
         try:
             if pairs is None:
                 s_shared = agree(s_key, s_pk)
                 c_shared = agree(c_key, c_pk)
             else:
-                s_shared = take(s_key, own_s, s_pk)
-                c_shared = take(c_key, own_c, c_pk)
+                s_shared, c_shared = take(s_key, c_key, mine, c_pk, s_pk)
         except CryptoFailure as exc:
             raise PeerKeyError(v, exc) from None
         pair = pack(me, v) if me < v else pack(v, me)

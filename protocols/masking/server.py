@@ -191,14 +191,8 @@ class MaskingServer(RoundChecks, ServerSession):
             if self.plan.graph.kind == "complete":
                 keyset = {v: self.adverts[v] for v in sorted(self.u1)}
                 return {c: {"keys": keyset} for c in live}
-            out = {}
-            for c in live:
-                ks = {c: self.adverts[c]}
-                for v in self.plan.graph.neighbours(c).tolist():
-                    if v in self.u1:
-                        ks[v] = self.adverts[v]
-                out[c] = {"keys": ks}
-            return out
+            adverts, u1, neighbours = self.adverts, self.u1, self.plan.graph.neighbours
+            return {c: {"keys": {v: adverts[v] for v in [c] + neighbours(c).tolist() if v in u1}} for c in live}
         if stage == "masked_input":
             live = [c for c in alive if c in self.u2]
             out = {c: {} for c in live}
@@ -251,10 +245,14 @@ class MaskingServer(RoundChecks, ServerSession):
             self.u1 = set(self.adverts)
             self._need(stage, len(self.u1), "advertised keys")
         elif stage == "share":
+            u1 = self.u1
             for u, cts in replies.items():
                 u = int(u)
-                if u in self.u1 and isinstance(cts, dict):
-                    self.cipher_out[u] = {int(v): b for v, b in cts.items() if int(v) in self.u1}
+                if u in u1 and isinstance(cts, dict):
+                    if cts.keys() <= u1 and all(type(v) is int for v in cts):  # as sent in process
+                        self.cipher_out[u] = dict(cts)
+                    else:
+                        self.cipher_out[u] = {int(v): b for v, b in cts.items() if int(v) in u1}
             self.u2 = set(self.cipher_out)
             self._need(stage, len(self.u2), "completed the share stage")
         elif stage == "masked_input":
