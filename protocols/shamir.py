@@ -238,81 +238,60 @@ def share_many(secrets: Sequence[bytes], threshold: int, xs: Sequence[int]) -> l
     return _serialise(secrets, sizes, xs_arr, _evaluate(coeffs, xs_arr))
 
 
-class Sharing:
-    """Fresh random sharing polynomials, evaluated at a fixed set of points before the
-    secrets are known; made by :func:`prepare_sharings`, used once by :meth:`share`.
-
-    For each of ``width`` limbs a polynomial ``f(x) = c + a_1 x + ... + a_{t-1} x**(t-1)``
-    with uniform ``a_j`` from the OS CSPRNG, as in :func:`share_many`; ``part[i, l]`` holds
-    ``(f(x_i) - c) mod p``, which does not depend on ``c``. :meth:`share` adds the secrets'
-    limbs ``c``: the shares are exactly those :func:`share_many` makes from the same
-    coefficients (same values, same bytes). ``part`` is as secret as the coefficients
-    (with one share it gives the secret): it is erased by :meth:`share`, which refuses a
-    second use (two secrets under one polynomial would leak their difference).
-    """
-
-    def __init__(self, xs: np.ndarray, threshold: int, part: np.ndarray):
-        self.xs, self.threshold, self.part = xs, threshold, part
-
-    def share(self, secrets: Sequence[bytes], xs: Sequence[int], *, joined: bool = False) -> list:
-        """``out[j][i]``: the share of ``secrets[j]`` at ``xs[i]``, each of ``xs`` one of the
-        prepared points; the secrets' limbs must fill the prepared width. With ``joined``,
-        ``out[i]``: the shares of all the secrets at ``xs[i]`` concatenated (what one holder
-        is sent), the same bytes."""
-        part = self.part
-        if part is None:
-            raise InputError("this Sharing was already used: prepare fresh polynomials for new secrets.")
-        self.part = None
-        secrets, sizes, consts = _secret_limbs(secrets)
-        if consts.size != part.shape[1]:
-            raise InputError(f"the secrets have {consts.size} limbs, the sharing was prepared for {part.shape[1]}.")
-        try:
-            points = [int(x) for x in xs]
-        except (TypeError, ValueError):
-            raise InputError(f"xs must be a sequence of ints, got {xs!r}.") from None
-        if len(set(points)) != len(points):
-            raise InputError("xs contains duplicates; each share holder needs a distinct evaluation point.")
-        _check_threshold(self.threshold, len(points))
-        # every point must be a prepared one (those were range-checked by prepare_sharings)
-        if min(points) < 1 or max(points) >= P:
-            raise InputError("xs names a point this sharing was not prepared for.")
-        xs_arr = np.array(points, dtype=np.int64)
-        if xs_arr.size == self.xs.size and (xs_arr == self.xs).all():  # every prepared point
-            ys = part.astype(np.int64)
-        else:
-            rows = np.minimum(np.searchsorted(self.xs, xs_arr), self.xs.size - 1)
-            if (self.xs[rows] != xs_arr).any():
-                raise InputError("xs names a point this sharing was not prepared for.")
-            ys = part[rows].astype(np.int64)
-        ys += consts
-        ys %= P
-        return (_serialise_joined if joined else _serialise)(secrets, sizes, xs_arr, ys)
-
-
-def prepare_sharings(xs_rows, threshold: int, width: int, chunk_elems: int = 1 << 20) -> list[Sharing]:
-    """One :class:`Sharing` per row of ``xs_rows`` (shape ``(N, m)``: each row the points of
-    one dealer's holders), for secrets of ``width`` limbs in all, vectorised across rows.
+def share_rows(xs_rows, threshold: int, secret_rows, chunk_elems: int = 1 << 20) -> list[list[bytes]]:
+    """Many dealers' sharings at once: dealer ``i`` shares its secrets ``secret_rows[i]``
+    (the same number and lengths for every dealer) ``threshold``-of-``m`` at its row of
+    points ``xs_rows[i]`` (shape ``(N, m)``). ``out[i][j]``: dealer ``i``'s shares at its
+    ``j``-th point in ascending order, one per secret, concatenated -- the bytes of
+    ``b"".join(share_many(secret_rows[i], threshold, sorted(xs_rows[i]))[s][j] for s)`` had
+    ``share_many`` drawn the same coefficients.
 
     The random parts ``sum_{j=1}^{t-1} a_j x**j mod p`` of all rows are computed together:
     one Vandermonde matrix and one product when every row holds the same points (the
     complete graph), else chunks of rows as stacked products (the sparse graph: every
-    client's holders differ). Same values as :func:`share_many` would compute row by row.
+    client's holders differ); then the secrets' limbs are added and every share of every
+    dealer is serialised from one record array per chunk of rows.
     """
     xs_rows = np.asarray(xs_rows)
     if xs_rows.ndim != 2 or xs_rows.shape[1] == 0:
         raise InputError("xs_rows must be a non-empty 2-D array: one row of points per dealer.")
-    xs_rows = xs_rows.astype(np.int64)
+    xs_rows = np.sort(xs_rows.astype(np.int64), axis=1)
     n, m = xs_rows.shape
-    xs_rows = np.sort(xs_rows, axis=1)
     if n and (xs_rows.min() < 1 or xs_rows.max() >= P):
         raise InputError(f"xs must lie in [1, {P - 1}] (x = 0 would reveal the secret).")
     if m > 1 and np.any(xs_rows[:, 1:] == xs_rows[:, :-1]):
         raise InputError("xs contains duplicates; each share holder needs a distinct evaluation point.")
     t = _check_threshold(threshold, m)
-    width = int(width)
+    if len(secret_rows) != n:
+        raise InputError(f"secret_rows has {len(secret_rows)} rows for {n} rows of points: one per dealer.")
+    if not n:
+        return []
+    limbs = [_secret_limbs(row) for row in secret_rows]
+    secrets, sizes, _ = limbs[0]
+    if any([len(x) for x in row] != [len(x) for x in secrets] for row, _, _ in limbs):
+        raise InputError("every dealer must share as many secrets as the others, of the same lengths.")
+    consts = np.stack([c for _, _, c in limbs])  # (N, width)
+    width = consts.shape[1]
+    same = n > 1 and bool(np.all(xs_rows == xs_rows[0]))
+    out: list[list[bytes]] = []
+    step = max(1, chunk_elems // (m * width))  # rows per chunk: bounded scratch memory
+    for s in range(0, n, step):
+        rows = xs_rows[s : s + step]
+        ys = _random_parts(rows, t, width, chunk_elems, same).astype(np.int64)
+        ys += consts[s : s + step, None, :]
+        ys %= P
+        flat = _serialise_joined(secrets, sizes, rows.reshape(-1), ys.reshape(-1, width))
+        out += [flat[i : i + m] for i in range(0, len(flat), m)]
+    return out
+
+
+def _random_parts(xs_rows: np.ndarray, t: int, width: int, chunk_elems: int, same: bool) -> np.ndarray:
+    """``(N, m, width)``: each row's fresh random polynomials' values minus their constant
+    terms at its points (``same``: every row holds the same points)."""
+    n, m = xs_rows.shape
     parts = np.zeros((n, m, width), dtype=np.uint32)
     if t > 1 and n:
-        if n > 1 and np.all(xs_rows == xs_rows[0]):
+        if same:
             v = vandermonde(xs_rows[0], t)[:, 1:]  # (m, t - 1): x**1 .. x**(t-1)
             step = max(1, chunk_elems // ((t - 1) * width + m * width))
             for s in range(0, n, step):
@@ -326,7 +305,7 @@ def prepare_sharings(xs_rows, threshold: int, width: int, chunk_elems: int = 1 <
                 c = len(rows)
                 v = vandermonde(rows.reshape(-1), t)[:, 1:].reshape(c, m, t - 1)
                 parts[s : s + c] = mulmod_matmul(v, random_field_elements((c, t - 1, width)))
-    return [Sharing(xs_rows[i], t, parts[i]) for i in range(n)]
+    return parts
 
 
 def share(secret: bytes, threshold: int, xs: Sequence[int]) -> list[bytes]:

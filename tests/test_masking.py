@@ -597,7 +597,7 @@ def test_pair_secrets_keep_only_what_a_session_of_theirs_will_take():
     outsider = PairSecrets()
     (c_sk, c_pk), (s_sk, s_pk) = x25519_keypair(), x25519_keypair()
     peer_c, peer_s = x25519_keypair()[1], x25519_keypair()[1]
-    got = outsider.agree(load_x25519(s_sk), load_x25519(c_sk), c_pk + s_pk, peer_c, peer_s)
+    got = outsider.agree(load_x25519(s_sk), load_x25519(c_sk), (c_pk, s_pk), peer_c, peer_s)
     assert got == (x25519_agree(s_sk, peer_s), x25519_agree(c_sk, peer_c))
     assert outsider._open == {}  # the peer is none of its sessions: nobody would take it
 

@@ -121,8 +121,10 @@ def test_client_masked_vector_is_the_protocol_formula():
 
 @pytest.mark.parametrize("graph, n", [("sparse", 60), ("complete", 12)])
 def test_sessions_open_with_prepared_sharings_used_once_at_the_share_stage(graph, n):
-    """client_sessions draws every client's sharing polynomials together; the share stage
-    consumes them (nothing of them stays in the session), and the round's sum is exact."""
+    """client_sessions makes every client's mask key, self-mask seed and their shares at all
+    its possible holders together; the share stage sends those of the holders that
+    advertised (client 3 never does) and keeps nothing of them, and the round's sum is
+    exact."""
     layer = PairwiseMasking(graph=graph, **({"neighbours": 8} if graph == "sparse" else {}))
     sums = random_sums(n, np.random.default_rng(5))
     ctx = make_ctx(n)
@@ -130,14 +132,15 @@ def test_sessions_open_with_prepared_sharings_used_once_at_the_share_stage(graph
     layer.before_round(ctx)
     server = layer.server_session(ctx)
     sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
-    assert all(s._sharing.part is not None for s in sessions)
+    assert all(len(s._payloads) == len(s.neigh) + 1 and len(s.b_seed) == 32 for s in sessions)
     alive = tuple(range(n))
     for stage in STAGES:
         msgs = server.messages(stage, alive)
         server.receive(stage, {c: sessions[c].respond(stage, m) for c, m in msgs.items() if c != 3})
         alive = tuple(c for c in alive if c != 3)
         if stage == "share":
-            assert not any(hasattr(s, "_sharing") for i, s in enumerate(sessions) if i != 3)
+            assert not any(hasattr(s, a) for i, s in enumerate(sessions) if i != 3
+                           for a in ("_payloads", "_s_key", "_s_pk", "s_sk"))
     agg, contributors = server.result()
     assert 3 not in contributors
     expect = sum(np.asarray(sums[c]["count"]) for c in contributors)

@@ -1,6 +1,5 @@
 """Shamir t-of-n sharing over GF(2^31-1): correctness, hiding threshold, errors, speed."""
 
-import copy
 import itertools
 import os
 import time
@@ -215,16 +214,18 @@ def _share_many_with(monkeypatch, coeffs, secrets, t, xs):
 
 @pytest.mark.parametrize("same_points", [False, True])
 @pytest.mark.parametrize("t, m", [(1, 4), (2, 3), (22, 43), (65, 70), (66, 70)])
-def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypatch, same_points, t, m):
-    """Sharings prepared for many dealers (stacked products, or one Vandermonde matrix when
-    all share their points) give byte for byte the shares share_many makes from the same
-    coefficients, for all the prepared points and for any subset of them; ``joined`` gives
-    each holder's shares concatenated, the same bytes."""
+def test_share_rows_equal_share_many_with_the_same_coefficients(monkeypatch, same_points, t, m):
+    """Many dealers shared at once (stacked products, or one Vandermonde matrix when all
+    share their points; several chunks of rows) give byte for byte, holder by holder, the
+    concatenated shares share_many makes from the same coefficients, at the points in
+    ascending order; any t of them reconstruct the secrets."""
     rng = np.random.default_rng(t * 100 + m + same_points)
-    n, width = 5, 2 * shamir.n_limbs(32)
+    n = 5
     base = rng.choice(30_000, m, replace=False) + 1
     rows = np.array([base if same_points else rng.choice(30_000, m, replace=False) + 1 for _ in range(n)])
     rows[:, 0] = shamir.P - 1
+    width = 2 * shamir.n_limbs(32)
+    secret_rows = [[os.urandom(32), os.urandom(32)] for _ in range(n)]
     drawn = []
     real = shamir.random_field_elements
 
@@ -234,7 +235,7 @@ def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypat
         return out
 
     monkeypatch.setattr(shamir, "random_field_elements", recording)
-    sharings = shamir.prepare_sharings(rows, t, width, chunk_elems=3 * m * max(t, 2 * width))  # several chunks
+    got = shamir.share_rows(rows, t, secret_rows, chunk_elems=2 * m * max(t, 2 * width))  # several chunks
     monkeypatch.undo()
     if t > 1:  # the coefficients of dealer i, as share_many would draw them: (t - 1, width)
         if same_points:
@@ -242,39 +243,30 @@ def test_prepared_sharings_equal_share_many_with_the_same_coefficients(monkeypat
             per_dealer = [allc[:, i * width : (i + 1) * width] for i in range(n)]
         else:
             per_dealer = list(np.concatenate(drawn, axis=0))
-    for i, sharing in enumerate(sharings):
-        secrets = [os.urandom(32), os.urandom(32)]
-        size = m if i % 2 == 0 else int(rng.integers(t, m + 1))  # every prepared point, or a subset
-        pts = sorted(int(x) for x in rng.choice(rows[i], size=size, replace=False))
-        joined = copy.deepcopy(sharing).share(secrets, pts, joined=True)
-        got = sharing.share(secrets, pts)
-        assert joined == [a + b for a, b in zip(*got)]
+    for i, secrets in enumerate(secret_rows):
+        pts = sorted(int(x) for x in rows[i])
         want = (shamir.share_many(secrets, t, pts) if t == 1 else
                 _share_many_with(monkeypatch, per_dealer[i], secrets, t, pts))
-        assert got == want
-        assert shamir.reconstruct_many([got[0][:t], got[1][-t:]], t) == secrets
-        with pytest.raises(InputError, match="already used"):
-            sharing.share(secrets, pts)
+        assert got[i] == [a + b for a, b in zip(*want)]
+        size = len(want[0][0])
+        picked = rng.choice(m, size=t, replace=False)
+        groups = [[got[i][j][:size] for j in picked], [got[i][j][size:] for j in picked]]
+        assert shamir.reconstruct_many(groups, t) == secrets
 
 
-def test_prepared_sharing_refuses_foreign_points_and_bad_rows():
-    (sh,) = shamir.prepare_sharings([[5, 3, 9]], 2, 9)
-    with pytest.raises(InputError, match="not prepared"):
-        sh.share([os.urandom(32)], [3, 4])
-    with pytest.raises(InputError, match="duplicates"):
-        shamir.prepare_sharings([[1, 2, 2]], 2, 9)
-    with pytest.raises(InputError, match="lie in"):
-        shamir.prepare_sharings([[0, 2, 3]], 2, 9)
-    with pytest.raises(InputError, match="threshold"):
-        shamir.prepare_sharings([[1, 2, 3]], 4, 9)
-    (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 18)
-    with pytest.raises(InputError, match="limbs"):
-        sh.share([os.urandom(32)], [1, 2])
-
-
-def test_prepared_sharing_checks_points_like_share_many():
-    secrets = [os.urandom(32)]
-    for bad, match in [([1, 1], "duplicates"), ([1, 2**70], "not prepared"), ([0, 1], "not prepared"), ([1], "threshold")]:
-        (sh,) = shamir.prepare_sharings([[1, 2, 3]], 2, 9)
+def test_share_rows_refuses_bad_points_and_secrets():
+    two = [os.urandom(32), os.urandom(32)]
+    for rows, t, secrets, match in [
+        ([[1, 2, 2]], 2, [two], "duplicates"),
+        ([[0, 2, 3]], 2, [two], "lie in"),
+        ([[1, 2, 2**31]], 2, [two], "lie in"),
+        ([[1, 2, 3]], 4, [two], "threshold"),
+        ([[1, 2, 3]], 0, [two], "threshold"),
+        ([1, 2, 3], 2, [two], "2-D"),
+        ([[1, 2, 3], [4, 5, 6]], 2, [two], "one per dealer"),
+        ([[1, 2, 3], [4, 5, 6]], 2, [two, [os.urandom(32)]], "as many secrets"),
+        ([[1, 2, 3], [4, 5, 6]], 2, [two, [os.urandom(32), os.urandom(31)]], "same lengths"),
+        ([[1, 2, 3]], 2, [[b""]], "1..65535 bytes"),
+    ]:
         with pytest.raises(InputError, match=match):
-            sh.share(secrets, bad)
+            shamir.share_rows(rows, t, secrets)

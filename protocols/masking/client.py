@@ -5,11 +5,12 @@ One :class:`MaskingClient` per client and round. It answers the stages in order
 ``consistency_check``, then ``unmask``) and refuses
 (:class:`~securefkm.layers.ProtocolRefusal`) any request an honest client must not
 answer. The session is a plain picklable object: a deployment can persist it between
-messages. Its Shamir polynomials (random coefficients only) are drawn when it opens,
-together for all sessions a layer opens at once (:meth:`MaskingClient.prepare_sharing`).
-Secrets are erased as soon as they are no longer needed: the X25519 private keys and the
-prepared polynomials after the share stage, the self-mask seed, the pairwise seeds and the plaintext vector
-after the masked input, the held shares after the unmask stage.
+messages. Its two shared secrets (the mask key and the self-mask seed) and their Shamir
+shares are made when it opens, together for all sessions a layer opens at once
+(:meth:`MaskingClient.prepare_sharing`). Secrets are erased as soon as they are no longer
+needed: the X25519 private keys and the prepared shares after the share stage, the
+self-mask seed, the pairwise seeds and the plaintext vector after the masked input, the
+held shares after the unmask stage.
 
 Consistency check (active-server variant, Bonawitz et al. Fig. 4 round 3): the client signs
 ``(round id, broadcast digest, U3)`` for the survivor list ``U3`` the server tells it, and
@@ -106,22 +107,31 @@ class MaskingClient(ClientSession):
 
     @staticmethod
     def prepare_sharing(sessions: list[MaskingClient]) -> None:
-        """Draw each session's Shamir polynomials for its two secrets (the mask key ``s`` and
-        the self-mask seed ``b``, 32 bytes each) at all of its possible holders -- itself and
-        its neighbours -- before the secrets exist, vectorised across the sessions
-        (:func:`protocols.shamir.prepare_sharings`: one Vandermonde matrix per holder set).
-        The share stage then only adds the secrets' limbs for the holders that advertised
-        keys: the same shares as sharing there and then, the same randomness (fresh uniform
-        coefficients from the OS CSPRNG), erased at the share stage like the secrets."""
+        """Make each session's two secrets -- the mask key pair's private key ``s`` (X25519)
+        and the self-mask seed ``b``, 32 bytes each -- when it opens, and their Shamir shares
+        at all of its possible holders (itself and its neighbours), vectorised across the
+        sessions (:func:`protocols.shamir.share_rows`: one Vandermonde matrix per holder
+        set, every share serialised from one record array). The ``advertise`` stage then
+        publishes the prepared key and the share stage sends the shares of the holders that
+        advertised keys: the same protocol and randomness (fresh uniform coefficients, keys
+        and seed from the OS CSPRNG), the key pair made a stage earlier. Everything prepared
+        is erased where the secrets always were: the key and the shares after the share
+        stage, the seed after the masked input."""
         groups: dict[tuple[int, int], list[tuple[MaskingClient, list[int]]]] = {}
         for session in sessions:
             points = sorted(v + 1 for v in session.neigh | {session.me})
             if 1 <= session.t_share <= len(points):  # else the share stage refuses anyway
                 groups.setdefault((len(points), session.t_share), []).append((session, points))
         for (_, t), members in groups.items():
-            sharings = shamir.prepare_sharings([points for _, points in members], t, _SECRET_LIMBS)
-            for (session, _), sharing in zip(members, sharings):
-                session._sharing = sharing
+            b_seeds = os.urandom(32 * len(members))
+            secret_rows = []
+            for i, (session, _) in enumerate(members):
+                session.s_sk, session._s_pk, session._s_key = keys.x25519_keypair(with_key=True)
+                session.b_seed = b_seeds[32 * i : 32 * i + 32]
+                secret_rows.append([session.s_sk, session.b_seed])
+            payloads = shamir.share_rows([points for _, points in members], t, secret_rows)
+            for (session, _), row in zip(members, payloads):
+                session._payloads = row  # row[j]: s-share || b-share of holder j (ascending ids)
 
     @staticmethod
     def share_pair_secrets(sessions: list[MaskingClient]) -> None:
@@ -137,7 +147,7 @@ class MaskingClient(ClientSession):
     def __getstate__(self):
         # loaded key objects are not picklable; a restored session reloads the raw keys
         # nor is the process's PairSecrets: a restored session computes its own agreements
-        return {k: v for k, v in self.__dict__.items() if k not in ("_loaded", "_pairs")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_loaded", "_s_key", "_pairs")}
 
     # ------------------------------------------------------------------ helpers
     def _refuse(self, why: str):
@@ -200,7 +210,11 @@ class MaskingClient(ClientSession):
     def _advertise(self, message):
         self._enter("advertise")
         self.c_sk, c_pk, c_key = keys.x25519_keypair(with_key=True)
-        self.s_sk, s_pk, s_key = keys.x25519_keypair(with_key=True)
+        if "_s_pk" in self.__dict__:  # made when the session opened (prepare_sharing)
+            s_pk = self.__dict__.pop("_s_pk")
+            s_key = self.__dict__.pop("_s_key", None) or keys.load_x25519(self.s_sk)
+        else:
+            self.s_sk, s_pk, s_key = keys.x25519_keypair(with_key=True)
         self._loaded = (c_key, s_key)  # not pickled (__getstate__): reloaded from the raw keys
         pairs = self.__dict__.get("_pairs")
         if pairs is not None:
@@ -269,12 +283,14 @@ class MaskingClient(ClientSession):
         seeds, send_keys, recv_keys = derived
         self.pair_seeds: dict[int, bytes] = dict(zip(peers, seeds))
         self.recv_keys: dict[int, bytes] = dict(zip(peers, recv_keys))
-        self.b_seed = os.urandom(32)
-        sharing = self.__dict__.pop("_sharing", None)
-        if sharing is not None:  # polynomials drawn when the session opened (prepare_sharing)
-            # each holder's payload: its share of s, then its share of b
-            payloads = sharing.share([self.s_sk, self.b_seed], [h + 1 for h in holders], joined=True)
+        # each holder's payload: its share of s, then its share of b
+        payloads = self.__dict__.pop("_payloads", None)
+        if payloads is not None:  # made when the session opened (prepare_sharing), at every neighbour
+            if len(payloads) != len(holders):  # not every neighbour advertised: theirs are dropped
+                prepared = dict(zip(sorted(self.neigh | {self.me}), payloads))
+                payloads = [prepared[h] for h in holders]
         else:
+            self.b_seed = os.urandom(32)
             s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
             payloads = [a + b for a, b in zip(s_shares, b_shares)]
         at = holders.index(self.me)

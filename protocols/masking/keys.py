@@ -123,11 +123,12 @@ class PairSecrets:
     live in one process the second can take the values the first computed instead of
     computing them again: the same bytes, half the agreements. A pair's two secrets (mask
     key ``s``, share-encryption key ``c``) are kept together, keyed by the unordered pair
-    (the session's own advertised ``c_pk || s_pk``, the peer's ``c_pk || s_pk`` as
+    (the session's own advertised ``(c_pk, s_pk)``, the peer's ``(c_pk, s_pk)`` as
     received); they are found only by a session whose own keys and received peer keys form
     the very same pair, which by the identity above computes the very same bytes -- a
     substituted, swapped or replayed key (either of the two) makes another pair, and that
-    session computes its own.
+    session computes its own. (Tuples of the keys, not their concatenation: in process the
+    keys are the very objects advertised, whose hashes Python computes once.)
     Each entry is taken at most once (only its two parties can ask for its pair, each once
     a round) and removed when taken; an entry is kept only for peer keys one of the
     object's sessions advertised (:meth:`join`). The layer gives one object to the sessions
@@ -138,18 +139,19 @@ class PairSecrets:
     __slots__ = ("_members", "_open")
 
     def __init__(self):
-        self._members: set[bytes] = set()
-        self._open: dict[bytes, tuple[bytes, bytes]] = {}
+        self._members: set[tuple[bytes, bytes]] = set()
+        self._open: dict[tuple[bytes, ...], tuple[bytes, bytes]] = {}
 
     def join(self, c_pk: bytes, s_pk: bytes) -> None:
         """Public keys advertised by one of this object's sessions: entries with them are kept."""
-        self._members.add(c_pk + s_pk)
+        self._members.add((c_pk, s_pk))
 
-    def agree(self, s_key: X25519PrivateKey, c_key: X25519PrivateKey, own: bytes, c_pk: bytes, s_pk: bytes):
+    def agree(self, s_key: X25519PrivateKey, c_key: X25519PrivateKey, own: tuple[bytes, bytes], c_pk: bytes,
+              s_pk: bytes):
         """``(x25519_agree(s_key, s_pk), x25519_agree(c_key, c_pk))``, where ``own`` is
-        ``c_pk || s_pk`` of the session's own keys ``c_key``, ``s_key``: computed once for
+        ``(c_pk, s_pk)`` of the session's own keys ``c_key``, ``s_key``: computed once for
         the pair. Raises :class:`CryptoFailure` for an invalid peer key."""
-        peer = c_pk + s_pk
+        peer = (c_pk, s_pk)
         pair = own + peer if own < peer else peer + own
         secrets = self._open.pop(pair, None)
         if secrets is None:
@@ -176,7 +178,7 @@ def pair_keys(s_key: X25519PrivateKey, c_key: X25519PrivateKey, rid: bytes, me: 
     if pairs is not None:
         if own is None:
             raise ValueError("pair_keys: pairs= needs own=(c_pk, s_pk), the client's advertised public keys")
-        take, mine = pairs.agree, own[0] + own[1]
+        take, mine = pairs.agree, (own[0], own[1])
     for v, s_pk, c_pk in zip(peers, s_pks, c_pks):
         try:
             if pairs is None:
