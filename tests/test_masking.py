@@ -366,6 +366,23 @@ def test_masked_input_refuses_tampered_or_misrouted_share_ciphertexts(attack, wh
         drive(PairwiseMasking(threshold=3), 5, sums, hook=tamper)
 
 
+def test_masked_input_refuses_authentic_shares_of_the_wrong_size(monkeypatch):
+    """A malicious neighbour (client 1) encrypts a short payload to client 0 under their
+    true key: it authenticates, and client 0 refuses it as malformed."""
+    from protocols.masking import keys
+
+    real = keys.encrypt_shares_many
+
+    def short_to_0(ks, rid, sender, receivers, payloads):
+        if sender == 1:
+            payloads = [p[:10] if r == 0 else p for r, p in zip(receivers, payloads)]
+        return real(ks, rid, sender, receivers, payloads)
+
+    monkeypatch.setattr(keys, "encrypt_shares_many", short_to_0)
+    with pytest.raises(ProtocolRefusal, match="shares from client 1 are malformed"):
+        drive(PairwiseMasking(threshold=3), 5, random_sums(5, np.random.default_rng(13)))
+
+
 # --------------------------------------------------------------------------- broadcast binding
 def test_inconsistent_digest_fails_only_when_bound():
     sums = random_sums(6, np.random.default_rng(12))

@@ -295,7 +295,7 @@ class MaskingClient(ClientSession):
             payloads = [a + b for a, b in zip(s_shares, b_shares)]
         at = holders.index(self.me)
         own = payloads.pop(at)  # the peers are the holders without me, in the same (sorted) order
-        self.held: dict[int, tuple[bytes, bytes]] = {self.me: (own[:_SHARE_LEN], own[_SHARE_LEN:])}
+        self.held: dict[int, bytes] = {self.me: own}  # holder -> its s-share || b-share, split at unmask
         blobs = keys.encrypt_shares_many(send_keys, self.rid, self.me, peers, payloads)
         out = dict(zip(peers, blobs))
         del self.c_sk, self.s_sk
@@ -324,11 +324,10 @@ class MaskingClient(ClientSession):
                                                 list(message.values()))
         except keys.PeerKeyError as exc:
             self._refuse(f"shares from client {exc.peer} do not decrypt ({exc.failure})")
-        held = self.held
-        for u, payload in zip(senders, payloads):
-            if len(payload) != 2 * _SHARE_LEN:
-                self._refuse(f"shares from client {u} are malformed")
-            held[u] = (payload[:_SHARE_LEN], payload[_SHARE_LEN:])
+        malformed = [u for u, payload in zip(senders, payloads) if len(payload) != 2 * _SHARE_LEN]
+        if malformed:
+            self._refuse(f"shares from client {malformed[0]} are malformed")
+        self.held.update(zip(senders, payloads))
         mask_peers = sorted(senders)
         if len(mask_peers) + 1 < self.t_share:
             self._refuse(
@@ -424,11 +423,10 @@ class MaskingClient(ClientSession):
             if prev is not None and prev != kind:
                 self._refuse(f"asked for the {kind}-share of client {v} after revealing its {prev}-share")
             self.revealed[v] = kind
-            s_sh, b_sh = self.held[v]
             if kind == "b":
-                b_out[v] = b_sh
+                b_out[v] = self.held[v][_SHARE_LEN:]
             else:
-                s_out[v] = s_sh
+                s_out[v] = self.held[v][:_SHARE_LEN]
         self.held = {}
         self.done.append("unmask")
         return {"b": b_out, "s": s_out}
