@@ -295,6 +295,16 @@ def test_refuses_replayed_stage():
         clients[0].respond("advertise", {})
 
 
+def test_never_reveals_both_shares_of_a_client():
+    """A second unmask request that names a survivor of the first as dropped (to get its
+    mask key after its self-mask seed) is refused: the stage is answered once."""
+    clients = _after_masked_input(threshold=3)
+    first = clients[0].respond("unmask", {"survivors": (0, 1, 2, 3), "dropped": (4,)})
+    assert set(first["b"]) == {0, 1, 2, 3} and set(first["s"]) == {4}
+    with pytest.raises(ProtocolRefusal, match="already answered"):
+        clients[0].respond("unmask", {"survivors": (0, 1, 2, 4), "dropped": (3,)})
+
+
 # --------------------------------------------------------------------------- signatures
 def test_signed_keys_reject_tampered_key():
     sums = random_sums(4, np.random.default_rng(11))

@@ -102,7 +102,6 @@ class MaskingClient(ClientSession):
         self.quorum = plan.consistency_quorum
         self.order = ("advertise", "share", "masked_input") + (("consistency_check",) if consistency else ()) + ("unmask",)
         self.done: list[str] = []
-        self.revealed: dict[int, str] = {}  # peer -> share type revealed ("b" or "s")
         self.signed_u3: tuple[int, ...] | None = None
 
     @staticmethod
@@ -414,19 +413,12 @@ class MaskingClient(ClientSession):
             # held peers outside it (U2 minus U3 as this client knows U2), nothing else
             dropped = mine - survivors
         self._check_survivors(survivors)
-        b_out, s_out = {}, {}
-        for v in sorted(mine):
-            kind = "b" if v in survivors else "s" if v in dropped else None
-            if kind is None:
-                continue
-            prev = self.revealed.get(v)
-            if prev is not None and prev != kind:
-                self._refuse(f"asked for the {kind}-share of client {v} after revealing its {prev}-share")
-            self.revealed[v] = kind
-            if kind == "b":
-                b_out[v] = self.held[v][_SHARE_LEN:]
-            else:
-                s_out[v] = self.held[v][:_SHARE_LEN]
+        # no client's two shares are ever revealed: survivors and dropped are disjoint
+        # (checked above) and the stage is answered once (_enter refuses a replay)
+        b_ids, s_ids = sorted(mine & survivors), sorted(mine & dropped)
+        held = self.held
+        b_out = {v: held[v][_SHARE_LEN:] for v in b_ids}
+        s_out = {v: held[v][:_SHARE_LEN] for v in s_ids}
         self.held = {}
         self.done.append("unmask")
         return {"b": b_out, "s": s_out}
