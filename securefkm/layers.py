@@ -226,6 +226,13 @@ class ServerSession(ABC):
 class ClientSession(ABC):
     """A client's side of one aggregation round (picklable)."""
 
+    #: where this session sits among the round's sessions, for a process that answers many
+    #: of them (:func:`securefkm.federation.client.serve`): sessions near in it share work
+    #: (pairwise masking: neighbours on the graph's ring), so answering a stage in its order
+    #: keeps what they share few and in cache. None: no preference. The order in which a
+    #: process answers never changes a reply.
+    locality: int | None = None
+
     @abstractmethod
     def respond(self, stage: str, message: Any) -> Any:
         """Answer the server's message for ``stage``; raise ProtocolRefusal to refuse."""

@@ -190,3 +190,46 @@ def test_masks_are_the_standard_prg_outputs(length):
     assert prg.keystream_bytes(seed, 8 * length, "shake256") == shake.tobytes()
     with pytest.raises(prg.InputError, match="32 bytes"):
         prg.expand(seed[:16], length)
+
+
+def test_a_process_answers_sparse_sessions_in_ring_order_with_the_same_replies():
+    """serve() answers a stage in the order of the sessions' locality (the sparse graph's
+    ring: neighbours close together, so the pair secrets they share are taken soon after
+    they are made) and returns the replies in the order of the messages; the complete
+    graph gives no order. The round's sum is exact."""
+    from types import SimpleNamespace
+
+    from securefkm.federation.client import serve
+
+    n = 40
+    layer = PairwiseMasking(graph="sparse", neighbours=6, threshold=4)
+    sums = random_sums(n, np.random.default_rng(8))
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    server = layer.server_session(ctx)
+    sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    ring = server.plan.graph.order.tolist()
+    assert [s.locality for s in sessions] == [ring.index(c) for c in range(n)]
+    answered = []
+
+    class Runtime(SimpleNamespace):
+        def answer(self, stage, message):
+            answered.append(self.session.me)
+            return self.session.respond(stage, message)
+
+    clients = {c: Runtime(session=s) for c, s in enumerate(sessions)}
+    alive = tuple(range(n))
+    for stage in STAGES:
+        answered.clear()
+        msgs = server.messages(stage, alive)
+        replies, refused = serve(clients, stage, msgs)
+        assert answered == ring and not refused
+        assert list(replies) == list(msgs)
+        server.receive(stage, replies)
+    agg, contributors = server.result()
+    assert np.array_equal(agg["count"], sum(np.asarray(sums[c]["count"]) for c in range(n)))
+    complete = PairwiseMasking(graph="complete")
+    complete.setup(ctx.info)
+    complete.before_round(ctx)
+    assert all(s.locality is None for s in complete.client_sessions([ClientContext(0, 10)], ctx, [sums[0]]))

@@ -88,6 +88,7 @@ class MaskingClient(ClientSession):
         # only this client's slice of the public plan is kept: O(k) state to persist
         self.rid = plan.rid
         self.neigh = frozenset(plan.graph.neighbours(self.me).tolist())
+        self.locality = plan.graph.position(self.me)  # the ring's order: see ClientSession.locality
         self.complete = plan.graph.kind == "complete"  # then neigh | {me} is the sampled set
         self.t_share = plan.t_share
         self.min_survivors = plan.min_survivors

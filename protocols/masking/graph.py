@@ -134,6 +134,11 @@ class Graph:
         offs = np.concatenate([np.arange(1, half + 1), -np.arange(1, half + 1)])
         return np.sort(self.order[(i + offs) % len(self.order)])
 
+    def position(self, u: int) -> int | None:
+        """``u``'s place on the sparse graph's ring (its neighbours are the ``degree / 2``
+        places on either side); None for the complete graph."""
+        return self._pos[int(u)] if self.kind == "sparse" else None
+
     def is_neighbour(self, u: int, v: int) -> bool:
         if u == v:
             return False

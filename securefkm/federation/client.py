@@ -299,7 +299,9 @@ def serve(
     The one client-side loop of every simulation transport (in process, worker processes,
     Ray actors). ``update`` requests that share the very same broadcast object are served
     by :func:`batch_update` so the algorithm can vectorise; a :class:`ProtocolRefusal` in
-    a later stage is the client's refusal. Replies come in the order of ``messages``.
+    a later stage is the client's refusal. Later stages are answered in the order of the
+    sessions' :attr:`~securefkm.layers.ClientSession.locality` when they all give one;
+    replies come in the order of ``messages`` either way.
     """
     replies: dict[int, Any] = {}
     refused: dict[int, str] = {}
@@ -317,9 +319,17 @@ def serve(
             outs = batch_update([clients[c] for c in members], messages[members[0]])
             replies.update(zip(members, outs))
         return {c: replies[c] for c in messages}, refused
-    for c, message in messages.items():
+    order = list(messages)
+    places = [getattr(clients[c].session, "locality", None) for c in order]
+    reorder = bool(places) and None not in places
+    if reorder:  # the sessions' preferred order (ClientSession.locality); the same replies
+        order = [c for _, c in sorted(zip(places, order))]
+    for c in order:
         try:
-            replies[c] = clients[c].answer(stage, message)
+            replies[c] = clients[c].answer(stage, messages[c])
         except ProtocolRefusal as exc:
             refused[c] = str(exc)
+    if reorder:
+        replies = {c: replies[c] for c in messages if c in replies}
+        refused = {c: refused[c] for c in messages if c in refused}
     return replies, refused
