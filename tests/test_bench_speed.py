@@ -93,3 +93,14 @@ def test_speed_diagnostics_by_name(monkeypatch, capsys):
     assert out.startswith("framework:") and "x25519:" in out
     with pytest.raises(SystemExit, match="unknown diagnostic 'nope'; choose from spin, timeline"):
         diag.run(["nope"])
+
+
+def test_big_masked_round_in_a_fresh_process():
+    """The 10,000-client rows' path at 20 clients: the in-process rounds as masked_round
+    (counted warm-up, then timed rounds), in a spawned process whose peak is reported; the
+    default backend's round after a warm-up one."""
+    r = speed.big_masked_round(20, repeats=1)
+    assert r["counts"]["agree"] == 2 * 20 * 19 // 2 and r["masked"] > 0 and r["crypto_s"] > 0
+    assert 0 < r["peak_rss"] < 2**40
+    w = speed.big_masked_round(20, backend="auto")
+    assert w["masked"] > 0 and w["plain"] > 0 and w["peak_rss"] > 0

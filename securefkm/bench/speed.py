@@ -325,30 +325,17 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _big_masked_round(n_clients: int, alone: bool = False) -> dict:
-    with _each_client_alone(alone):
-        plain, masked = _masked_setup(n_clients)
-        # the counted round is the warm-up, as in masked_round: the counters' calls (1.3
-        # million at 10,000 clients, each about a KDF's cost) and the first round's one-off
-        # work (imports, compiled kernels) are not the round's; then one timed round
-        counts = _count_crypto(masked)
-        units = _unit_costs(3)
-        t, c = time.perf_counter(), time.process_time()
-        masked()
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
-        units2 = _unit_costs(3)
-        unit = {kind: {k: (units[kind][k] + units2[kind][k]) / 2 for k in counts} for kind in ("wall", "cpu")}
-        t, c = time.perf_counter(), time.process_time()
-        plain()
-        p_wall, p_cpu = time.perf_counter() - t, time.process_time() - c
-        rss = _peak_rss()
-        return {"n": n_clients, "masked": wall, "masked_cpu": cpu, "plain": p_wall, "plain_cpu": p_cpu, "counts": counts,
-                "crypto_s": _cost(counts, unit["wall"]), "crypto_cpu": _cost(counts, unit["cpu"]), "peak_rss": rss}
+def _big_masked_round(n_clients: int, alone: bool = False, repeats: int = 3) -> dict:
+    # as masked_round (a counted warm-up round, then rounds alternated with the plain round
+    # and with the unit costs' measurements: the machine's load drifts), in this process
+    # alone, so that its peak resident set is the round's
+    return {**masked_round(n_clients, repeats, alone), "peak_rss": _peak_rss()}
 
 
 def _big_masked_round_default(n_clients: int) -> dict:
     plain, masked = _masked_setup(n_clients, backend="auto")
     try:
+        masked()  # starts the workers and hands them their clients, once a fit: the warm-up
         wall = _timed(masked)
         plain()  # warm-up, as the in-process table's plain round has one
         p_wall = _timed(plain)
@@ -360,13 +347,14 @@ def _big_masked_round_default(n_clients: int) -> dict:
         masked.fed.close()
 
 
-def big_masked_round(n_clients=10_000, backend="local", alone=False) -> dict:
-    """One masked round in a fresh process (its peak RSS is the round's alone). With
-    ``backend="auto"`` (the default a user gets) the peak is the driver's plus its workers';
-    ``alone`` (in process only): every client computes its own agreements."""
+def big_masked_round(n_clients=10_000, backend="local", alone=False, repeats=3) -> dict:
+    """Masked rounds in a fresh process (its peak RSS is the rounds' alone): in process
+    (``backend="local"``) as :func:`masked_round`, ``alone``: every client computes its own
+    agreements; with ``backend="auto"`` (the default a user gets) one round after a warm-up
+    one (which starts the workers), and the peak is the driver's plus its workers'."""
     import multiprocessing
 
-    args = (n_clients, alone) if backend == "local" else (n_clients,)
+    args = (n_clients, alone, repeats) if backend == "local" else (n_clients,)
     fn = _big_masked_round if backend == "local" else _big_masked_round_default
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
