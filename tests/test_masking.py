@@ -50,6 +50,16 @@ def open_sessions(layer, n, sums, specs=SPECS, digests=None):
     return server, clients
 
 
+def open_sessions_together(layer, n, sums):
+    """As :func:`open_sessions`, but the clients' sessions opened in one call, as a process
+    opens them (``client_sessions``: shares made together, pair secrets shared): a list."""
+    ctx = make_ctx(n)
+    layer.setup(ctx.info)
+    layer.before_round(ctx)
+    server = layer.server_session(ctx)
+    return server, layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+
+
 def drive(layer, n, sums, drops=None, specs=SPECS, digests=None, hook=None, persist=None):
     """Run one round; ``drops`` maps a stage to the clients that vanish at it.
 
@@ -554,12 +564,7 @@ def test_kdf_refuses_lengths_it_cannot_give(length):
 def _batch_after_advertise(n, layer):
     """Sessions opened together (one PairSecrets), past the advertise stage, with the
     server's share requests."""
-    ctx = make_ctx(n)
-    layer.setup(ctx.info)
-    layer.before_round(ctx)
-    server = layer.server_session(ctx)
-    sums = random_sums(n, np.random.default_rng(21))
-    sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    server, sessions = open_sessions_together(layer, n, random_sums(n, np.random.default_rng(21)))
     server.receive("advertise", {c: s.respond("advertise", m) for (c, m), s in
                                  zip(server.messages("advertise", tuple(range(n))).items(), sessions)})
     return sessions, server.messages("share", tuple(range(n)))

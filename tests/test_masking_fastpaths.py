@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from test_masking import STAGES, make_ctx, random_sums
+from test_masking import STAGES, make_ctx, open_sessions_together, random_sums
 
 from protocols.masking import PairwiseMasking, keys, prg
 from securefkm.layers import ClientContext
@@ -127,11 +127,7 @@ def test_sessions_open_with_prepared_sharings_used_once_at_the_share_stage(graph
     exact."""
     layer = PairwiseMasking(graph=graph, **({"neighbours": 8} if graph == "sparse" else {}))
     sums = random_sums(n, np.random.default_rng(5))
-    ctx = make_ctx(n)
-    layer.setup(ctx.info)
-    layer.before_round(ctx)
-    server = layer.server_session(ctx)
-    sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    server, sessions = open_sessions_together(layer, n, sums)
     assert all(len(s._payloads) == len(s.neigh) + 1 and len(s.b_seed) == 32 for s in sessions)
     alive = tuple(range(n))
     for stage in STAGES:
@@ -204,11 +200,7 @@ def test_a_process_answers_sparse_sessions_in_ring_order_with_the_same_replies()
     n = 40
     layer = PairwiseMasking(graph="sparse", neighbours=6, threshold=4)
     sums = random_sums(n, np.random.default_rng(8))
-    ctx = make_ctx(n)
-    layer.setup(ctx.info)
-    layer.before_round(ctx)
-    server = layer.server_session(ctx)
-    sessions = layer.client_sessions([ClientContext(c, 10) for c in range(n)], ctx, [sums[c] for c in range(n)])
+    server, sessions = open_sessions_together(layer, n, sums)
     ring = server.plan.graph.order.tolist()
     assert [s.locality for s in sessions] == [ring.index(c) for c in range(n)]
     answered = []
@@ -229,7 +221,5 @@ def test_a_process_answers_sparse_sessions_in_ring_order_with_the_same_replies()
         server.receive(stage, replies)
     agg, contributors = server.result()
     assert np.array_equal(agg["count"], sum(np.asarray(sums[c]["count"]) for c in range(n)))
-    complete = PairwiseMasking(graph="complete")
-    complete.setup(ctx.info)
-    complete.before_round(ctx)
-    assert all(s.locality is None for s in complete.client_sessions([ClientContext(0, 10)], ctx, [sums[0]]))
+    _, complete = open_sessions_together(PairwiseMasking(graph="complete"), 5, sums)
+    assert all(s.locality is None for s in complete)
