@@ -59,11 +59,10 @@ def n_limbs(length: int) -> int:
     return max(1, math.ceil(8 * length / LIMB_BITS))
 
 
-def _to_limbs(secret: bytes) -> np.ndarray:
-    value = int.from_bytes(secret, "big")
-    m = n_limbs(len(secret))
-    mask = (1 << LIMB_BITS) - 1
-    return np.array([(value >> (LIMB_BITS * i)) & mask for i in range(m)], dtype=np.int64)
+def _limb_values(secret: bytes) -> list[int]:
+    """The secret read as a big-endian integer, cut into 30-bit limbs, least significant first."""
+    value, mask = int.from_bytes(secret, "big"), (1 << LIMB_BITS) - 1
+    return [(value >> shift) & mask for shift in range(0, LIMB_BITS * n_limbs(len(secret)), LIMB_BITS)]
 
 
 def _from_limbs(limbs: np.ndarray, length: int) -> bytes:
@@ -191,11 +190,8 @@ def _secret_limbs(secrets: Sequence[bytes]) -> tuple[list[bytes], list[int], np.
     for s in secrets:
         if not 1 <= len(s) <= 0xFFFF:
             raise InputError(f"each secret must be 1..65535 bytes, got {len(s)}.")
-    sizes = [n_limbs(len(s)) for s in secrets]
-    mask = (1 << LIMB_BITS) - 1
-    limbs = [(value >> shift) & mask for s, m in zip(secrets, sizes)
-             for value in (int.from_bytes(s, "big"),) for shift in range(0, LIMB_BITS * m, LIMB_BITS)]
-    return secrets, sizes, np.array(limbs, dtype=np.int64)
+    limbs = [_limb_values(s) for s in secrets]  # one array for all: no per-secret numpy call
+    return secrets, [len(x) for x in limbs], np.array([v for x in limbs for v in x], dtype=np.int64)
 
 
 def _serialise(secrets: list[bytes], sizes: list[int], xs_arr: np.ndarray, ys: np.ndarray) -> list[list[bytes]]:
@@ -269,7 +265,7 @@ def share_rows(xs_rows, threshold: int, secret_rows, chunk_elems: int = 1 << 20)
     limbs = [_secret_limbs(row) for row in secret_rows]
     secrets, sizes, _ = limbs[0]
     if any([len(x) for x in row] != [len(x) for x in secrets] for row, _, _ in limbs):
-        raise InputError("every dealer must share as many secrets as the others, of the same lengths.")
+        raise InputError("secret_rows: every dealer must share as many secrets as the others, of the same lengths.")
     consts = np.stack([c for _, _, c in limbs])  # (N, width)
     width = consts.shape[1]
     same = n > 1 and bool(np.all(xs_rows == xs_rows[0]))

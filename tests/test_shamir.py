@@ -182,7 +182,7 @@ def test_share_many_is_the_polynomial_evaluation_and_reconstructs_with_dropouts(
     monkeypatch.setattr(shamir, "random_field_elements", recording)
     out = shamir.share_many(secrets, t, xs)
     monkeypatch.undo()
-    consts = np.concatenate([shamir._to_limbs(s) for s in secrets])
+    consts = np.array([v for s in secrets for v in shamir._limb_values(s)], dtype=np.int64)
     coeffs = np.vstack([consts[None, :]] + drawn) if drawn else consts[None, :]
     offset = 0
     for j, s in enumerate(secrets):

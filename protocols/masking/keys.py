@@ -182,7 +182,7 @@ def pair_keys(s_key: X25519PrivateKey, c_key: X25519PrivateKey, rid: bytes, me: 
     if pairs is not None:
         if own is None:
             raise ValueError("pair_keys: pairs= needs own=(c_pk, s_pk), the client's advertised public keys")
-        take, mine = pairs.agree, (own[0], own[1])
+        take, mine = pairs.agree, tuple(own)
     for v, s_pk, c_pk in zip(peers, s_pks, c_pks):
         try:
             if pairs is None:

@@ -68,8 +68,9 @@ BACKENDS = ("auto", "local", "processes", "ray")
 #: client_public_key_work``). Measured on 2 cores (docs/scaling.md, "The default backend"):
 #: a masked round of 50 clients takes ~0.2 s either way, against the 1.2-1.5 s a pool takes
 #: to start. Since a process computes each of its pairs' X25519 secrets once (PairSecrets),
-#: 2 workers match one process up to ~300 clients and save 10-25% of a round from ~400
-#: (0.5-0.65 s at 1,000); with W workers each does (2 - 1/W) / W of the in-process
+#: 2 workers cost up to 90 ms a masked round more than one process at 100 clients, match it
+#: at ~300 and pay from ~500 (docs/scaling.md); the threshold serves Paillier too (whose
+#: clients share nothing), and with W workers each does (2 - 1/W) / W of the in-process
 #: agreements, so more CPUs pay from fewer clients.
 AUTO_MIN_CLIENTS = 100
 #: seconds one exchange may take before its silent workers are declared dead and killed
