@@ -223,3 +223,38 @@ def test_a_process_answers_sparse_sessions_in_ring_order_with_the_same_replies()
     assert np.array_equal(agg["count"], sum(np.asarray(sums[c]["count"]) for c in range(n)))
     _, complete = open_sessions_together(PairwiseMasking(graph="complete"), 5, sums)
     assert all(s.locality is None for s in complete)
+
+
+@pytest.mark.parametrize("graph", ["sparse", "complete"])
+def test_share_stage_checks_an_honest_key_list_in_bulk_with_the_item_by_item_peers(graph, monkeypatch):
+    """Without signatures an untampered key list passes the bulk check (_listed_peers), which
+    gives the peers the item-by-item check gives, and the sum is exact; with signatures every
+    key list is checked item by item. (Each tampered list falls back to the item-by-item
+    check and is refused: test_share_stage_refuses_a_tampered_key_list.)"""
+    from protocols.masking.client import MaskingClient
+    from test_masking import check_sum, drive
+
+    n = 12
+    sums = random_sums(n, np.random.default_rng(5))
+    calls = {"bulk": 0, "items": 0}
+    bulk, items = MaskingClient._listed_peers, MaskingClient._checked_peers
+
+    def listed(self, adverts):
+        calls["bulk"] += 1
+        got = bulk(self, adverts)
+        assert got is not None and got == items(self, adverts)
+        return got
+
+    def checked(self, adverts):
+        calls["items"] += 1
+        return items(self, adverts)
+
+    monkeypatch.setattr(MaskingClient, "_listed_peers", listed)
+    monkeypatch.setattr(MaskingClient, "_checked_peers", checked)
+    shape = {"neighbours": 4, "threshold": 3} if graph == "sparse" else {"threshold": 8}
+    result = drive(PairwiseMasking(graph=graph, **shape), n, sums)[0]
+    check_sum(result, sums)
+    assert result[1] == tuple(range(n)) and calls == {"bulk": n, "items": 0}
+    calls.update(bulk=0, items=0)
+    check_sum(drive(PairwiseMasking(graph=graph, sign_keys=True, **shape), n, sums)[0], sums)
+    assert calls == {"bulk": 0, "items": n}

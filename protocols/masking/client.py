@@ -235,36 +235,9 @@ class MaskingClient(ClientSession):
         mine = adverts.get(self.me)
         if not isinstance(mine, dict) or (mine.get("c_pk"), mine.get("s_pk")) != self.my_keys:
             self._refuse("the key list does not contain my own advertised keys unchanged")
-        seen: set[bytes] = set()
-        peers, listed = [], set()
-        for v, adv in adverts.items():
-            v = int(v)
-            if v != self.me and v not in self.neigh:
-                self._refuse(f"key list names client {v}, who is not my neighbour this round")
-            if v in listed:
-                self._refuse(f"key list names client {v} twice")
-            listed.add(v)
-            try:
-                c_pk, s_pk = adv["c_pk"], adv["s_pk"]
-            except (KeyError, TypeError):
-                self._refuse(f"malformed advertised keys for client {v}")
-            if not (isinstance(c_pk, bytes) and isinstance(s_pk, bytes) and len(c_pk) == 32 and len(s_pk) == 32):
-                self._refuse(f"malformed advertised keys for client {v}")
-            if c_pk in seen or s_pk in seen or c_pk == s_pk:
-                self._refuse(f"advertised keys are not all distinct (client {v}): a replayed key")
-            seen.update((c_pk, s_pk))
-            if self.registry is not None:
-                ident = self.registry.get(v)
-                sig = adv.get("sig")
-                if ident is None or not isinstance(sig, bytes):
-                    self._refuse(f"client {v}'s advertised keys carry no valid signature")
-                try:
-                    keys.verify(ident, sig, keys.advert_message(self.rid, v, c_pk, s_pk))
-                except keys.CryptoFailure:
-                    self._refuse(f"client {v}'s advertised keys fail signature verification (tampered key)")
-            if v != self.me:
-                peers.append(v)
-        peers.sort()
+        peers = self._listed_peers(adverts) if self.registry is None else None
+        if peers is None:
+            peers = self._checked_peers(adverts)
         holders = sorted(peers + [self.me])
         if len(holders) < self.t_share:
             self._refuse(
@@ -301,6 +274,56 @@ class MaskingClient(ClientSession):
         del self.c_sk, self.s_sk
         self.done.append("share")
         return out
+
+    def _listed_peers(self, adverts: dict) -> list[int] | None:
+        """The sorted peers of a key list as a process sends it (distinct ``int`` ids, all
+        neighbours, each with two distinct 32-byte keys, no key twice), checked in bulk; None
+        for anything else, which :meth:`_checked_peers` then checks item by item and names."""
+        me = self.me
+        if not all(type(v) is int for v in adverts) or not adverts.keys() - {me} <= self.neigh:
+            return None
+        try:
+            pks = [pk for adv in adverts.values() for pk in (adv["c_pk"], adv["s_pk"])]
+        except (KeyError, TypeError):
+            return None
+        if not all(type(pk) is bytes and len(pk) == 32 for pk in pks) or len(set(pks)) != len(pks):
+            return None
+        return sorted(v for v in adverts if v != me)
+
+    def _checked_peers(self, adverts: dict) -> list[int]:
+        """The sorted peers of a key list, each item checked (and each signature verified,
+        with a registry); refuses naming the first fault."""
+        seen: set[bytes] = set()
+        peers, listed = [], set()
+        for v, adv in adverts.items():
+            v = int(v)
+            if v != self.me and v not in self.neigh:
+                self._refuse(f"key list names client {v}, who is not my neighbour this round")
+            if v in listed:
+                self._refuse(f"key list names client {v} twice")
+            listed.add(v)
+            try:
+                c_pk, s_pk = adv["c_pk"], adv["s_pk"]
+            except (KeyError, TypeError):
+                self._refuse(f"malformed advertised keys for client {v}")
+            if not (isinstance(c_pk, bytes) and isinstance(s_pk, bytes) and len(c_pk) == 32 and len(s_pk) == 32):
+                self._refuse(f"malformed advertised keys for client {v}")
+            if c_pk in seen or s_pk in seen or c_pk == s_pk:
+                self._refuse(f"advertised keys are not all distinct (client {v}): a replayed key")
+            seen.update((c_pk, s_pk))
+            if self.registry is not None:
+                ident = self.registry.get(v)
+                sig = adv.get("sig")
+                if ident is None or not isinstance(sig, bytes):
+                    self._refuse(f"client {v}'s advertised keys carry no valid signature")
+                try:
+                    keys.verify(ident, sig, keys.advert_message(self.rid, v, c_pk, s_pk))
+                except keys.CryptoFailure:
+                    self._refuse(f"client {v}'s advertised keys fail signature verification (tampered key)")
+            if v != self.me:
+                peers.append(v)
+        peers.sort()
+        return peers
 
     # ------------------------------------------------------------------ stage 2
     def _masked_input(self, message):
