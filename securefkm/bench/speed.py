@@ -427,7 +427,7 @@ def _rounds_table(repeats, out):
 
 def _masked_tables(out, big_masked):
     rows = []
-    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519 and SP 800-56C KDF, SHAKE-256 masks, AES-256-GCM shares, graph='auto'; clients simulated in one process take the X25519 secrets of pairs they both hold from each other), 100 records "
+    out("\n[2] + [3] DWF round with PairwiseMasking() (real X25519 and SP 800-56C KDF, SHAKE-256 masks, AES-256-CCM shares, graph='auto'; clients simulated in one process take the X25519 secrets of pairs they both hold from each other), 100 records "
         "x 2 features per client, no dropouts")
     out("| clients | graph degree | time | plain (ms) | masked (s) | masked / plain | target | keygen+agree+KDF | "
         "their cost (s) | masked / crypto | target | peak RSS (MB) |")
