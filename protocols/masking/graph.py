@@ -105,6 +105,7 @@ class Graph:
     degree: int
     order: np.ndarray | None = None  # random cyclic order of the sampled ids (sparse)
     _pos: dict = field(default_factory=dict, repr=False)
+    _offsets: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, sampled, kind: str, neighbours: int | None, seed: bytes) -> Graph:
@@ -129,10 +130,11 @@ class Graph:
         if self.kind == "complete":
             arr = np.asarray(self.sampled, dtype=np.int64)
             return np.sort(arr[arr != u])
-        i = self._pos[int(u)]
-        half = self.degree // 2
-        offs = np.concatenate([np.arange(1, half + 1), -np.arange(1, half + 1)])
-        return np.sort(self.order[(i + offs) % len(self.order)])
+        offs = self._offsets
+        if offs is None:  # the ring offsets +-1 .. +-degree/2, made once per graph
+            half = self.degree // 2
+            offs = self._offsets = np.concatenate([np.arange(1, half + 1), -np.arange(1, half + 1)])
+        return np.sort(self.order[(self._pos[int(u)] + offs) % len(self.order)])
 
     def position(self, u: int) -> int | None:
         """``u``'s place on the sparse graph's ring (its neighbours are the ``degree / 2``
@@ -153,6 +155,7 @@ class Graph:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self._offsets = None
         self._pos = {} if self.order is None else {int(c): i for i, c in enumerate(self.order.tolist())}
 
 
