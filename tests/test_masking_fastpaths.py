@@ -9,9 +9,10 @@ import os
 
 import numpy as np
 import pytest
-from test_masking import STAGES, make_ctx, open_sessions_together, random_sums
+from test_masking import STAGES, check_sum, drive, make_ctx, open_sessions_together, random_sums
 
 from protocols.masking import PairwiseMasking, keys, prg
+from protocols.masking.client import MaskingClient
 from securefkm.layers import ClientContext
 
 
@@ -231,9 +232,6 @@ def test_share_stage_checks_an_honest_key_list_in_bulk_with_the_item_by_item_pee
     gives the peers the item-by-item check gives, and the sum is exact; with signatures every
     key list is checked item by item. (Each tampered list falls back to the item-by-item
     check and is refused: test_share_stage_refuses_a_tampered_key_list.)"""
-    from protocols.masking.client import MaskingClient
-    from test_masking import check_sum, drive
-
     n = 12
     sums = random_sums(n, np.random.default_rng(5))
     calls = {"bulk": 0, "items": 0}

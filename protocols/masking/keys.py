@@ -8,10 +8,10 @@ secret into 256-bit keys with the one-step key derivation of NIST SP 800-56C Rev
 SHA-256 (:func:`kdf`; Bonawitz et al.'s ``KA.agree`` is the Diffie-Hellman secret composed
 with a hash, as here), with fixed info that binds the round, the ordered pair of clients
 and the purpose, and (with ``bind_broadcast``) the SHA-256 digest of the broadcast the
-client acted on. Shares travel under AES-256-CCM (NIST SP 800-38C, RFC 3610; a TLS 1.3
-and IPsec AEAD) with a 16-byte tag, a random 96-bit nonce and the round and both ids as
-associated data; each direction has its own key, used for that one message. The keys are
-single-use, so an AEAD's cost here is its key set-up: ``cryptography``'s ``AESGCM`` and
+client acted on. Shares travel under AES-256-CCM (NIST SP 800-38C, RFC 3610; the AEAD mode
+of IPsec's RFC 4309 and of TLS 1.3's CCM suites) with a 16-byte tag, a random 96-bit nonce
+and the round and both ids as associated data; each direction has its own key, used for
+that one message. The keys are single-use, so an AEAD's cost here is its key set-up: ``cryptography``'s ``AESGCM`` and
 ``ChaCha20Poly1305`` objects prepare an encryption and a decryption context when made,
 ``AESCCM`` prepares the one an operation uses. On the 84-byte payloads of a sparse-graph
 round, 43 fresh keys in a row: 1.7 us a message with AES-CCM against 3.1 us to encrypt and
