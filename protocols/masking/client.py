@@ -31,7 +31,7 @@ from securefkm.layers import ClientSession, ProtocolRefusal
 
 from .. import shamir
 from . import keys
-from .graph import RoundPlan
+from .graph import RoundPlan, ints_within
 from .prg import MaskExpander
 
 _SHARE_LEN = 6 + 4 * shamir.n_limbs(32)  # one share of a 32-byte secret
@@ -280,7 +280,7 @@ class MaskingClient(ClientSession):
         neighbours, each with two distinct 32-byte keys, no key twice), checked in bulk; None
         for anything else, which :meth:`_checked_peers` then checks item by item and names."""
         me = self.me
-        if not all(type(v) is int for v in adverts) or not adverts.keys() - {me} <= self.neigh:
+        if not ints_within(adverts.keys() - {me}, self.neigh):
             return None
         try:
             pks = [pk for adv in adverts.values() for pk in (adv["c_pk"], adv["s_pk"])]
@@ -332,8 +332,7 @@ class MaskingClient(ClientSession):
             self._refuse("the masked-input request carries no share ciphertexts")
         recv_keys = self.recv_keys
         senders = list(message)
-        # as sent in process: distinct int ids, all of them neighbours; else checked one by one
-        if not (recv_keys.keys() >= set(senders) and all(type(u) is int for u in senders)):
+        if not ints_within(message.keys(), recv_keys.keys()):  # else checked one by one
             senders = []
             for u in message:
                 u = int(u)

@@ -159,6 +159,13 @@ class Graph:
         self._pos = {} if self.order is None else {int(c): i for i, c in enumerate(self.order.tolist())}
 
 
+def ints_within(ids, allowed) -> bool:
+    """Whether every id of ``ids`` (a set or a mapping's keys) is a plain ``int`` and one of
+    ``allowed``: client ids as a process sends them, checked in bulk. A message that fails
+    this is checked id by id, and the refusal names the id."""
+    return all(type(i) is int for i in ids) and ids <= allowed
+
+
 def graph_seed(rid: bytes, sampled) -> bytes:
     data = struct.pack(f"<{len(sampled)}q", *[int(c) for c in sampled])
     return hashlib.sha256(DOMAIN + b"|graph|" + rid + data).digest()

@@ -11,9 +11,9 @@ and the purpose, and (with ``bind_broadcast``) the SHA-256 digest of the broadca
 client acted on. Shares travel under AES-256-CCM (NIST SP 800-38C, RFC 3610; the AEAD mode
 of IPsec's RFC 4309 and of TLS 1.3's CCM suites) with a 16-byte tag, a random 96-bit nonce
 and the round and both ids as associated data; each direction has its own key, used for
-that one message. The keys are single-use, so an AEAD's cost here is its key set-up: ``cryptography``'s ``AESGCM`` and
-``ChaCha20Poly1305`` objects prepare an encryption and a decryption context when made,
-``AESCCM`` prepares the one an operation uses. On the 84-byte payloads of a sparse-graph
+that one message. The keys are single-use, so an AEAD's cost here is its key set-up:
+``cryptography``'s ``AESGCM`` and ``ChaCha20Poly1305`` objects prepare an encryption and a
+decryption context when made, ``AESCCM`` prepares the one an operation uses. On the 84-byte payloads of a sparse-graph
 round, 43 fresh keys in a row: 1.7 us a message with AES-CCM against 3.1 us to encrypt and
 2.6 us to decrypt with AES-GCM (ad hoc, ``timeit``, 2026-11-28; AES-NI here). CCM's
 drawbacks, two passes and the length known in advance, cost nothing on such messages.

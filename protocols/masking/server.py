@@ -26,7 +26,7 @@ from securefkm.layers import RoundContext, ServerSession
 from .. import shamir
 from ..codec import FixedPointCodec
 from . import keys
-from .graph import RoundPlan
+from .graph import RoundPlan, ints_within
 from .prg import MaskExpander
 
 
@@ -249,7 +249,7 @@ class MaskingServer(RoundChecks, ServerSession):
             for u, cts in replies.items():
                 u = int(u)
                 if u in u1 and isinstance(cts, dict):
-                    if cts.keys() <= u1 and all(type(v) is int for v in cts):  # as sent in process
+                    if ints_within(cts.keys(), u1):
                         self.cipher_out[u] = dict(cts)
                     else:
                         self.cipher_out[u] = {int(v): b for v, b in cts.items() if int(v) in u1}
