@@ -70,13 +70,13 @@ def assert_same_structure(transcript, reference):
 def test_wire_refuses_code():
     import subprocess
 
-    assert _wire.loads(_wire.dumps({"a": np.arange(3, dtype=np.uint64)}))["a"].dtype == np.uint64
-    with pytest.raises(_wire.WireError, match="refusing"):
-        _wire.loads(_wire.dumps(subprocess.Popen))
-    with pytest.raises(_wire.WireError, match="refusing"):
-        _wire.loads(_wire.dumps(LocalDeployment))  # securefkm class with side effects
+    data = _wire.encode("masked_input", "reply", np.arange(3, dtype=np.uint64))
+    assert _wire.decode("masked_input", "reply", data).dtype == np.uint64
+    for obj in (subprocess.Popen, LocalDeployment, {"a": np.arange(3, dtype=np.uint64)}):
+        with pytest.raises(_wire.WireError, match="malformed masked_input reply.*bad magic"):
+            _wire.decode("masked_input", "reply", pickle.dumps(obj))
     with pytest.raises(_wire.WireError, match="malformed"):
-        _wire.loads(b"\x80\x05garbage")
+        _wire.decode("masked_input", "reply", b"\x80\x05garbage")
 
 
 def test_runspec_roundtrip_and_errors():

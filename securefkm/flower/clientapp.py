@@ -18,6 +18,14 @@ A client that cannot take part (bad data, a refused protocol message) answers wi
 status and a reason instead of a payload, so the server records a refusal with that reason
 and the other clients finish the round.
 
+Wire format: the server's request is rebuilt with the explicit codec of
+:mod:`securefkm.flower._wire` against the schema of its stage (never unpickled); a request
+that fails it is refused, naming the stage and the field. The reply is encoded with the
+same codec. The node's *own* persistent state (``context.state[STATE_KEY]``: its
+``ClientRuntime`` state, open aggregator session, client id and the Paillier bundle it
+verified) is written and read only by this node, never by a peer, and is stored with
+pickle: it is the node's memory, as trusted as the node's disk.
+
 Runs with Paillier or masking ``sign_keys=True`` need the node's provisioned identity
 (node config ``identity-key`` and ``directory``, :mod:`securefkm.flower.provision`): the
 ``identify`` message, answered before any round, fixes this node's client id as the
@@ -36,8 +44,9 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .._validation import check_array
+from ..validation import check_array
 from ..exceptions import InputError
+from ..federation.client import UPDATE_STAGE
 from ..layers import ProtocolRefusal
 from . import _wire
 
@@ -240,25 +249,42 @@ def identify(context: Context, message, saved: dict) -> tuple[dict, dict]:
     return {"client_id": prov.client_id, "public_key": prov.public, "signature": signature}, saved
 
 
+def _read_request(msg: Message) -> tuple[str, int, object]:
+    """(stage, client id, request) of the server's message, each field checked; a message
+    that is not a well-formed request of its stage is refused (:class:`ProtocolRefusal`)."""
+    try:
+        record = msg.content[_wire.RECORD_KEY]
+        stage, client_id, data = record["stage"], record["client-id"], record["data"]
+    except (KeyError, TypeError) as exc:
+        raise ProtocolRefusal(f"malformed request: no securefkm record ({type(exc).__name__}: {exc})") from None
+    if not isinstance(stage, str) or isinstance(client_id, bool) or not isinstance(client_id, int):
+        raise ProtocolRefusal("malformed request: 'stage' must be a string and 'client-id' an int")
+    try:
+        payload = _wire.decode(stage, "request", data)
+    except _wire.WireError as exc:
+        raise ProtocolRefusal(f"malformed request for stage {stage[:40]!r}: {exc}") from None
+    return stage, client_id, payload
+
+
 def handle_message(msg: Message, context: Context) -> Message:
     """Answer one securefkm stage message (the body of the ClientApp)."""
     from .provision import IDENTIFY_STAGE
 
-    record = msg.content[_wire.RECORD_KEY]
-    stage = str(record["stage"])
-    client_id = int(record["client-id"])
     saved = _load_state(context)
+    stage = "?"
     reply: dict = {"stage": stage}
     try:
-        payload = _wire.loads(record["data"])
+        stage, client_id, payload = _read_request(msg)
+        reply["stage"] = stage
         if stage == IDENTIFY_STAGE:
             answer, saved = identify(context, payload, saved)
-            reply.update(status="ok", data=_wire.dumps(answer))
+            reply.update(status="ok", data=_wire.encode(stage, "reply", answer))
             _save_state(context, saved)
             return Message(RecordDict({_wire.RECORD_KEY: ConfigRecord(reply)}), reply_to=msg)
         runtime = make_runtime(context, client_id, saved)
         answer = runtime.handle(stage, payload)
-        reply.update(status="ok", data=_wire.dumps(answer))
+        fused = payload.then[0] if stage == UPDATE_STAGE and payload.then is not None else None
+        reply.update(status="ok", data=_wire.encode(stage, "reply", answer, fused=fused))
         saved = {**saved, "client_id": client_id, "state": runtime.context.state, "session": runtime.session,
                  "n_records": runtime.context.n_records}
     except ProtocolRefusal as exc:

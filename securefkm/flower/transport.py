@@ -1,10 +1,14 @@
 """A :class:`~securefkm.federation.Transport` over Flower's ``Grid`` (Message API).
 
 One Flower message per (client, stage): the server's payload for that client (the
-``UpdateRequest`` of the ``update`` stage, then the aggregator's stage messages) is pickled
-into a ``ConfigRecord`` under key ``"securefkm"``, sent as ``train.securefkm`` to the
-client's node, and the reply is decoded with the restricted unpickler of
-:mod:`securefkm.flower._wire`. Every stage has a deadline (``stage_timeout``): a client that
+``UpdateRequest`` of the ``update`` stage, then the aggregator's stage messages) is encoded
+with the explicit codec of :mod:`securefkm.flower._wire` (JSON fields and raw numeric
+arrays, never pickle) into a ``ConfigRecord`` under key ``"securefkm"``, sent as
+``train.securefkm`` to the client's node, and the reply is rebuilt field by field against
+the stage's reply schema. A reply that fails it (wrong type, dtype, shape or size, a
+missing or extra field, bytes that are no securefkm message at all) is that client's
+refusal of the stage, naming the client, the stage and the field, and is recorded in
+:attr:`FlowerTransport.faults` for the round. Every stage has a deadline (``stage_timeout``): a client that
 has not answered by then is a dropout for the rest of the round, so a dead SuperNode never
 hangs the server. The Federation then handles it exactly like a simulated dropout (the
 masking protocol's unmask stage recovers the dropped client's masks).
@@ -31,6 +35,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from ..exceptions import InputError
 from ..federation import Transport
+from ..federation.client import UPDATE_STAGE
 from . import _wire
 
 log = logging.getLogger("securefkm.flower")
@@ -106,6 +111,10 @@ class FlowerTransport(Transport):
         self.suspect: set[int] = set()
         #: client id -> last error a client reported about itself (e.g. unreadable data)
         self.errors: dict[int, str] = {}
+        #: client id -> why its reply of the current round failed the wire schema (reset in
+        #: ``begin_round``): the client sent something that is not a message of the stage
+        self.faults: dict[int, str] = {}
+        self._fused: dict[int, str | None] = {}  # client -> stage fused into its update request
         #: (global round, stage, seconds, n_sent, n_replied) per exchange
         self.timings: list[tuple[int, str, float, int, int]] = []
         self._ctx = None
@@ -119,12 +128,17 @@ class FlowerTransport(Transport):
         self._ctx = ctx
         self._round = ctx.round
         self._stages = tuple(stages)
+        self.faults = {}
 
     def exchange(self, stage: str, messages: dict[int, Any]):
         start = time.perf_counter()
         self._progress("start", stage, n=len(messages))
         out: list[Message] = []
+        self._fused = {}
         for c, payload in messages.items():
+            if stage == UPDATE_STAGE:
+                then = getattr(payload, "then", None)
+                self._fused[c] = None if then is None else then[0]
             if c in self.left_out:
                 continue  # no node: a dropout without waiting
             if c not in self.node_of:
@@ -134,7 +148,7 @@ class FlowerTransport(Transport):
                     "stage": stage,
                     "client-id": int(c),
                     "round": int(self._round),
-                    "data": _wire.dumps(payload),
+                    "data": _wire.encode(stage, "request", payload),
                 }
             )
             out.append(
@@ -201,15 +215,26 @@ class FlowerTransport(Transport):
         try:
             record = reply.content[_wire.RECORD_KEY]
             status = record["status"]
-            if status == "ok":
-                replies[c] = _wire.loads(record["data"])
-                return
-            refused[c] = str(record.get("reason", status))
-            if status == "error":
-                self.errors[c] = refused[c]
-        except (KeyError, TypeError, _wire.WireError) as exc:
-            refused[c] = f"malformed reply to stage {stage!r}: {exc}"
+        except (KeyError, TypeError) as exc:
+            self._malformed(c, stage, f"no securefkm record ({type(exc).__name__}: {exc})", refused)
+            return
+        if status == "ok":
+            try:
+                replies[c] = _wire.decode(stage, "reply", record.get("data"), fused=self._fused.get(c))
+            except _wire.WireError as exc:
+                self._malformed(c, stage, str(exc), refused)
+            return
+        if status not in ("refused", "error"):
+            self._malformed(c, stage, f"unknown status {str(status)[:40]!r}", refused)
+            return
+        refused[c] = str(record.get("reason", status))[:2000]
+        if status == "error":
             self.errors[c] = refused[c]
+
+    def _malformed(self, c: int, stage: str, why: str, refused: dict) -> None:
+        """Client ``c``'s reply to ``stage`` is not a message of the stage: its refusal and fault."""
+        reason = f"refused: malformed reply from client {c} to stage {stage!r}: {why}"
+        refused[c] = self.errors[c] = self.faults[c] = reason
 
     def _progress(self, event: str, stage: str, **extra) -> None:
         if not self.progress_path:
