@@ -56,6 +56,10 @@ class RoundRecord:
     abort_cause: str | None = None
     #: 0 for a round's first attempt, n for its n-th retry after aborts (same round index)
     attempt: int = 0
+    #: clients whose message this attempt failed a check attributing the failure to them
+    #: (the server session's and the transport's faults), client -> one-line reason; each
+    #: is a strike (``Federation(max_client_faults=...)``)
+    faults: dict[int, str] = field(default_factory=dict)
 
     def stage(self, name: str) -> StageRecord | None:
         for s in self.stages:
@@ -103,6 +107,23 @@ class AbortedRound:
         return f"run {self.run} round {self.round} attempt {self.attempt}: {self.cause} at stage {self.stage!r}"
 
 
+@dataclass(frozen=True)
+class Exclusion:
+    """A client excluded from the rest of the fit after ``strikes`` faults (kept at every
+    record level); ``reason`` is its last fault's."""
+
+    run: int
+    round: int
+    attempt: int
+    client: int
+    strikes: int
+    reason: str
+
+    def describe(self) -> str:
+        return (f"client {self.client} excluded at run {self.run} round {self.round} attempt {self.attempt} "
+                f"after {self.strikes} fault(s), the last: {self.reason}")
+
+
 @dataclass
 class Transcript:
     """All rounds of a fit (all ``n_init`` runs), in order, and the log of aborted rounds.
@@ -110,12 +131,14 @@ class Transcript:
     ``level`` (:data:`RECORD_LEVELS`, the fit's ``record``): ``"full"`` keeps every stage's
     messages and the set-fields; ``"aggregates"`` keeps of each round whom the server
     sampled, who dropped or refused, the contributors and the decoded aggregate; ``"none"``
-    keeps no round (the aborted rounds are logged at every level)."""
+    keeps no round (the aborted rounds and the exclusions are logged at every level)."""
 
     meta: dict = field(default_factory=dict)
     rounds: list[RoundRecord] = field(default_factory=list)
     level: str = "full"
     aborts: list[AbortedRound] = field(default_factory=list)
+    #: clients excluded for repeated faults, in the order they were excluded
+    exclusions: list[Exclusion] = field(default_factory=list)
 
     def append(self, record: RoundRecord) -> None:
         if self.level == "none":
@@ -160,4 +183,12 @@ class Transcript:
             for a in self.aborts:
                 causes[a.cause] = causes.get(a.cause, 0) + 1
             out += "\naborted rounds (retried): " + ", ".join(f"{n} {c}" for c, n in sorted(causes.items()))
+        faulty: dict[int, int] = {}
+        for r in self.rounds:
+            for c in r.faults:
+                faulty[c] = faulty.get(c, 0) + 1
+        if faulty:
+            out += "\nclient faults: " + ", ".join(f"client {c}: {n}" for c, n in sorted(faulty.items()))
+        if self.exclusions:
+            out += "\nexcluded clients: " + "; ".join(e.describe() for e in self.exclusions)
         return out

@@ -69,14 +69,14 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.utils import metadata_routing
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._validation import check_array, check_bounds, check_centres, check_int, check_random_state
+from ..validation import check_array, check_bounds, check_centres, check_int, check_random_state
 from ..algorithms import _seeding
 from ..algorithms._kmeans import assign, sq_distances
 from ..datasets import FederatedDataset, as_federated
 from ..datasets.federated import _ndim, from_groups
 from ..exceptions import InputError, ProtectionConfigError
 from ..federation import Federation, clone_layers
-from ..federation.runtime import MAX_ABORTED_ROUNDS
+from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from ..protection_report import ProtectionReport
 from ..registry import make_protection
 
@@ -179,9 +179,10 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
     # ------------------------------------------------------------------ fit
     # server_policy / transport are runtime hooks, not per-sample metadata: keep them out of
     # scikit-learn's metadata routing (set_fit_request offers ``groups`` only)
-    __metadata_request__fit = {"server_policy": metadata_routing.UNUSED, "transport": metadata_routing.UNUSED}
+    __metadata_request__fit = {"server_policy": metadata_routing.UNUSED, "transport": metadata_routing.UNUSED,
+                               "client_policies": metadata_routing.UNUSED}
 
-    def fit(self, X, y=None, groups=None, *, server_policy=None, transport=None):
+    def fit(self, X, y=None, groups=None, *, server_policy=None, transport=None, client_policies=None):
         """Run the federation on ``X``; ``y`` is ignored (scikit-learn convention).
 
         ``X``: a FederatedDataset, a list of per-client arrays, or a pooled 2-D array with
@@ -190,9 +191,13 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         participants and broadcasts (used by the active attacks in ``attacks``); ``transport``
         replaces the in-process simulation (used by the Flower deployment, where ``X`` then
         only needs to describe the clients' number of features, e.g. ``[np.empty((1, d))] * n``).
+        ``client_policies`` (``{client id: ClientPolicy}``, simulation only) makes those
+        clients malicious: each policy rewrites what its client sends
+        (:mod:`securefkm.federation.client_policy`; docs/trust-model.md).
         """
         data, pooled = self._fit_input(X, groups)
-        federation, algorithm = self.make_federation(data, server_policy=server_policy, transport=transport)
+        federation, algorithm = self.make_federation(data, server_policy=server_policy, transport=transport,
+                                                     client_policies=client_policies)
         finished = False
         try:
             states = [federation.run(r) for r in range(self._n_runs())]
@@ -242,7 +247,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         tags.input_tags.sparse = False  # refused with a message: the updates are dense sums
         return tags
 
-    def make_federation(self, X, *, server_policy=None, transport=None, max_rounds=None):
+    def make_federation(self, X, *, server_policy=None, transport=None, max_rounds=None, client_policies=None):
         """The validated (Federation, Algorithm) pair ``fit`` would run, without running it.
 
         For callers that drive rounds themselves (active attacks: a malicious server keeps
@@ -286,6 +291,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             backend=getattr(self, "backend", "auto"),
             n_workers=getattr(self, "n_workers", None),
             max_aborted_rounds=getattr(self, "max_aborted_rounds", MAX_ABORTED_ROUNDS),
+            max_client_faults=getattr(self, "max_client_faults", MAX_CLIENT_FAULTS),
+            client_policies=client_policies,
             record=self._record(),
             **self._transport_kwargs(transport, data),
         )
@@ -351,6 +358,10 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         #: (epsilon, delta) under differential privacy; None when no layer gives a guarantee
         self.privacy_spent_ = federation.privacy_spent()
         self.n_aborted_rounds_ = federation.n_aborted_rounds
+        #: faults attributed to each client over the fit (client -> count) and the clients
+        #: excluded for them (client -> the last fault's reason); also in transcript_.summary()
+        self.client_faults_ = dict(sorted(federation.strikes.items()))
+        self.excluded_clients_ = dict(federation.excluded)
 
     # -------------------------------------------------------------- predict
     def _check_X(self, X):

@@ -1,15 +1,20 @@
 """The federation runtime: rounds, sampling, dropouts, convergence, transcript."""
 
 from .client import ClientRuntime, UpdateReply, UpdateRequest
+from .client_policy import SILENT, ClientPolicy, PolicyContext, Refusal
 from .convergence import frobenius_movement, has_converged
 from .runtime import Federation, LocalTransport, ServerPolicy, Transport, clone_layers
 from .sampling import Dropouts, sample_clients
 
 __all__ = [
+    "ClientPolicy",
     "ClientRuntime",
     "Dropouts",
     "Federation",
     "LocalTransport",
+    "PolicyContext",
+    "Refusal",
+    "SILENT",
     "ServerPolicy",
     "Transport",
     "UpdateReply",

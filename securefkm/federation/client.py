@@ -17,7 +17,9 @@ Nothing here reads another client's data or any server state.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ import numpy as np
 from ..exceptions import InputError
 from ..layers import Aggregator, ClientContext, Layer, ProtocolRefusal, RoundContext, RunInfo
 from ..messages import Broadcast, check_all_sums
+from .client_policy import SILENT, PolicyContext, Refusal
 
 UPDATE_STAGE = "update"
 
@@ -77,6 +80,7 @@ class ClientRuntime:
         info: RunInfo,
         state: dict | None = None,
         n_records: int | None = None,
+        policy=None,
     ):
         # ``X`` may be a zero-argument loader (with ``n_records``): a deployed client then
         # reads its records only for the stages that compute on them, not for every
@@ -95,6 +99,9 @@ class ClientRuntime:
         self.info = info
         self.session = None
         self._ctx: RoundContext | None = None  # the open round (None in a fresh deployed process)
+        #: a :class:`~securefkm.federation.client_policy.ClientPolicy` rewriting what this
+        #: simulated client sends (None: honest)
+        self.policy = policy
 
     @property
     def X(self) -> np.ndarray:
@@ -247,8 +254,15 @@ def finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContex
     """:meth:`ClientRuntime.finish_update` for many clients: each client-side layer sees the
     round's live updates at once (:meth:`Layer.client_updates`, so e.g. DP noise shares are
     drawn in one pass) when the clients share their layer objects, as simulated clients do."""
+    if any(c.policy is not None for c in clients):  # malicious clients rewrite their update first
+        updates = [u if c.policy is None else c.policy.update(u, _policy_context(c, UPDATE_STAGE, ctx))
+                   for c, u in zip(clients, updates)]
+    return _finish_updates(clients, updates, ctx)
+
+
+def _finish_updates(clients: list[ClientRuntime], updates: list, ctx: RoundContext) -> list[UpdateReply]:
     if not _one_object(map(_LAYERS, clients)):
-        return [finish_updates([c], [u], ctx)[0] for c, u in zip(clients, updates)]
+        return [_finish_updates([c], [u], ctx)[0] for c, u in zip(clients, updates)]
     if not any(layer.side == "client" for layer in clients[0].layers):
         return open_sessions(clients, updates, ctx)
     updates = list(updates)
@@ -278,7 +292,7 @@ def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext
     check_all_sums([u.sums for u in updates], ctx.specs)
     if not ctx.specs:  # no aggregator stage: the update reply itself is the input
         for c in clients:
-            c.session = None
+            c.session, c._ctx = None, ctx
             c._input_sent(ctx)
     else:
         if _one_object(map(_AGGREGATOR, clients)):
@@ -292,7 +306,7 @@ def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext
 
 
 def serve(
-    clients: Mapping[int, ClientRuntime], stage: str, messages: dict[int, Any]
+    clients: Mapping[int, ClientRuntime], stage: str, messages: dict[int, Any], faults: dict[int, str] | None = None
 ) -> tuple[dict[int, Any], dict[int, str]]:
     """Answer one stage's ``messages`` with in-process ``clients``: (replies, refusals).
 
@@ -302,7 +316,115 @@ def serve(
     a later stage is the client's refusal. Later stages are answered in the order of the
     sessions' :attr:`~securefkm.layers.ClientSession.locality` when they all give one;
     replies come in the order of ``messages`` either way.
+
+    Clients with a :class:`~securefkm.federation.client_policy.ClientPolicy` answer
+    honestly first; their policy then decides what is sent (:func:`_apply_policies`). A
+    policy's reply that is not a well-formed message of the stage is left out of the
+    replies and recorded in ``faults`` (client -> reason), the transport's record of the
+    round's undecodable messages.
     """
+    replies, refused = _serve_honest(clients, stage, messages)
+    policied = [c for c in messages if clients[c].policy is not None]
+    if policied:
+        replies, refused = _apply_policies(clients, stage, messages, replies, refused, policied,
+                                           {} if faults is None else faults)
+    return replies, refused
+
+
+def _policy_context(client: ClientRuntime, stage: str, ctx: RoundContext | None) -> PolicyContext:
+    ctx = client._ctx if ctx is None else ctx
+    return PolicyContext(client.client_id, stage, getattr(ctx, "run", 0), getattr(ctx, "round", 0),
+                         getattr(ctx, "attempt", 0), ctx, client)
+
+
+def _malformed(stage: str, honest, out) -> str | None:
+    """Why ``out`` (a policy's reply replacing ``honest``) is not a message of ``stage`` that
+    a transport could deliver, or None. The update stage's schema is the honest reply's
+    (an :class:`UpdateReply` with the same set-field names, shapes and dtypes); an
+    aggregator stage's is the honest reply's type; every message must be picklable."""
+    where = f"stage {stage!r}"
+    if stage == UPDATE_STAGE and isinstance(honest, UpdateReply):
+        if not isinstance(out, UpdateReply):
+            return f"{where}: the reply is a {type(out).__name__}, not an UpdateReply"
+        if not isinstance(out.items, dict) or set(out.items) != set(honest.items):
+            got = sorted(map(str, out.items)) if isinstance(out.items, dict) else type(out.items).__name__
+            return f"{where}: the reply's set-fields are {got}, not {sorted(honest.items)}"
+        for name, value in out.items.items():
+            ref = honest.items[name]
+            if not isinstance(value, np.ndarray) or value.shape != np.shape(ref) or value.dtype != np.asarray(ref).dtype:
+                return f"{where}: set-field {name!r} is not an array of shape {np.shape(ref)} and dtype {np.asarray(ref).dtype}"
+        for name in ("declined", "then_refused"):
+            if getattr(out, name) is not None and not isinstance(getattr(out, name), str):
+                return f"{where}: the reply's {name} is a {type(getattr(out, name)).__name__}, not a str or None"
+    elif not isinstance(honest, Refusal) and honest is not None and type(out) is not type(honest):
+        return f"{where}: the reply is a {type(out).__name__}, not a {type(honest).__name__}"
+    try:
+        pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return f"{where}: the reply cannot be serialised ({type(exc).__name__})"
+    return None
+
+
+def _policy_reply(client: ClientRuntime, stage: str, request, honest, ctx: PolicyContext, faults: dict):
+    """The policy's answer to one message: (reply or SILENT or a Refusal); a malformed reply
+    is recorded in ``faults`` and turned into SILENT."""
+    out = client.policy.reply(stage, request, honest, ctx)
+    if out is honest or out is SILENT:
+        return out
+    if isinstance(out, Refusal):
+        return out if isinstance(out.reason, str) else Refusal(repr(out.reason))
+    why = _malformed(stage, honest, out)
+    if why is not None:
+        faults.setdefault(client.client_id, why)
+        return SILENT
+    return out
+
+
+def _apply_policies(clients, stage, messages, replies, refused, policied, faults):
+    """Each policied client's honest reply (or refusal) replaced by what its policy sends."""
+    for c in policied:
+        client = clients[c]
+        honest = replies.get(c, Refusal(refused[c]) if c in refused else None)
+        if honest is None:  # the client had nothing to say (it dropped): nothing to rewrite
+            continue
+        ctx = _policy_context(client, stage, None)
+        if stage == UPDATE_STAGE:
+            own = client._ctx
+            same = own is not None and (own.run, own.round, own.attempt) == (
+                messages[c].run, messages[c].round, messages[c].attempt)
+            ctx.round_context = own if same else None
+            ctx.run, ctx.round, ctx.attempt = messages[c].run, messages[c].round, messages[c].attempt
+            request = messages[c]
+            if isinstance(honest, UpdateReply) and request.then is not None and (
+                    honest.then is not None or honest.then_refused is not None):
+                # the fused first stage: asked about under its own stage name, first
+                first_stage, first_message = request.then
+                first_honest = honest.then if honest.then_refused is None else Refusal(honest.then_refused)
+                first_ctx = dataclasses.replace(ctx, stage=first_stage)
+                first = _policy_reply(client, first_stage, first_message, first_honest, first_ctx, faults)
+                if first is not first_honest:
+                    then, then_refused = (None, None) if first is SILENT else (
+                        (None, first.reason) if isinstance(first, Refusal) else (first, None))
+                    honest = dataclasses.replace(honest, then=then, then_refused=then_refused)
+                if c in faults:  # its fused message did not decode: the whole reply is lost
+                    replies.pop(c, None)
+                    continue
+        out = _policy_reply(client, stage, messages[c], honest, ctx, faults)
+        replies.pop(c, None)
+        refused.pop(c, None)
+        if isinstance(out, Refusal):
+            refused[c] = out.reason
+        elif out is not SILENT:
+            replies[c] = out
+    replies = {c: replies[c] for c in messages if c in replies}
+    refused = {c: refused[c] for c in messages if c in refused}
+    return replies, refused
+
+
+def _serve_honest(
+    clients: Mapping[int, ClientRuntime], stage: str, messages: dict[int, Any]
+) -> tuple[dict[int, Any], dict[int, str]]:
+    """:func:`serve` for honest clients (and the honest answers policies start from)."""
     replies: dict[int, Any] = {}
     refused: dict[int, str] = {}
     if stage == UPDATE_STAGE:

@@ -28,12 +28,12 @@ import gc
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._validation import check_fraction_or_count, check_int
+from ..validation import check_fraction_or_count, check_int
 from ..exceptions import (
     InputError,
     NoParticipantsError,
@@ -44,8 +44,9 @@ from ..exceptions import (
 )
 from ..layers import Layer, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
-from ..transcript import RECORD_LEVELS, AbortedRound, RoundRecord, StageRecord, Transcript
+from ..transcript import RECORD_LEVELS, AbortedRound, Exclusion, RoundRecord, StageRecord, Transcript
 from .client import UPDATE_STAGE, ClientRuntime, UpdateRequest
+from .client_policy import ClientPolicy
 from .sampling import Dropouts, resolve_sample, sample_clients
 from .transport import LocalTransport, SimulatedTransport, Transport  # noqa: F401  (re-exported)
 
@@ -59,6 +60,16 @@ CRYPTO = ("real", "ideal")
 #: round only rarely at the usual thresholds; 10 rides out bursts while a federation that
 #: keeps failing (a threshold it can never meet) stops after a few seconds of retries.
 MAX_ABORTED_ROUNDS = 10
+
+#: default ``max_client_faults``: strikes after which a client is excluded from the rest of
+#: the fit. A strike is a message of the client's that a check attributes to it alone
+#: (malformed, replayed, a wrong share; docs/trust-model.md), never a dropout or an honest
+#: refusal. 2, not 1: a deployed client can fail once without malice (a message corrupted on
+#: a bad link, a client restarted mid-round with stale state), and the protocol already
+#: leaves a faulty client out of that round, so a second chance costs nothing but that one
+#: client's contribution; a client that keeps misbehaving is out after its second fault,
+#: having cost the fit no aborted round where the protocol recovers.
+MAX_CLIENT_FAULTS = 2
 
 #: aborts the runtime never retries: the next attempt would fail the same way
 _FINAL_ABORTS = (NoParticipantsError, PrivacyBudgetExceededError, TooManyAbortedRoundsError)
@@ -180,6 +191,8 @@ class Federation:
         n_workers: int | None = None,
         max_aborted_rounds: int = MAX_ABORTED_ROUNDS,
         retry_server_misbehaviour: bool = False,
+        client_policies: Mapping[int, ClientPolicy] | None = None,
+        max_client_faults: int | None = MAX_CLIENT_FAULTS,
     ):
         from .workers import check_backend
 
@@ -188,6 +201,8 @@ class Federation:
             raise InputError(f"backend={backend!r} runs simulated clients; it cannot be combined with a transport.")
         self.algorithm = algorithm
         self.max_aborted_rounds = check_int(max_aborted_rounds, "max_aborted_rounds", minimum=0)
+        self.max_client_faults = (None if max_client_faults is None
+                                  else check_int(max_client_faults, "max_client_faults", minimum=1))
         self.retry_server_misbehaviour = bool(retry_server_misbehaviour)
         self.layers, self.aggregator = validate_stack(protection, algorithm)
         if crypto not in CRYPTO:
@@ -228,6 +243,7 @@ class Federation:
             if n_features is None:
                 raise InputError("Federation over a remote transport needs n_features.")
         self.n_clients = n_clients
+        self.client_policies = self._check_client_policies(client_policies, n_clients, transport, clients)
         self.clients_per_round = check_fraction_or_count(clients_per_round, "clients_per_round", n_clients)
         self.info = RunInfo(
             algorithm=algorithm,
@@ -248,11 +264,12 @@ class Federation:
 
             transport = WorkerTransport(
                 self.backend, n_workers, clients, algorithm, self.layers, self.aggregator, self.info,
-                Dropouts(dropout_rate), np.random.default_rng(drop_seq),
+                Dropouts(dropout_rate), np.random.default_rng(drop_seq), policies=self.client_policies,
             )
         elif transport is None:
             runtimes = [
-                ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info)
+                ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info,
+                              policy=self.client_policies.get(i))
                 for i, X in enumerate(clients)
             ]
             transport = LocalTransport(runtimes, Dropouts(dropout_rate), np.random.default_rng(drop_seq))
@@ -276,6 +293,32 @@ class Federation:
         self.elapsed = 0.0
         #: aborted attempts over all runs (also in ``transcript.aborts``)
         self.n_aborted_rounds = 0
+        #: strikes per client over the fit (faults attributed to it; ``RoundRecord.faults``)
+        self.strikes: dict[int, int] = {}
+        #: clients excluded from the rest of the fit, client -> its last fault's reason
+        #: (``transcript.exclusions``); never sampled again
+        self.excluded: dict[int, str] = {}
+
+    @staticmethod
+    def _check_client_policies(policies, n_clients: int, transport, clients) -> dict[int, ClientPolicy]:
+        """``client_policies`` as ``{client id: ClientPolicy}``, each a copy (a policy keeps state
+        over the fit; the caller's object is left as it was)."""
+        if not policies:
+            return {}
+        if transport is not None:
+            raise InputError("client_policies are a simulation feature: they rewrite what simulated clients "
+                             "send, and a transport's clients are real processes; drop client_policies or transport.")
+        if not isinstance(policies, Mapping):
+            raise InputError(f"client_policies must be a dict {{client id: ClientPolicy}}, got {type(policies).__name__}.")
+        out = {}
+        for c, policy in policies.items():
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= int(c) < n_clients:
+                raise InputError(f"client_policies key {c!r} is not a client id (0 to {n_clients - 1}).")
+            if not isinstance(policy, ClientPolicy):
+                raise InputError(f"client_policies[{c}] is {policy!r}, not a ClientPolicy "
+                                 "(subclass securefkm.federation.ClientPolicy).")
+            out[int(c)] = copy.deepcopy(policy)
+        return out
 
     def _auto_backend(self, transport, n_workers):
         """``backend="auto"`` resolved for this fit: (backend, n_workers)
@@ -285,7 +328,8 @@ class Federation:
         if transport is not None:  # a deployment: the clients are where they are
             return "local", None
         backend, n_workers = auto_backend(self.aggregator, self.clients_per_round,
-                                          (self.algorithm, self.layers, self.aggregator, self.info), n_workers)
+                                          (self.algorithm, self.layers, self.aggregator, self.info,
+                                           self.client_policies), n_workers)
         if backend != "local":
             log.info("backend='auto': the %d clients run in worker processes (%s: its clients' public-key "
                      "cryptography holds the GIL); pass backend='local' to keep them in this process",
@@ -408,7 +452,12 @@ class Federation:
         algorithm = self.algorithm
         broadcast = algorithm.configure(state, round)
         count = resolve_sample(broadcast.sample, self.clients_per_round, self.n_clients)
-        sampled = sample_clients(self.rng if attempt == 0 else self._retry_rng, self.n_clients, count)
+        if self.excluded and len(self.excluded) >= self.n_clients:
+            raise NoParticipantsError(
+                f"every client is excluded for repeated faults ({self._excluded_text()}); no client is left to "
+                "sample", round=round, stage="before_round")
+        sampled = sample_clients(self.rng if attempt == 0 else self._retry_rng, self.n_clients, count,
+                                 excluded=self.excluded)
         sampled, per_client = self.policy.plan(state, round, broadcast, sampled, self.n_clients)
         sampled = tuple(sampled)
         specs = algorithm.sum_fields(broadcast)
@@ -435,6 +484,7 @@ class Federation:
         )
         decoded = None  # (sums, contributors) once the aggregator released the aggregate
         replies: dict = {}
+        server = None
         global_round = self._round_counter
         self._round_counter += 1
         try:
@@ -473,6 +523,8 @@ class Federation:
                     stage=UPDATE_STAGE,
                 )
             if specs:
+                if server is None:
+                    server = self.aggregator.server_session(ctx)
                 sums, contributors = self._aggregate(ctx, alive, record, server, fused, replies)
                 decoded = (sums, contributors)
             else:
@@ -490,6 +542,7 @@ class Federation:
                 exc.args = (f"{exc}; {note}",) + exc.args[1:]
             record.aborted = str(exc)
             record.abort_cause = exc.cause
+            self._strike(record, server)
             self.policy.on_abort(record, exc)  # what the server saw, before the transcript keeps less of it
             self.transcript.append(record)
             raise exc
@@ -500,9 +553,34 @@ class Federation:
         record.contributors = agg.contributors
         if new_state.centres is not None:
             record.centres_after = np.array(new_state.centres, copy=True)
+        self._strike(record, server)
         self.policy.observe(record)  # the whole round, whatever `record` level the transcript keeps
         self.transcript.append(record)
         return new_state
+
+    def _strike(self, record: RoundRecord, server) -> None:
+        """Read the round attempt's faults (the server session's, attributed by protocol
+        checks, and the transport's, undecodable messages), record them in ``record.faults``,
+        give each faulty client a strike and exclude a client from the rest of the fit at
+        ``max_client_faults`` strikes (``transcript.exclusions``)."""
+        faults = dict(getattr(self.transport, "faults", None) or {})
+        for c, why in (getattr(server, "faults", None) or {}).items():
+            faults.setdefault(c, why)
+        if not faults:
+            return
+        record.faults = {int(c): str(why) for c, why in sorted(faults.items())}
+        for c, why in record.faults.items():
+            self.strikes[c] = self.strikes.get(c, 0) + 1
+            if (self.max_client_faults is None or c in self.excluded
+                    or self.strikes[c] < self.max_client_faults):
+                continue
+            self.excluded[c] = why
+            entry = Exclusion(record.run, record.round, record.attempt, c, self.strikes[c], why)
+            self.transcript.exclusions.append(entry)
+            log.warning("%s; it is not sampled again", entry.describe())
+
+    def _excluded_text(self) -> str:
+        return ", ".join(f"client {c}" for c in sorted(self.excluded))
 
     @staticmethod
     def _classify_abort(exc: RoundAbortedError) -> RoundAbortedError:

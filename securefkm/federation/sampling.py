@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._validation import check_fraction_or_count
+from ..validation import check_fraction_or_count
 from ..exceptions import InputError
 
 
@@ -22,11 +22,22 @@ def resolve_sample(request, default_count: int, n_clients: int) -> int:
     return check_fraction_or_count(request, "Broadcast.sample", n_clients)
 
 
-def sample_clients(rng: np.random.Generator, n_clients: int, count: int) -> tuple[int, ...]:
-    """A uniformly random subset of ``count`` client ids (sorted), without replacement."""
-    if count >= n_clients:
-        return tuple(range(n_clients))
-    return tuple(sorted(rng.choice(n_clients, size=count, replace=False).tolist()))
+def sample_clients(rng: np.random.Generator, n_clients: int, count: int, excluded=()) -> tuple[int, ...]:
+    """A uniformly random subset of ``count`` client ids (sorted), without replacement.
+
+    ``excluded`` (ids excluded for repeated faults) are never drawn: the sample is drawn
+    uniformly from the remaining clients (all of them if fewer than ``count`` remain).
+    Without exclusions the draw is exactly the one it always was."""
+    if not excluded:
+        if count >= n_clients:
+            return tuple(range(n_clients))
+        return tuple(sorted(rng.choice(n_clients, size=count, replace=False).tolist()))
+    out = set(int(c) for c in excluded)
+    remaining = [c for c in range(n_clients) if c not in out]
+    if count >= len(remaining):
+        return tuple(remaining)
+    picks = rng.choice(len(remaining), size=count, replace=False)
+    return tuple(sorted(remaining[i] for i in picks.tolist()))
 
 
 class Dropouts:

@@ -8,7 +8,8 @@ the same generator in the same order and the backends agree exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -29,12 +30,17 @@ class Transport:
     """
 
     fuse_first_stage: bool = False
+    #: the current round's replies that failed decoding or the stage's schema check,
+    #: client -> one-line reason naming the stage (reset by :meth:`begin_round`; the
+    #: runtime reads it after every round attempt and gives each such client a strike)
+    faults: Mapping[int, str] = MappingProxyType({})
 
     def client_ids(self) -> list[int]:
         raise NotImplementedError
 
     def begin_round(self, ctx: RoundContext, stages: tuple[str, ...]) -> None:
-        """Called before the first stage of a round."""
+        """Called before the first stage of a round (resets :attr:`faults`)."""
+        self.faults = {}
 
     def exchange(self, stage: str, messages: dict[int, Any]) -> tuple[dict[int, Any], dict[int, str]]:
         """Send ``messages`` and return (replies, refusals); a client missing from both dropped."""
@@ -54,7 +60,10 @@ class SimulatedTransport(Transport):
     Every simulation backend (in process, worker processes, Ray actors) draws the round's
     dropouts from the same generator in the same order, so the backends agree exactly.
     ``_live`` filters a stage's messages down to the clients that still answer and
-    ``_refused`` removes clients that refused from the rest of the round.
+    ``_refused`` removes clients that refused, or whose reply was malformed
+    (:attr:`Transport.faults`, filled by :func:`~securefkm.federation.client.serve` for a
+    :class:`~securefkm.federation.client_policy.ClientPolicy`'s replies), from the rest of
+    the round.
     """
 
     def __init__(self, dropouts: Dropouts, rng: np.random.Generator):
@@ -64,6 +73,7 @@ class SimulatedTransport(Transport):
         self._gone: set[int] = set()
 
     def begin_round(self, ctx, stages):
+        self.faults = {}
         self._drop_at = self.dropouts.plan(self.rng, ctx.round, ctx.sampled, stages)
         self._gone = set()
 
@@ -82,6 +92,7 @@ class SimulatedTransport(Transport):
 
     def _refused(self, refused: dict[int, str]) -> None:
         self._gone.update(refused)
+        self._gone.update(self.faults)  # a client whose message did not decode is gone for the round
 
 
 class LocalTransport(SimulatedTransport):
@@ -90,11 +101,12 @@ class LocalTransport(SimulatedTransport):
     def __init__(self, clients: Sequence[ClientRuntime], dropouts: Dropouts, rng: np.random.Generator):
         super().__init__(dropouts, rng)
         self.clients = {c.client_id: c for c in clients}
+        self.faults = {}
 
     def client_ids(self):
         return list(self.clients)
 
     def exchange(self, stage, messages):
-        replies, refused = serve(self.clients, stage, self._live(stage, messages))
+        replies, refused = serve(self.clients, stage, self._live(stage, messages), self.faults)
         self._refused(refused)
         return replies, refused

@@ -147,18 +147,22 @@ class Shard:
         # a worker has one CPU of the machine's (one process per CPU; Ray: num_cpus <= 1):
         # its clients' pooled k-means kernel runs in its own thread, not one per CPU
         set_kernel_threads(1)
-        ids, arrays, states, algorithm, layers, aggregator, info = pickle.loads(payload)
+        ids, arrays, states, algorithm, layers, aggregator, info, *rest = pickle.loads(payload)
+        policies = rest[0] if rest else {}  # {client: ClientPolicy} of this shard's clients
         self.clients = {
-            i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st)
+            i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st, policy=policies.get(i))
             for i, X, st in zip(ids, arrays, states)
         }
         self.busy: dict[str, float] = {}  # seconds spent answering each stage, summed
 
     def exchange(self, stage: str, messages: dict[int, Any]):
-        """``("ok", (replies, refused))`` or ``("error", exception)`` for the driver to re-raise."""
+        """``("ok", (replies, refused, faults))`` or ``("error", exception)`` for the driver to
+        re-raise."""
         start = time.perf_counter()
         try:
-            return "ok", serve(self.clients, stage, messages)
+            faults: dict[int, str] = {}
+            replies, refused = serve(self.clients, stage, messages, faults)
+            return "ok", (replies, refused, faults)
         except Exception as exc:  # re-raised in the driver, as LocalTransport would raise it
             try:
                 pickle.loads(pickle.dumps(exc))
@@ -490,11 +494,16 @@ class WorkerTransport(SimulatedTransport):
         Simulated dropouts, drawn in the driver as :class:`LocalTransport` draws them.
     timeout : float
         Seconds one exchange may take before a silent worker is declared dead.
+    policies : dict or None
+        ``{client: ClientPolicy}``: copied into the worker that holds the client, where each
+        keeps its state for the whole fit (:mod:`securefkm.federation.client_policy`).
     """
 
     def __init__(self, backend, n_workers, clients, algorithm, layers, aggregator, info, dropouts, rng,
-                 *, timeout: float = DEFAULT_TIMEOUT):
+                 *, timeout: float = DEFAULT_TIMEOUT, policies: dict | None = None):
         super().__init__(dropouts, rng)
+        policies = dict(policies or {})
+        self.faults = {}
         self.backend = backend
         self.timeout = float(timeout)
         self.n_clients = len(clients)
@@ -508,7 +517,7 @@ class WorkerTransport(SimulatedTransport):
         states = [self._provision(c, len(X), layers) for c, X in enumerate(clients)]
         payloads = [
             pickle.dumps((list(s), [clients[c] for c in s], [states[c] for c in s], algorithm, layers, aggregator,
-                          info), protocol=pickle.HIGHEST_PROTOCOL)
+                          info, {c: policies[c] for c in s if c in policies}), protocol=pickle.HIGHEST_PROTOCOL)
             for s in self.shards
         ]
         self.lost: dict[int, str] = {}  # worker -> why
@@ -586,6 +595,8 @@ class WorkerTransport(SimulatedTransport):
                 continue
             merged.update(value[0])
             refused.update(value[1])
+            for c, why in value[2].items():
+                self.faults.setdefault(c, why)
         if error is not None:
             raise error
         self._refused(refused)
