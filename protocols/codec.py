@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from securefkm._validation import check_int
-from securefkm.exceptions import InputError
+from securefkm.validation import check_int
+from securefkm.exceptions import EncodingError, InputError
 from securefkm.messages import FieldSpec, check_sums, stack_sums
 
 #: the ring is Z_{2^64}; the decoded total must fit signed int64, so |sum| <= 2**63 - 1.
@@ -155,29 +155,30 @@ class FixedPointCodec:
         for s in specs:
             v = np.asarray(sums[s.name], dtype=np.float64).ravel()
             if not np.all(np.isfinite(v)):
-                raise InputError(
+                raise EncodingError(
                     f"sum-field {s.name!r} contains NaN or infinity; the codec cannot encode it "
-                    "(check the client's data and the algorithm's update)."
+                    "(check the client's data and the algorithm's update).", field=s.name
                 )
             peak = float(np.max(np.abs(v))) if v.size else 0.0
             if s.integer:
                 if not np.all(v == np.round(v)):
-                    raise InputError(
+                    raise EncodingError(
                         f"sum-field {s.name!r} is declared integer but holds fractional values; "
-                        "declare FieldSpec(integer=False) or round the values first."
+                        "declare FieldSpec(integer=False) or round the values first.", field=s.name
                     )
                 if peak > ibound:
-                    raise InputError(
+                    raise EncodingError(
                         f"sum-field {s.name!r} has |value| {peak:.6g} above the codec bound {ibound:g} "
-                        f"for {n} clients; raise FixedPointCodec(bound=...) or sample fewer clients."
+                        f"for {n} clients; raise FixedPointCodec(bound=...) or sample fewer clients.", field=s.name
                     )
                 parts.append(v.astype(np.int64))
             else:
                 if peak > fbound:
-                    raise InputError(
+                    raise EncodingError(
                         f"sum-field {s.name!r} has |value| {peak:.6g} above the codec bound {fbound:.6g} "
                         f"(frac_bits={self.frac_bits}, {n} clients); values are never clipped silently: "
-                        "raise FixedPointCodec(bound=...), lower frac_bits, or scale/clip the data first."
+                        "raise FixedPointCodec(bound=...), lower frac_bits, or scale/clip the data first.",
+                        field=s.name,
                     )
                 parts.append(np.rint(v * self.scale).astype(np.int64))
         return np.concatenate(parts)
@@ -214,7 +215,8 @@ class FixedPointCodec:
         """:meth:`encode_signed` of many clients' sums at once: row i of the ``(clients, words)``
         result is exactly client i's encoding (the checks and the rounding are elementwise).
         When any client's values fail a check, the clients are encoded one by one, so the error
-        is the one :meth:`encode_signed` raises for the first of them, naming its field."""
+        is the one :meth:`encode_signed` raises for the first of them, naming its field, with
+        ``row`` (:class:`~securefkm.exceptions.EncodingError`) its index in ``sums_list``."""
         specs = _as_specs(specs)
         sums_list = list(sums_list)
         if not specs or not sums_list:
@@ -227,7 +229,14 @@ class FixedPointCodec:
             words = self._checked_words(flat, _integer_mask(specs), fbound, ibound)
             if words is not None:
                 return words
-        return np.stack([self.encode_signed(sums, specs, n_clients) for sums in sums_list])
+        rows = []
+        for i, sums in enumerate(sums_list):
+            try:
+                rows.append(self.encode_signed(sums, specs, n_clients))
+            except InputError as exc:  # which client of the batch: the caller isolates it
+                raise EncodingError(f"update {i} of the {len(sums_list)} encoded together: {exc}",
+                                    field=getattr(exc, "field", None), row=i) from exc
+        return np.stack(rows)
 
     def encode(self, sums: dict[str, np.ndarray], specs: Sequence[FieldSpec], n_clients: int) -> np.ndarray:
         """Like :meth:`encode_signed`, viewed as ``uint64`` words for arithmetic mod ``2**64``."""

@@ -25,6 +25,20 @@ class InputError(SecureFKMError, ValueError):
     """Bad input: a wrong value, shape or combination of arguments."""
 
 
+class EncodingError(InputError):
+    """A client's own encoder refused its update: NaN or infinity, a fractional value in an
+    integer field, a value above the codec's bound (:class:`protocols.codec.FixedPointCodec`).
+
+    ``field``: the sum-field that failed; ``row``: when many clients were encoded at once
+    (``encode_signed_many``), the index of the first failing client's update in that batch
+    (the runtime maps it to the client and records that client's refusal)."""
+
+    def __init__(self, message: str, *, field: str | None = None, row: int | None = None, cli: str | None = None):
+        super().__init__(message, cli=cli)
+        self.field = field
+        self.row = row
+
+
 class ProtectionConfigError(InputError):
     """The ``protection=[...]`` stack is inconsistent (order, duplicates, missing layers)."""
 

@@ -208,7 +208,26 @@ class Layer:
 
 
 class ServerSession(ABC):
-    """The server's side of one aggregation round."""
+    """The server's side of one aggregation round.
+
+    ``faults`` (client -> one-line reason naming the stage and field): clients whose message
+    this round failed a check that attributes the failure to them (malformed, replayed, a
+    wrong share revealed, ...). A session that finds one leaves the client out of the rest
+    of the round (as if it dropped at that stage) and records it here; the runtime reads it
+    after every round attempt, completed or aborted, and gives each such client a strike
+    (``Federation(max_client_faults=...)``). Empty by default; a session may assign its own
+    dict or add to this one."""
+
+    @property
+    def faults(self) -> dict[int, str]:
+        faults = self.__dict__.get("_faults")
+        if faults is None:  # one dict per session, made when first read
+            faults = self.__dict__["_faults"] = {}
+        return faults
+
+    @faults.setter
+    def faults(self, value) -> None:
+        self.__dict__["_faults"] = value
 
     @abstractmethod
     def messages(self, stage: str, alive: tuple[int, ...]) -> dict[int, Any]:

@@ -169,3 +169,163 @@ def test_policies_act_identically_on_every_backend():
     local = _outcome("local", policies)
     assert any(local[2]), "the case must produce faults to compare"
     assert _outcome("processes", policies) == local
+
+
+# ------------------------------------------------------------------ server faults, unattributed aborts
+from securefkm.layers import PlainSum, _PlainServer  # noqa: E402
+
+
+class _CheckingServer(_PlainServer):
+    """PlainSum's server with an attributing check: a negative count is the sender's fault."""
+
+    def receive(self, stage, replies):
+        good = {}
+        for c, r in replies.items():
+            if float(np.asarray(r["count"])[0]) < 0:
+                self.faults[c] = f"stage {stage!r}: field 'count' is negative"
+            else:
+                good[c] = r
+        super().receive(stage, good)
+
+
+class _Checking(PlainSum):
+    def server_session(self, ctx):
+        return _CheckingServer(ctx)
+
+
+class _UnattributedServer(_PlainServer):
+    def result(self):
+        if self.ctx.attempt < self.fail_attempts:
+            exc = RoundAbortedError(f"the check slot is wrong: a contributor's input or the server is at fault "
+                                    f"(contributors {sorted(self.replies)})", round=self.ctx.round, stage="input")
+            exc.cause = "unattributed_check_failure"
+            raise exc
+        return super().result()
+
+
+class _Unattributed(PlainSum):
+    def __init__(self, fail_attempts):
+        self.fail_attempts = fail_attempts
+
+    def server_session(self, ctx):
+        server = _UnattributedServer(ctx)
+        server.fail_attempts = self.fail_attempts
+        return server
+
+
+def _sum_fed(n=4, **kw):
+    from securefkm.layers import validate_stack
+
+    agg = kw.pop("aggregator", None)
+    fed = Federation(SumAlgorithm(), _clients(n), random_state=0, **kw)
+    if agg is not None:  # a test aggregator in place of PlainSum (the stack has none)
+        fed.layers, fed.aggregator = validate_stack([agg], fed.algorithm)
+        for rt in fed.transport.clients.values():
+            rt.layers, rt.aggregator = fed.layers, fed.aggregator
+    return fed
+
+
+def test_server_session_faults_strike_and_exclude():
+    fed = _sum_fed(4, aggregator=_Checking(), client_policies={2: Poison(-1.0)})
+    state = fed.algorithm.init(4, 3, None)
+    first = fed.run_round(state, round=0)
+    assert fed.transcript[0].faults == {2: "stage 'input': field 'count' is negative"}
+    assert first.extra["contributors"] == (0, 1, 3) and fed.excluded == {}
+    fed.run_round(state, round=1)
+    assert fed.excluded == {2: "stage 'input': field 'count' is negative"} and fed.strikes == {2: 2}
+    third = fed.run_round(state, round=2)
+    assert 2 not in fed.transcript[2].sampled and third.extra["contributors"] == (0, 1, 3)
+    assert ServerSessionDefault().faults == {} and ServerSessionDefault().faults is not ServerSessionDefault().faults
+
+
+class ServerSessionDefault(_PlainServer):
+    def __init__(self):
+        pass
+
+
+def test_unattributed_check_failure_is_retried_and_counted():
+    fed = _sum_fed(4, aggregator=_Unattributed(2), max_aborted_rounds=3)
+    state = fed.run(0)
+    assert state.extra["contributors"] == (0, 1, 2, 3)
+    assert [(a.attempt, a.cause) for a in fed.transcript.aborts] == [(0, "unattributed_check_failure"),
+                                                                      (1, "unattributed_check_failure")]
+    assert fed.n_aborted_rounds == 2 and fed.excluded == {}  # nobody is blamed for it
+    from securefkm.exceptions import TooManyAbortedRoundsError
+
+    with pytest.raises(TooManyAbortedRoundsError, match="sign_keys=True"):
+        _sum_fed(4, aggregator=_Unattributed(99), max_aborted_rounds=1).run(0)
+
+
+def test_repeated_aborts_read_once_per_cause(caplog):
+    """11 identical aborts: the error lists the cause once with its count and attempts (short),
+    nothing is logged at WARNING (nothing printed by default), one INFO line per cause."""
+    import logging
+
+    from securefkm.exceptions import TooManyAbortedRoundsError
+
+    fed = _sum_fed(4, aggregator=_Unattributed(99), max_aborted_rounds=10)
+    with caplog.at_level(logging.DEBUG, logger="securefkm"), pytest.raises(TooManyAbortedRoundsError) as info:
+        fed.run(0)
+    msg = str(info.value)
+    assert len(msg) < 600, len(msg)
+    assert msg.count("unattributed_check_failure") == 1
+    assert "round 0 attempts 0-10: 11 x unattributed_check_failure at stage 'input'" in msg
+    assert "max_aborted_rounds" in msg
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert not [m for lv, m in levels if lv >= logging.WARNING]
+    assert len([m for lv, m in levels if lv == logging.INFO and "retrying" in m]) == 1
+    assert len([m for lv, m in levels if lv == logging.DEBUG and "retrying" in m]) == 9
+
+
+# ------------------------------------------------------------------ encoder refusals
+class _Fraction(ClientPolicy):
+    """Its update's integer count becomes fractional (what a buggy client-side step would do)."""
+
+    def update(self, update, ctx):
+        from securefkm.messages import Update
+
+        sums = dict(update.sums)
+        key = next(s.name for s in ctx.round_context.specs if s.integer)
+        sums[key] = np.asarray(sums[key], dtype=float) + 0.5
+        return Update(sums=sums, items=update.items)
+
+
+@pytest.mark.parametrize("crypto", ["real", "ideal"])
+@pytest.mark.parametrize("bad", ["nan", "fraction"])
+def test_a_client_whose_encoder_refuses_is_that_clients_refusal(crypto, bad):
+    policy = Poison(np.nan) if bad == "nan" else _Fraction()
+    est = make_estimator("dwf", n_clusters=3, random_state=0, init_bounds=(-2.0, 7.0), backend="local",
+                         protection=[PairwiseMasking()], crypto=crypto, max_rounds=3)
+    with pytest.warns(UserWarning, match="client 5: its encoder refused its update: sum-field") as rec:
+        est.fit(make_clients(), client_policies={5: policy})
+    assert len([w for w in rec if "refused their update" in str(w.message)]) == len(est.transcript_)
+    for r in est.transcript_:
+        assert list(r.stage("update").refused) == [5] and 5 not in r.contributors
+        assert len(r.contributors) == 11 and not r.faults and r.aborted is None
+    assert est.excluded_clients_ == {}  # its own refusal: no strike
+
+
+def test_encoder_refusals_are_the_same_on_every_backend():
+    def run(backend):
+        est = make_estimator("dwf", n_clusters=3, random_state=0, init_bounds=(-2.0, 7.0), backend=backend,
+                             n_workers=2, protection=[PairwiseMasking()], max_rounds=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(make_clients(), client_policies={2: Poison(np.nan), 9: _Fraction()})
+        return est.cluster_centers_.tobytes(), released(est.transcript_)
+
+    local = run("local")
+    assert local == run("processes")
+    assert [dict(s[3]) for s in local[1][0][10] if s[0] == "update"][0].keys() == {2, 9}
+
+
+def test_codec_error_names_the_failing_row():
+    from protocols.codec import FixedPointCodec
+    from securefkm.exceptions import EncodingError
+    from securefkm.messages import FieldSpec
+
+    specs = (FieldSpec("n", (2,), "count", integer=True),)
+    good, bad = {"n": np.array([1.0, 2.0])}, {"n": np.array([1.0, 2.5])}
+    with pytest.raises(EncodingError, match="update 2 of the 3 encoded together: sum-field 'n'") as info:
+        FixedPointCodec().encode_signed_many([good, good, bad], specs, 3)
+    assert info.value.row == 2 and info.value.field == "n" and isinstance(info.value, InputError)

@@ -451,14 +451,22 @@ def test_round_sampling_more_than_max_clients_refused(authority):
         fed.run_round(algo.init(5, 2, None), round=0)
 
 
-def test_value_beyond_slot_names_the_field(authority):
+def test_value_beyond_slot_names_the_field(authority, keypair):
     algo, clients = SumAlgorithm(rounds=1), make_clients(3)
     clients[1] = clients[1] * 1000.0
     fed = Federation(
         algo, clients, protection=[Paillier(slot_bits=32, authority=authority)], max_rounds=1
     )
-    with pytest.raises(InputError, match="'sums'.*slot_bits"):
+    # client 1's own encoder refuses its update: the round goes on without it, named
+    with pytest.warns(UserWarning, match="client 1: .*'sums'.*slot_bits"):
         fed.run()
+    record = fed.transcript[0]
+    assert list(record.stage("update").refused) == [1] and record.contributors == (0, 2)
+    fresh = KeyAuthority(*keypair, min_clients=2, allow_weak_key=True)
+    every = Federation(algo, [c * 1000.0 for c in make_clients(3)],
+                       protection=[Paillier(slot_bits=32, authority=fresh)], max_rounds=1)
+    with pytest.raises(InputError, match="every sampled client refused.*'sums'.*slot_bits"):
+        every.run()
 
 
 def test_slot_bits_default_follows_codec_bound(authority):

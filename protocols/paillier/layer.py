@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from securefkm._validation import check_int
+from securefkm.validation import check_int
 from securefkm.exceptions import InputError, RoundAbortedError
 from securefkm.layers import (
     Aggregator,
@@ -351,6 +351,23 @@ class Paillier(Aggregator):
             round=ctx.round,
             digest=ctx.broadcast_digest,
         )
+
+    def client_sessions(self, clients, ctx: RoundContext, sums_list) -> list[ClientSession]:
+        """:meth:`client_session` of each client; a client whose own encoder refuses its update
+        (the codec's checks, the slot's value range) raises
+        :class:`~securefkm.exceptions.EncodingError` with ``row`` its index, so the caller
+        leaves that client out and opens the others (:func:`securefkm.federation.client.open_sessions`)."""
+        from securefkm.exceptions import EncodingError
+
+        sessions = []
+        for i, (client, sums) in enumerate(zip(clients, sums_list)):
+            try:
+                self.encoded_values(sums, ctx)
+            except InputError as exc:
+                raise EncodingError(f"update {i} of the {len(sums_list)} encoded together: {exc}",
+                                    field=getattr(exc, "field", None), row=i) from exc
+            sessions.append(self.client_session(client, ctx, sums))
+        return sessions
 
 
 @dataclass

@@ -102,6 +102,9 @@ class ClientRuntime:
         #: a :class:`~securefkm.federation.client_policy.ClientPolicy` rewriting what this
         #: simulated client sends (None: honest)
         self.policy = policy
+        #: why this client's own encoder refused its update this round (None: it did not);
+        #: :func:`serve` reports it as the client's refusal of the update stage
+        self.refusal: str | None = None
 
     @property
     def X(self) -> np.ndarray:
@@ -152,7 +155,7 @@ class ClientRuntime:
         return finish_updates([self], [update], ctx)[0]
 
     def decline(self, layer: Layer) -> UpdateReply:
-        self.session = None
+        self.session, self.refusal = None, None
         return UpdateReply(declined=f"{layer.name} declined")
 
     def open_session(self, update, ctx: RoundContext) -> UpdateReply:
@@ -289,20 +292,76 @@ def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext
     (:meth:`Aggregator.client_sessions`)."""
     if not clients:
         return []
-    check_all_sums([u.sums for u in updates], ctx.specs)
+    for c in clients:
+        c.refusal = None
+    refusals: dict[int, str] = {}  # index in ``clients`` -> why its own encoder refused its update
+    try:
+        check_all_sums([u.sums for u in updates], ctx.specs)
+    except InputError:  # whose update has the wrong layout: that client's refusal
+        for i, u in enumerate(updates):
+            try:
+                check_all_sums([u.sums], ctx.specs)
+            except InputError as exc:
+                refusals[i] = str(exc)
     if not ctx.specs:  # no aggregator stage: the update reply itself is the input
         for c in clients:
             c.session, c._ctx = None, ctx
             c._input_sent(ctx)
     else:
+        live = [i for i in range(len(clients)) if i not in refusals]
         if _one_object(map(_AGGREGATOR, clients)):
-            sessions = clients[0].aggregator.client_sessions([c.context for c in clients], ctx,
-                                                             [u.sums for u in updates])
+            opened = _open_isolating(clients[0].aggregator, clients, updates, live, ctx, refusals)
         else:
-            sessions = [c.aggregator.client_session(c.context, ctx, u.sums) for c, u in zip(clients, updates)]
-        for c, session in zip(clients, sessions):
-            c.session, c._ctx = session, ctx
-    return [UpdateReply(items=u.items) for u in updates]
+            opened = {}
+            for i in live:
+                try:
+                    opened[i] = clients[i].aggregator.client_session(clients[i].context, ctx, updates[i].sums)
+                except InputError as exc:
+                    refusals[i] = _reason(exc)
+        for i, session in opened.items():
+            clients[i].session, clients[i]._ctx = session, ctx
+    out = []
+    for i, (c, u) in enumerate(zip(clients, updates)):
+        if i in refusals:  # never a session: the client sends nothing of this round
+            c.session, c._ctx, c.refusal = None, ctx, f"its encoder refused its update: {refusals[i]}"
+            out.append(UpdateReply(declined=c.refusal))  # a decline for a transport that does not convert
+        else:
+            out.append(UpdateReply(items=u.items))
+    return out
+
+
+def _reason(exc: Exception) -> str:
+    """The client's own reason: the codec's message without the batch position."""
+    return str(exc.__cause__) if getattr(exc, "row", None) is not None and exc.__cause__ is not None else str(exc)
+
+
+def _open_isolating(aggregator, clients, updates, live, ctx, refusals) -> dict[int, Any]:
+    """The sessions of ``clients[i]`` for ``i`` in ``live``, opened together
+    (:meth:`Aggregator.client_sessions`); a client whose own encoder refuses its update
+    (an :class:`InputError`: NaN, a fractional count, a value above the codec's bound) is
+    left out and its reason put in ``refusals``, and the others are opened without it. The
+    codec's error names the failing row (:class:`~securefkm.exceptions.EncodingError`);
+    an error that does not is narrowed down by opening the clients one at a time (every
+    aggregator's batch gives each client exactly the session it gives that client alone)."""
+    live = list(live)
+    while live:
+        try:
+            sessions = aggregator.client_sessions([clients[i].context for i in live], ctx,
+                                                  [updates[i].sums for i in live])
+        except InputError as exc:
+            row = getattr(exc, "row", None)
+            if isinstance(row, int) and 0 <= row < len(live):
+                refusals[live.pop(row)] = _reason(exc)
+                continue
+            if len(live) == 1:
+                refusals[live[0]] = str(exc)
+                return {}
+            opened = {}
+            for i in live:
+                opened.update(_open_isolating(aggregator, clients, updates, [i], ctx, refusals))
+            return opened
+        return dict(zip(live, sessions))
+    return {}
 
 
 def serve(
@@ -421,26 +480,36 @@ def _apply_policies(clients, stage, messages, replies, refused, policied, faults
     return replies, refused
 
 
+def _serve_updates(clients: Mapping[int, ClientRuntime], messages: dict[int, Any]) -> dict[int, Any]:
+    """The update stage of :func:`_serve_honest`: every client's :class:`UpdateReply`."""
+    first = next(iter(messages.values()), None)
+    if first is not None and first.then is None and _one_object(messages.values()):  # one shared request
+        return dict(zip(messages, batch_update([clients[c] for c in messages], first)))
+    replies: dict[int, Any] = {}
+    groups: dict[int, list[int]] = {}
+    for c, message in messages.items():
+        if message.then is not None:  # fused first stage: per-client answers
+            replies[c] = clients[c].handle(UPDATE_STAGE, message)
+            continue
+        groups.setdefault(id(message.broadcast), []).append(c)
+    for members in groups.values():
+        outs = batch_update([clients[c] for c in members], messages[members[0]])
+        replies.update(zip(members, outs))
+    return {c: replies[c] for c in messages}
+
+
 def _serve_honest(
     clients: Mapping[int, ClientRuntime], stage: str, messages: dict[int, Any]
 ) -> tuple[dict[int, Any], dict[int, str]]:
     """:func:`serve` for honest clients (and the honest answers policies start from)."""
+    if stage == UPDATE_STAGE:
+        replies = _serve_updates(clients, messages)
+        refused = {c: clients[c].refusal for c in messages if clients[c].refusal is not None}
+        if refused:  # a client whose own encoder refused its update: that client's refusal
+            replies = {c: r for c, r in replies.items() if c not in refused}
+        return replies, refused
     replies: dict[int, Any] = {}
     refused: dict[int, str] = {}
-    if stage == UPDATE_STAGE:
-        first = next(iter(messages.values()), None)
-        if first is not None and first.then is None and _one_object(messages.values()):  # one shared request
-            return dict(zip(messages, batch_update([clients[c] for c in messages], first))), refused
-        groups: dict[int, list[int]] = {}
-        for c, message in messages.items():
-            if message.then is not None:  # fused first stage: per-client answers
-                replies[c] = clients[c].handle(stage, message)
-                continue
-            groups.setdefault(id(message.broadcast), []).append(c)
-        for members in groups.values():
-            outs = batch_update([clients[c] for c in members], messages[members[0]])
-            replies.update(zip(members, outs))
-        return {c: replies[c] for c in messages}, refused
     order = list(messages)
     places = [getattr(clients[c].session, "locality", None) for c in order]
     reorder = bool(places) and None not in places

@@ -135,6 +135,58 @@ def _update_requests(run, round, sampled, per_client, first, fused, attempt) -> 
     return requests
 
 
+def _attempts_text(aborts) -> str:
+    """``round 1 attempts 0-10, round 2 attempt 0``: the attempts ``aborts`` covered."""
+    by_round: dict[int, list[int]] = {}
+    for a in aborts:
+        by_round.setdefault(a.round, []).append(a.attempt)
+    parts = []
+    for rnd, attempts in by_round.items():
+        attempts = sorted(attempts)
+        runs, start = [], attempts[0]
+        for prev, cur in zip(attempts, attempts[1:] + [None]):
+            if cur != prev + 1 if cur is not None else True:
+                runs.append(str(start) if start == prev else f"{start}-{prev}")
+                start = cur
+        word = "attempt" if len(attempts) == 1 else "attempts"
+        parts.append(f"round {rnd} {word} {', '.join(runs)}")
+    return ", ".join(parts)
+
+
+def describe_aborts(aborts, excerpt: int = 160) -> str:
+    """Aborted attempts grouped by (cause, stage), each group once: where, the cause, how many,
+    and the first message of the group cut to ``excerpt`` characters, e.g.
+    ``round 1 attempts 0-10: 11 x too_few_survivors at stage 'masked_input' (pairwise ...)``."""
+    groups: dict[tuple, list] = {}
+    for a in aborts:
+        groups.setdefault((a.cause, a.stage), []).append(a)
+    out = []
+    for (cause, stage), members in groups.items():
+        message = members[0].message
+        message = message if len(message) <= excerpt else message[: excerpt - 3].rstrip() + "..."
+        count = f"{len(members)} x " if len(members) > 1 else ""
+        out.append(f"{_attempts_text(members)}: {count}{cause} at stage {stage!r} ({message})")
+    return "; ".join(out)
+
+
+#: what to change, per abort cause (TooManyAbortedRoundsError's message)
+_FIXES = {
+    "too_few_survivors": "lower the aggregator's threshold / min_clients or sample more clients per round",
+    "unattributed_check_failure": (
+        "a contributor's input or the server failed a check that cannot tell which: run the masking with "
+        "signed keys (PairwiseMasking(sign_keys=True)) so such faults are attributed to the client, which "
+        "is then excluded"),
+    "refused_before_round": "see the layer's refusal above (e.g. GaussianDP's minimum of participants)",
+    "server_misbehaviour": "the server failed a protocol check: audit it before running again",
+}
+
+
+def _abort_fixes(aborts) -> str:
+    causes = list(dict.fromkeys(a.cause for a in aborts))
+    fixes = [_FIXES[c] for c in causes if c in _FIXES]
+    return "To fix: " + "; ".join(fixes + ["or raise max_aborted_rounds"]) + "."
+
+
 def _copy_payload(x):
     if isinstance(x, np.ndarray):
         return x.copy()
@@ -407,10 +459,14 @@ class Federation:
         up for the next one, so that no protocol round id that produced a release is reused.
         """
         attempt = 0
+        first_abort = len(aborts)
         while True:
             generators = _generator_states(state)
             try:
-                return self.run_round(state, run=run, round=t, attempt=attempt), t + 1
+                new_state = self.run_round(state, run=run, round=t, attempt=attempt)
+                if len(aborts) > first_abort:  # one line per distinct cause of this round's aborts
+                    log.info("run %d round %d completed after %s", run, t, describe_aborts(aborts[first_abort:]))
+                return new_state, t + 1
             except _FINAL_ABORTS:
                 raise
             except RoundAbortedError as exc:
@@ -426,15 +482,17 @@ class Federation:
                 if isinstance(exc, ServerMisbehaviourError) and not self.retry_server_misbehaviour:
                     raise
                 if len(aborts) > self.max_aborted_rounds:
-                    listed = "; ".join(f"{a.describe()} ({a.message[:160]})" for a in aborts)
                     raise TooManyAbortedRoundsError(
                         f"run {run}: {len(aborts)} round attempts aborted, more than max_aborted_rounds="
-                        f"{self.max_aborted_rounds}: {listed}. Lower the aggregator's threshold / min_clients, "
-                        "sample more clients per round, or raise max_aborted_rounds.",
+                        f"{self.max_aborted_rounds}: {describe_aborts(aborts)}. {_abort_fixes(aborts)}",
                         aborts=aborts, round=t, stage=exc.stage,
                     ) from exc
-                log.warning("%s; retrying (%d of max_aborted_rounds=%d)", entry.describe(), len(aborts),
-                            self.max_aborted_rounds)
+                # one INFO line the first time a cause is seen in the run, DEBUG for its repeats
+                # (nothing reaches stderr by default; the summary says how many when it ends)
+                key = (entry.cause, entry.stage)
+                seen = sum(1 for a in aborts if (a.cause, a.stage) == key)
+                log.log(logging.INFO if seen == 1 else logging.DEBUG, "%s; retrying (%d of max_aborted_rounds=%d)",
+                        entry.describe(), len(aborts), self.max_aborted_rounds)
                 if exc.released:
                     t, attempt = t + 1, 0
                 else:
@@ -512,6 +570,8 @@ class Federation:
                     refused=refused,
                 )
             )
+            if refused:  # clients whose own encoder refused their update: the fit goes on without them
+                self._warn_refusals(run, round, attempt, sampled, refused)
             alive = tuple(c for c in sampled if c in replies and replies[c].declined is None)
             if not alive:
                 declined = sum(1 for r in replies.values() if r.declined)
@@ -557,6 +617,17 @@ class Federation:
         self.policy.observe(record)  # the whole round, whatever `record` level the transcript keeps
         self.transcript.append(record)
         return new_state
+
+    @staticmethod
+    def _warn_refusals(run, round, attempt, sampled, refused) -> None:
+        """One warning line for the update stage's refusals; an InputError when every sampled
+        client refused (the same reason everywhere is a configuration to fix, not a round to retry)."""
+        listed = "; ".join(f"client {c}: {why.rstrip('.')}" for c, why in list(refused.items())[:3])
+        more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
+        if set(refused) >= set(sampled):
+            raise InputError(f"run {run} round {round}: every sampled client refused its update ({listed}{more}).")
+        warnings.warn(f"run {run} round {round} attempt {attempt}: {len(refused)} client(s) refused their update "
+                      f"and the round goes on without them ({listed}{more})", stacklevel=4)
 
     def _strike(self, record: RoundRecord, server) -> None:
         """Read the round attempt's faults (the server session's, attributed by protocol
