@@ -424,15 +424,34 @@ def _malformed(stage: str, honest, out) -> str | None:
     return None
 
 
+def _through_wire(stage: str, out, fused: str | None):
+    """(why ``out`` fails the deployment's wire schema of the stage's reply, or None; the
+    message as a deployed server would decode it). A stage without a wire schema (an ideal
+    functionality's) keeps the type check of :func:`_malformed` alone."""
+    from ..flower import _wire  # the schemas the Flower transport checks every reply against
+
+    if (stage, "reply") not in _wire.MESSAGES:
+        return None, out
+    try:
+        return None, _wire.decode(stage, "reply", _wire.encode(stage, "reply", out, fused=fused), fused=fused)
+    except _wire.WireError as exc:
+        return f"stage {stage!r}: {exc}", None
+
+
 def _policy_reply(client: ClientRuntime, stage: str, request, honest, ctx: PolicyContext, faults: dict):
     """The policy's answer to one message: (reply or SILENT or a Refusal); a malformed reply
-    is recorded in ``faults`` and turned into SILENT."""
+    (:func:`_malformed`, then the deployment's wire schema of the stage) is recorded in
+    ``faults`` and turned into SILENT; a well-formed one is delivered as a deployed server
+    would decode it."""
     out = client.policy.reply(stage, request, honest, ctx)
     if out is honest or out is SILENT:
         return out
     if isinstance(out, Refusal):
         return out if isinstance(out.reason, str) else Refusal(repr(out.reason))
     why = _malformed(stage, honest, out)
+    if why is None:
+        fused = request.then[0] if stage == UPDATE_STAGE and getattr(request, "then", None) else None
+        why, out = _through_wire(stage, out, fused)
     if why is not None:
         faults.setdefault(client.client_id, why)
         return SILENT
