@@ -78,10 +78,14 @@ class MaskingClient(ClientSession):
         registry: dict[int, bytes] | None = None,
         consistency: bool = False,
         statement_digest: bytes = b"",
+        survivors_floor: int | None = None,
     ):
         """``consistency`` adds the ``consistency_check`` stage (needs ``identity_private``
-        and ``registry``); ``statement_digest`` is the digest of the broadcast the client
-        received, signed with ``U3`` whether or not the masks are bound to it."""
+        and ``registry``); ``statement_digest`` is signed with ``U3`` whether or not the masks
+        are bound to the broadcast (the layer's: the broadcast's digest bound to the run's
+        floor, :meth:`PairwiseMasking.statement_digest`); ``survivors_floor``: the run's
+        survivors floor (:meth:`PairwiseMasking.run_floor`, from the client's own run facts),
+        below which the client refuses a survivor list whatever the plan says."""
         if consistency and (identity_private is None or registry is None):
             raise ValueError("the consistency check needs the client's identity key and the PKI directory")
         self.me = int(client_id)
@@ -91,7 +95,7 @@ class MaskingClient(ClientSession):
         self.locality = plan.graph.position(self.me)  # the ring's order: see ClientSession.locality
         self.complete = plan.graph.kind == "complete"  # then neigh | {me} is the sampled set
         self.t_share = plan.t_share
-        self.min_survivors = plan.min_survivors
+        self.min_survivors = max(plan.min_survivors, int(survivors_floor or 0))
         self.length = plan.length
         self.vector = vector
         self.digest = digest
@@ -194,8 +198,9 @@ class MaskingClient(ClientSession):
             self._refuse("I sent my masked input but am not listed as a survivor")
         if len(survivors) < self.min_survivors:
             self._refuse(
-                f"only {len(survivors)} survivors listed, fewer than the round's minimum "
-                f"{self.min_survivors}: the sum would expose too few clients"
+                f"field 'survivors' lists only {len(survivors)} clients, fewer than the round's minimum "
+                f"{self.min_survivors} (the run's survivors floor and the threshold): the sum would expose "
+                "too few clients"
             )
         # |survivors & (mask_peers + me)|, counted over my O(k) neighbourhood, not the O(n)
         # list (I am a survivor, checked above, and never one of my mask peers)
@@ -224,7 +229,28 @@ class MaskingClient(ClientSession):
             sig = keys.sign(self.identity_private, keys.advert_message(self.rid, self.me, c_pk, s_pk))
         self.my_keys = (c_pk, s_pk)
         self.done.append("advertise")
-        return {"c_pk": c_pk, "s_pk": s_pk, "sig": sig}
+        return {"c_pk": c_pk, "s_pk": s_pk, "sig": sig, "commit": self._commitments(),
+                "digest": self.statement_digest}
+
+    def _commitments(self) -> bytes:
+        """What the client commits to at advertise (verifiable shares): ``H(b)``
+        (:func:`~protocols.masking.keys.seed_commitment`), then a commitment to each share it
+        deals, at every possible holder (itself and its neighbours, ascending ids;
+        :func:`~protocols.masking.keys.share_commitments`). The server checks each share a
+        holder reveals at unmask against them, and the reconstructed seed against ``H(b)``.
+        The shares are made here if the session was opened alone (not by
+        :meth:`prepare_sharing`); b"" when the threshold exceeds the holders (the share stage
+        refuses then)."""
+        holders = sorted(self.neigh | {self.me})
+        payloads = self.__dict__.get("_payloads")
+        if payloads is None:
+            if not 1 <= self.t_share <= len(holders):
+                return b""
+            self.b_seed = os.urandom(32)
+            s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
+            payloads = self._payloads = [a + b for a, b in zip(s_shares, b_shares)]
+        return keys.seed_commitment(self.rid, self.me, self.b_seed) + keys.share_commitments(
+            self.rid, self.me, holders, payloads)
 
     # ------------------------------------------------------------------ stage 1
     def _share(self, message):
@@ -257,15 +283,12 @@ class MaskingClient(ClientSession):
         self.pair_seeds: dict[int, bytes] = dict(zip(peers, seeds))
         self.recv_keys: dict[int, bytes] = dict(zip(peers, recv_keys))
         # each holder's payload: its share of s, then its share of b
-        payloads = self.__dict__.pop("_payloads", None)
-        if payloads is not None:  # made when the session opened (prepare_sharing), at every neighbour
-            if len(payloads) != len(holders):  # not every neighbour advertised: theirs are dropped
-                prepared = dict(zip(sorted(self.neigh | {self.me}), payloads))
-                payloads = [prepared[h] for h in holders]
-        else:
-            self.b_seed = os.urandom(32)
-            s_shares, b_shares = shamir.share_many([self.s_sk, self.b_seed], self.t_share, [h + 1 for h in holders])
-            payloads = [a + b for a, b in zip(s_shares, b_shares)]
+        # made when the session opened (prepare_sharing) or at advertise, at every neighbour,
+        # and committed to at advertise
+        payloads = self.__dict__.pop("_payloads")
+        if len(payloads) != len(holders):  # not every neighbour advertised: theirs are dropped
+            prepared = dict(zip(sorted(self.neigh | {self.me}), payloads))
+            payloads = [prepared[h] for h in holders]
         at = holders.index(self.me)
         own = payloads.pop(at)  # the peers are the holders without me, in the same (sorted) order
         self.held: dict[int, bytes] = {self.me: own}  # holder -> its s-share || b-share, split at unmask
@@ -296,6 +319,8 @@ class MaskingClient(ClientSession):
         seen: set[bytes] = set()
         peers, listed = [], set()
         for v, adv in adverts.items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                self._refuse(f"key list field 'keys' has the key {v!r}, which is not a client id")
             v = int(v)
             if v != self.me and v not in self.neigh:
                 self._refuse(f"key list names client {v}, who is not my neighbour this round")
@@ -335,20 +360,33 @@ class MaskingClient(ClientSession):
         if not ints_within(message.keys(), recv_keys.keys()):  # else checked one by one
             senders = []
             for u in message:
+                if isinstance(u, bool) or not isinstance(u, (int, np.integer)):
+                    self._refuse(f"the masked-input request has the key {u!r}, which is not a client id")
                 u = int(u)
                 if u not in recv_keys:
                     self._refuse(f"received shares from client {u}, who is not one of my key-sharing neighbours")
                 senders.append(u)
             if len(set(senders)) != len(senders):
                 self._refuse("received two share ciphertexts from one client")
+        blobs = list(message.values())
         try:
-            payloads = keys.decrypt_shares_many([recv_keys[u] for u in senders], self.rid, senders, self.me,
-                                                list(message.values()))
-        except keys.PeerKeyError as exc:
-            self._refuse(f"shares from client {exc.peer} do not decrypt ({exc.failure})")
-        malformed = [u for u, payload in zip(senders, payloads) if len(payload) != 2 * _SHARE_LEN]
-        if malformed:
-            self._refuse(f"shares from client {malformed[0]} are malformed")
+            payloads = keys.decrypt_shares_many([recv_keys[u] for u in senders], self.rid, senders, self.me, blobs)
+        except keys.PeerKeyError:  # one by one, to name every sender whose ciphertext fails
+            payloads = []
+            for u, blob in zip(senders, blobs):
+                try:
+                    payloads.append(keys.decrypt_shares(recv_keys[u], self.rid, u, self.me, blob))
+                except keys.CryptoFailure:
+                    payloads.append(None)
+        # a ciphertext that fails authentication or holds shares of the wrong size: its sender
+        # (or the server that relayed it) altered it. The round goes on as if that sender had
+        # not shared with me (no mask with it, none of its shares held), and the reply names
+        # it, so that the server leaves it out of the round (failed_shares)
+        failed = sorted(u for u, payload in zip(senders, payloads) if payload is None or len(payload) != 2 * _SHARE_LEN)
+        if failed:
+            bad = set(failed)
+            kept = [(u, payload) for u, payload in zip(senders, payloads) if u not in bad]
+            senders, payloads = [u for u, _ in kept], [payload for _, payload in kept]
         self.held.update(zip(senders, payloads))
         mask_peers = sorted(senders)
         if len(mask_peers) + 1 < self.t_share:
@@ -367,6 +405,8 @@ class MaskingClient(ClientSession):
         del self.b_seed, self.pair_seeds, self.recv_keys
         self.vector = None
         self.done.append("masked_input")
+        if failed:
+            return {"masked": y, "failed_shares": tuple(failed)}
         return y
 
     # ------------------------------------------------------------------ stage 3 (active variant)

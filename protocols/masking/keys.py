@@ -90,6 +90,26 @@ def x25519_agree(private: bytes | X25519PrivateKey, peer_public: bytes) -> bytes
         raise CryptoFailure(f"invalid X25519 public key: {exc}") from None
 
 
+# the u-coordinates of the points of small order on Curve25519 and its twist (orders 1, 2,
+# 4 and 8), with their non-canonical encodings p, p + 1 (the top bit of an encoding is
+# ignored by X25519, RFC 7748 Sec. 5, so it is cleared before the lookup): every agreement
+# with such a key gives the all-zero secret, which honest peers refuse
+_P25519 = 2**255 - 19
+SMALL_ORDER = frozenset(
+    u.to_bytes(32, "little")
+    for u in (0, 1, _P25519 - 1, _P25519, _P25519 + 1,
+              325606250916557431795983626356110631294008115727848805560023387167927233504,
+              39382357235489614581723060781553021112529911719440698176882885853963445705823)
+)
+
+
+def is_small_order(public: bytes) -> bool:
+    """Whether an X25519 public key is a point of small order (every agreement with it is
+    all zeros): the server refuses such a key at advertise instead of letting every honest
+    neighbour refuse the key list for it."""
+    return (public[:31] + bytes([public[31] & 0x7F])) in SMALL_ORDER
+
+
 # ---------------------------------------------------------------- key derivation
 def round_id(run: int, rnd: int, action: str) -> bytes:
     """Public identifier of a round, bound into every derived key."""
@@ -273,6 +293,51 @@ def decrypt_shares_many(keys, rid: bytes, senders, receiver: int, blobs) -> list
         except CryptoFailure as exc:
             raise PeerKeyError(sender, exc) from None
     return out
+
+
+# ---------------------------------------------------------------- commitments
+#: bytes of one share's commitment (a SHA-256 prefix; see :func:`share_commitments`)
+SHARE_COMMIT_LEN = 16
+
+
+def seed_commitment(rid: bytes, client: int, b_seed: bytes) -> bytes:
+    """``SHA-256(domain, round id, client, b)``: the commitment to the self-mask seed a client
+    publishes at advertise; the server compares the seed it reconstructs with it."""
+    return _SHA256(DOMAIN + b"|seed-commit|" + rid + _Q.pack(client) + b_seed).digest()
+
+
+def share_commitments(rid: bytes, dealer: int, holders, payloads) -> bytes:
+    """The dealer's commitments to the shares it deals, one record per holder (``holders``
+    ascending, the dealer included): the 16-byte SHA-256 prefix of the holder's s-share, then
+    that of its b-share (``payloads[i]`` is holder i's s-share || b-share), each hash bound to
+    the round id, the dealer, the holder and the kind (:func:`share_commitment`).
+
+    Why publishing them reveals nothing: a share of a client's secret, given fewer than
+    ``t`` other shares, is uniformly distributed over the field (Shamir's scheme is perfectly
+    hiding), so each is a value of about 280 bits of entropy, and a hash of a high-entropy
+    value bound to a unique prefix hides it (a guess costs a 2**128-work preimage search per
+    share); the round id in the prefix makes a commitment useless in any other round.
+    """
+    head = DOMAIN + b"|share-commit|" + rid + _Q.pack(dealer)
+    half = len(payloads[0]) // 2 if payloads else 0
+    out = []
+    for h, payload in zip(holders, payloads):
+        prefix = head + _Q.pack(h)
+        out.append(_SHA256(prefix + b"s" + payload[:half]).digest()[:SHARE_COMMIT_LEN])
+        out.append(_SHA256(prefix + b"b" + payload[half:]).digest()[:SHARE_COMMIT_LEN])
+    return b"".join(out)
+
+
+def share_commitment(rid: bytes, dealer: int, holder: int, kind: str, share: bytes) -> bytes:
+    """The commitment to one share (``kind`` ``"s"`` or ``"b"``), as in :func:`share_commitments`."""
+    return _SHA256(DOMAIN + b"|share-commit|" + rid + _QQ.pack(dealer, holder) + kind.encode() + share).digest()[
+        :SHARE_COMMIT_LEN]
+
+
+def masked_digest(y) -> bytes:
+    """A 16-byte SHA-256 prefix of a masked vector: what the layer remembers of the masked
+    inputs of a run to recognise a replayed one."""
+    return _SHA256(memoryview(y).cast("B")).digest()[:16]
 
 
 # ---------------------------------------------------------------- Ed25519 / PKI
