@@ -69,7 +69,7 @@ from .graph import (
 )
 from .params import CORRECTNESS_BITS, CORRUPT_FRACTION, DROPOUT_FRACTION, SECURITY_BITS, check_rates
 from .prg import CIPHERS
-from .server import MaskingServer
+from .server import MaskingServer, RunHistory
 
 IDENTITY_STATE_KEY = "pairwise_masking.identity"
 
@@ -286,6 +286,7 @@ class PairwiseMasking(Aggregator):
             bind_broadcast=self.bind_broadcast,
             registry=None if self.registry is None else self.registry.public,
             consistency=self.sign_keys,
+            history=self.__dict__.setdefault("_history", RunHistory()),  # the fit's replayed-message memory
         )
 
     def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
