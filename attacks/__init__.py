@@ -11,7 +11,7 @@ Names are imported lazily.
 
 from __future__ import annotations
 
-from securefkm._lazy import lazy_exports
+from securefkm.lazy import lazy_exports
 
 _EXPORTS = {
     "LeakageReport": "attacks.report",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from securefkm.algorithms._kmeans import assign
+from securefkm.kernels import assign
 
 SEEDING_RAW_ACTIONS = ("init.kmeans++", "init.random")
 

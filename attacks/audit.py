@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from securefkm._validation import check_random_state
+from securefkm.validation import check_random_state
 from securefkm.exceptions import InputError
 
 from .report import LeakageReport

@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import least_squares
 
-from securefkm.algorithms._fcm import (
+from securefkm.kernels import (
     exact_sq_distances,
     fuzzy_memberships,
     local_fcm,

@@ -286,7 +286,7 @@ def fit_cell(cell: dict) -> list[dict]:
     attack in ``cell["attacks"]`` (numbers, ``not applicable: ...`` or ``error: ...``)."""
     from sklearn.metrics import adjusted_rand_score
 
-    from securefkm.algorithms._kmeans import assign
+    from securefkm.kernels import assign
 
     seed, specs, alg = cell["seed"], cell["specs"], cell["algorithm"]
     data, k, box, held = load(cell["dataset"], seed)

@@ -44,8 +44,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from securefkm._validation import check_random_state
-from securefkm.algorithms._kmeans import sq_distances
+from securefkm.validation import check_random_state
+from securefkm.kernels import sq_distances
 from securefkm.exceptions import InputError
 
 from .report import LeakageReport, client_arrays

@@ -16,7 +16,7 @@ import hashlib
 import numpy as np
 from scipy.optimize import linprog
 
-from securefkm.algorithms._kmeans import assign
+from securefkm.kernels import assign
 from securefkm.exceptions import InputError
 from securefkm.transcript import RECORD_LEVELS, Transcript
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from securefkm.algorithms._kmeans import sq_distances
+from securefkm.kernels import sq_distances
 from securefkm.exceptions import InputError
 
 

@@ -10,7 +10,7 @@ torch (opacus is loaded only when a DP layer is set up).
 
 from __future__ import annotations
 
-from securefkm._lazy import lazy_exports
+from securefkm.lazy import lazy_exports
 
 _EXPORTS = {
     "FixedPointCodec": "protocols.codec",

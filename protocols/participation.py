@@ -28,7 +28,7 @@ has reached its cap, rounds abort (no one answers): plan ``max_rounds`` accordin
 
 from __future__ import annotations
 
-from securefkm._validation import check_int
+from securefkm.validation import check_int
 from securefkm.layers import Layer
 
 STATE_KEY = "participation_cap.rounds"

@@ -28,7 +28,7 @@ import numbers
 
 import numpy as np
 
-from securefkm._validation import check_int
+from securefkm.validation import check_int
 from securefkm.exceptions import InputError
 from securefkm.layers import Layer
 from securefkm.messages import Update

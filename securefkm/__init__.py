@@ -9,7 +9,7 @@ attacks in ``attacks``. Names are imported lazily so ``import securefkm`` stays 
 
 from __future__ import annotations
 
-from ._lazy import lazy_exports
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 

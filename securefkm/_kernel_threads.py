@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ._validation import check_int
+from .validation import check_int
 
 _DEFAULT: int | None = None
 _CPUS: int | None = None  # read once: the affinity mask and the environment, not once per round

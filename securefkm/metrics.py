@@ -25,7 +25,7 @@ from sklearn.metrics import (
 )
 from sklearn.metrics.cluster import contingency_matrix
 
-from ._validation import check_array, check_choice, check_int, check_random_state
+from .validation import check_array, check_choice, check_int, check_random_state
 from .exceptions import InputError
 
 __all__ = [

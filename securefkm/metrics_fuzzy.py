@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from ._validation import check_array, check_float
+from .validation import check_array, check_float
 from .algorithms._fcm import check_fuzzifier, exact_sq_distances, fuzzy_db_from_parts
 from .algorithms._fcm import fedfuzzdb_terms as _terms
 from .exceptions import InputError

@@ -1,4 +1,5 @@
-"""Argument checks shared by every public entry point.
+"""Argument checks shared by every public entry point (a public module: ``protocols`` and
+``attacks`` use it too).
 
 Each check raises :class:`~securefkm.exceptions.InputError` with a message that names the
 argument and says how to fix it.

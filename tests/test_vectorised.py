@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from securefkm.algorithms import _cellsums, _kmeans
+from securefkm.algorithms import _addresses, _block_pool, _cellsums, _kmeans
 from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
 from securefkm.algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
 from securefkm.algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
@@ -452,16 +452,16 @@ def test_data_addresses_are_remembered_only_while_the_array_lives():
 
     pooled = np.zeros((40, 3))
     views = np.array_split(pooled, 4)
-    addresses = [_kmeans._data_address(X) for X in views]
+    addresses = [_addresses._data_address(X) for X in views]
     assert addresses == [X.__array_interface__["data"][0] for X in views]
     assert addresses == [pooled.__array_interface__["data"][0] + 8 * 3 * 10 * i for i in range(4)]
     key = id(views[1])
-    assert key in _kmeans._ADDRESSES
+    assert key in _addresses._ADDRESSES
     del views[1]
     gc.collect()
-    assert key not in _kmeans._ADDRESSES
+    assert key not in _addresses._ADDRESSES
     fresh = np.ones((5, 3))
-    assert _kmeans._data_address(fresh) == fresh.__array_interface__["data"][0]
+    assert _addresses._data_address(fresh) == fresh.__array_interface__["data"][0]
 
 
 def test_kernel_threads_default_and_worker_setting(monkeypatch):
@@ -471,11 +471,11 @@ def test_kernel_threads_default_and_worker_setting(monkeypatch):
     from securefkm import _kernel_threads
 
     monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
-    assert _kmeans._threads(None) == _kernel_threads.process_cpus()
+    assert _block_pool._threads(None) == _kernel_threads.process_cpus()
     _kernel_threads.set_kernel_threads(1)
-    assert _kmeans._threads(None) == 1 and _kmeans._threads(3) == 3
+    assert _block_pool._threads(None) == 1 and _block_pool._threads(3) == 3
     _kernel_threads.set_kernel_threads(None)
-    nested = list(_kmeans._pool(2).map(lambda _: _kmeans._threads(4), range(2)))
+    nested = list(_block_pool._pool(2).map(lambda _: _block_pool._threads(4), range(2)))
     assert nested == [1, 1]
 
 
@@ -500,15 +500,15 @@ def test_blocks_shared_by_caller_and_pool_in_order_even_when_the_pool_is_busy():
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        assert _kmeans._run_shared(pool, lambda b: b * b, list(range(9))) == [b * b for b in range(9)]
+        assert _block_pool._run_shared(pool, lambda b: b * b, list(range(9))) == [b * b for b in range(9)]
         release = threading.Event()
         busy = pool.submit(release.wait, 30)
         callers = []
-        out = _kmeans._run_shared(pool, lambda b: callers.append(threading.current_thread()) or -b, list(range(5)))
+        out = _block_pool._run_shared(pool, lambda b: callers.append(threading.current_thread()) or -b, list(range(5)))
         assert out == [0, -1, -2, -3, -4] and callers == [threading.current_thread()] * 5
         ran = []
         with pytest.raises(ValueError, match="block 3"):
-            _kmeans._run_shared(pool, _failing_at(3, ValueError, ran), list(range(6)))
+            _block_pool._run_shared(pool, _failing_at(3, ValueError, ran), list(range(6)))
         release.set()
         busy.result()
         pool.submit(lambda: None).result()  # the queue is drained: the cancelled helper never ran
@@ -523,7 +523,7 @@ def test_a_failing_block_in_the_helper_is_raised_after_the_caller_stops():
     ran = []
     with ThreadPoolExecutor(2) as pool:
         with pytest.raises(KeyError, match="block 2"):
-            _kmeans._run_shared(pool, _failing_at(2, KeyError, ran), list(range(400)), helpers=2)
+            _block_pool._run_shared(pool, _failing_at(2, KeyError, ran), list(range(400)), helpers=2)
         settled = len(ran)
         pool.submit(lambda: None).result()
     assert 2 in ran and settled == len(ran) < 400
@@ -543,7 +543,7 @@ def test_kept_thread_pool_survives_fork():
     rng = np.random.default_rng(0)
     datas = [rng.normal(size=(300, 3)) for _ in range(8)]
     expected, _ = _kmeans.per_client_cell_sums(datas, rng.normal(size=(4, 3)), chunk=256, n_threads=2)
-    assert 1 in _kmeans._POOLS  # the parent's pool (one thread beside the caller) exists when the child is forked
+    assert 1 in _block_pool._POOLS  # the parent's pool (one thread beside the caller) exists when the child is forked
     assert _forked_result(_cell_sums_in_child) == float(sum(s.sum() for s in expected))
 
 
@@ -597,9 +597,9 @@ def test_a_worker_shard_runs_the_kernel_in_one_thread(monkeypatch):
 
     monkeypatch.setattr(_kernel_threads, "_DEFAULT", None)
     monkeypatch.setattr(_kernel_threads, "_CPUS", 4)  # the CPU count, read once per process
-    assert _kmeans._threads(None) == 4
+    assert _block_pool._threads(None) == 4
     Shard(pickle.dumps(([], [], [], None, [], None, None)))
-    assert _kmeans._threads(None) == 1
+    assert _block_pool._threads(None) == 1
 
 
 @pytest.mark.parametrize("k, d", [(1, 1), (2, 3), (7, 5), (8, 2), (9, 16), (20, 16), (64, 7), (128, 3)])
@@ -666,23 +666,23 @@ def test_call_addresses_are_remembered_for_the_same_arrays_only():
 
     pooled = np.arange(60.0).reshape(20, 3)
     datas = np.array_split(pooled, 4)
-    kept, bases = _kmeans._record_addresses(datas)
+    kept, bases = _addresses._record_addresses(datas)
     assert kept is datas and bases.tolist() == [X.__array_interface__["data"][0] for X in datas]
-    assert _kmeans._record_addresses(datas)[1] is bases  # remembered
+    assert _addresses._record_addresses(datas)[1] is bases  # remembered
     # an entry whose arrays died is not trusted, whatever ids the new arrays got
     key = tuple(map(id, datas))
-    _kmeans._CALL_ADDRESSES[key] = (tuple(weakref.ref(np.zeros(1)) for _ in datas), np.zeros(4, dtype=np.int64))
-    assert _kmeans._record_addresses(datas)[1].tolist() == bases.tolist()
+    _addresses._CALL_ADDRESSES[key] = (tuple(weakref.ref(np.zeros(1)) for _ in datas), np.zeros(4, dtype=np.int64))
+    assert _addresses._record_addresses(datas)[1].tolist() == bases.tolist()
     # Fortran-ordered or float32 clients are copied for the call and not remembered
     odd = [np.asfortranarray(X) for X in datas[:2]] + [X.astype(np.float32) for X in datas[2:]]
-    kept, bases = _kmeans._record_addresses(odd)
+    kept, bases = _addresses._record_addresses(odd)
     assert all(K.flags.c_contiguous and K.dtype == np.float64 and np.array_equal(K, X) for K, X in zip(kept, odd))
     assert bases.tolist() == [K.__array_interface__["data"][0] for K in kept]
-    assert tuple(map(id, odd)) not in _kmeans._CALL_ADDRESSES
+    assert tuple(map(id, odd)) not in _addresses._CALL_ADDRESSES
     # a bounded number of calls is remembered
-    for _ in range(2 * _kmeans._CALL_ADDRESSES_KEPT):
-        _kmeans._record_addresses([X.copy() for X in datas])
-    assert len(_kmeans._CALL_ADDRESSES) <= _kmeans._CALL_ADDRESSES_KEPT
+    for _ in range(2 * _addresses._CALL_ADDRESSES_KEPT):
+        _addresses._record_addresses([X.copy() for X in datas])
+    assert len(_addresses._CALL_ADDRESSES) <= _addresses._CALL_ADDRESSES_KEPT
 
 
 def test_numpy_blas_single_threaded_sets_and_restores_its_threads():

@@ -37,7 +37,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from securefkm._validation import check_float, check_int
+from securefkm.validation import check_float, check_int
 from securefkm.exceptions import InputError
 
 ACCOUNTANTS = ("prv", "rdp")

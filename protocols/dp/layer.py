@@ -162,7 +162,7 @@ from collections import Counter
 
 import numpy as np
 
-from securefkm._validation import check_bounds, check_choice, check_float, check_int
+from securefkm.validation import check_bounds, check_choice, check_float, check_int
 from securefkm.exceptions import (
     InputError,
     PrivacyBudgetExceededError,

@@ -13,7 +13,7 @@ The rule
 budget goes to Lloyd rounds; the first round's Voronoi cells around well-separated points near
 the box centre cut the data into k groups as random hyperplanes through the centre would.
 When e < E_p, a private seeding round (``init="private"``: noisy counts and sums of grid or
-hyperplane buckets, :mod:`securefkm.algorithms._seeding`; in d <= 3 a grid of clip(0.3 / e, 4, 16)
+hyperplane buckets, :mod:`securefkm.kernels`; in d <= 3 a grid of clip(0.3 / e, 4, 16)
 cells per cluster, the estimator handing e to the round) weighted R, i.e. given as much of
 mu^2 as R weight-1 Lloyd rounds (``round_weights={"init.private": R}``; with the final
 round's weight below, R of 3R - 2): with that little

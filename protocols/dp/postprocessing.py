@@ -1,7 +1,7 @@
 """Post-processing of released sums by :class:`~protocols.dp.GaussianDP` (no privacy cost):
 translation by the box centre ("Centred sums"), projection of noisy means into the records'
 domain, and shrinkage of noisy means with the private-seeding estimators of
-:mod:`securefkm.algorithms._seeding`."""
+:mod:`securefkm.kernels`."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ class PostProcessing:
         relocation of low-count rows, :meth:`_relocated`), except seeding rounds (``init.*``, which
         shrink their bucket means themselves). The rows with a positive noisy count get
         S_j' = n_j m_j' with m_j' the shrunk mean (``"coordinate"``:
-        :func:`~securefkm.algorithms._seeding.shrink_coordinates`, ``"vector"``: the James-Stein
-        :func:`~securefkm.algorithms._seeding.shrink_means`), so the algorithm's S_j' / n_j is m_j'.
+        :func:`~securefkm.kernels.shrink_coordinates`, ``"vector"``: the James-Stein
+        :func:`~securefkm.kernels.shrink_means`), so the algorithm's S_j' / n_j is m_j'.
 
         ``"hierarchical"`` (the DP plan's choice, :mod:`protocols.dp.planning`): the target is
         the overall mean sum_j S_j / sum_j n_j of *all* rows, itself shrunk towards the box centre
@@ -119,7 +119,7 @@ class PostProcessing:
                                               sigma_count, self._relocation_step(d), count.name, total.name)}
         if count.shape[0] != m or m < 2 or (d < 3 and not hierarchical):
             return sums
-        from securefkm.algorithms._seeding import shrink_coordinates, shrink_means
+        from securefkm.kernels import shrink_coordinates, shrink_means
 
         n = np.asarray(sums[count.name], dtype=np.float64)
         S = np.asarray(sums[total.name], dtype=np.float64)
@@ -224,7 +224,7 @@ class PostProcessing:
 
     def _hierarchical_target(self, n, S, sigma_sum) -> np.ndarray | None:
         """The overall mean sum_j S_j / sum_j n_j, shrunk towards the box centre (None: no mass)."""
-        from securefkm.algorithms._seeding import shrink_means
+        from securefkm.kernels import shrink_means
 
         total = n.sum()
         if total <= 0:
@@ -237,7 +237,7 @@ class PostProcessing:
         return target
 
     def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
-        from securefkm.algorithms._seeding import shrink_means
+        from securefkm.kernels import shrink_means
 
         target = self._hierarchical_target(n, S, sigma_sum)
         if target is None:

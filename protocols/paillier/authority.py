@@ -45,7 +45,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from phe import paillier
 
-from securefkm._validation import check_int
+from securefkm.validation import check_int
 from securefkm.exceptions import InputError, RoundAbortedError
 
 DOMAIN_PUBLIC_KEY = b"securefkm/paillier/public-key/v1"

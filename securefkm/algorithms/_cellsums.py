@@ -43,7 +43,7 @@ import threading
 import numpy as np
 from scipy import sparse
 
-from .._lazy import optional_module
+from ..lazy import optional_module
 
 #: calls with fewer (records x centres) than this use the numpy loop: small fits never
 #: import or compile numba (0.2 s to import, 0.6 s to compile without the disk cache)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_array, check_float, check_int, check_random_state
+from ..validation import check_array, check_float, check_int, check_random_state
 from ..exceptions import InputError
 from ._cellsums import compiled, scratch
 from ._kmeans import seed_kmeans_plusplus, sq_distances

@@ -8,18 +8,14 @@ processed in one pass by offsetting their labels (``segment`` ids ``client * k +
 from __future__ import annotations
 
 import functools
-import itertools
-import os
-import threading
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy import sparse
 
-from .._kernel_threads import kernel_threads
 from ..exceptions import InputError
 from . import _local
+from ._addresses import _data_address, _record_addresses
+from ._block_pool import _pool, _run_shared, _single_threaded_blas, _threads, shutdown_pools  # noqa: F401 (shutdown_pools: public here)
 from ._cellsums import (
     block_cell_sums,
     lanes,
@@ -143,62 +139,6 @@ def _blocks_of(sizes: tuple, chunk: int, threads: int) -> tuple:
     return tuple(blocks)
 
 
-_ADDRESSES: dict[int, tuple] = {}
-
-
-def _data_address(X: np.ndarray) -> int:
-    """``X``'s data pointer, remembered per live array object. Reading it
-    (``__array_interface__``) costs ~1 us, and a 10,000-client round asks it for every client
-    (:func:`_block_records`): ~12 ms of interpreter time per round, paid by the kernel's
-    threads under the GIL. An array object's data pointer does not change while it lives
-    (``ndarray.resize`` moves only an array that nothing else references, and the caller
-    holds it); the entry goes when the array does (its weak reference's callback)."""
-    key = id(X)
-    entry = _ADDRESSES.get(key)
-    if entry is not None and entry[0]() is X:
-        return entry[1]
-    address = X.__array_interface__["data"][0]
-    try:
-        ref = weakref.ref(X, lambda _, key=key: _ADDRESSES.pop(key, None))
-    except TypeError:  # an array type without weak references: not remembered
-        return address
-    _ADDRESSES[key] = (ref, address)
-    return address
-
-
-#: the latest calls' clients (weak references) and their records' addresses, by the ids of
-#: their arrays: a fit asks for the same clients' addresses round after round
-_CALL_ADDRESSES: dict[tuple, tuple] = {}
-_CALL_ADDRESSES_KEPT = 4
-
-
-def _record_addresses(datas) -> tuple[list, np.ndarray]:
-    """(arrays, addresses): each client's records as C-ordered float64 -- its own array, or
-    a copy for this call, which the caller keeps alive while it reads them -- and the
-    address of their data. When every client's own array is read in place, the addresses
-    are remembered for the same array objects (:func:`_data_address`'s reasoning): checking
-    that the weak references still give those objects costs a tenth of looking each up."""
-    key = tuple(map(id, datas))
-    entry = _CALL_ADDRESSES.get(key)
-    if entry is not None and all(ref() is X for ref, X in zip(entry[0], datas)):
-        return datas, entry[1]
-    f64 = np.dtype(np.float64)
-    kept = [X if X.dtype == f64 and X.flags.c_contiguous else np.ascontiguousarray(X, dtype=np.float64)
-            for X in datas]  # read in place: the clients' own arrays, or one copy for this call
-    bases = np.fromiter((_data_address(X) for X in kept), dtype=np.int64, count=len(kept))
-    if all(K is X for K, X in zip(kept, datas)):
-        try:
-            refs = tuple(weakref.ref(X) for X in datas)
-        except TypeError:  # an array type without weak references: not remembered
-            return kept, bases
-        bases.flags.writeable = False
-        while len(_CALL_ADDRESSES) >= _CALL_ADDRESSES_KEPT:
-            _CALL_ADDRESSES.pop(next(iter(_CALL_ADDRESSES)))
-        _CALL_ADDRESSES[key] = (refs, bases)
-        return datas, bases
-    return kept, bases
-
-
 def _block_records(datas, block, d: int) -> np.ndarray:
     """The block's records as one (rows, d) array: a view of the clients' own memory when
     its pieces lie back to back in it -- clients that are consecutive slices of one C-ordered
@@ -227,20 +167,6 @@ def _block_sums(datas, block, C2T, cc, sums, counts, fast):
     Xb = _block_records(datas, block, C2T.shape[0])
     row_base = np.repeat((block[:, 0] - block[0, 0]) * k, block[:, 2] - block[:, 1])
     block_cell_sums(Xb, C2T, cc, row_base, sums, counts, fast)
-
-
-_BLAS = None
-
-
-def _single_threaded_blas():
-    """A context in which BLAS runs on one thread (the blocks run in parallel instead:
-    small threaded GEMMs spin and stall on a shared machine). The controller is built once."""
-    global _BLAS
-    if _BLAS is None:
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
 
 
 def per_client_cell_sums(datas, C: np.ndarray, chunk: int | None = None, n_threads: int | None = None):
@@ -339,102 +265,6 @@ def _pooled_per_client(datas, C2T, cc, sizes: list, chunk: int, threads: int):
         for g in range(first[i] + 1, first[i] + int(n_pieces[i])):
             out_sums[i], out_counts[i] = out_sums[i] + groups[g], out_counts[i] + group_counts[g]
     return out_sums, out_counts
-
-
-_POOLS: dict = {}
-_POOLS_LOCK = threading.Lock()
-_POOL_PREFIX = "securefkm-blocks"
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has none of the parent's pool threads (and maybe a lock some thread
-    held): it starts with no pools and a fresh lock."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _threads(n_threads: int | None) -> int:
-    """The thread count of the pooled kernels: ``n_threads``, else
-    :func:`securefkm._kernel_threads.kernel_threads`; one inside a block worker (a nested
-    pooled call runs in its caller's thread)."""
-    if threading.current_thread().name.startswith(_POOL_PREFIX):
-        return 1
-    return max(1, n_threads or kernel_threads())
-
-
-def shutdown_pools() -> None:
-    """Stop the kernel's worker threads (they and their scratch buffers are made again on
-    the next pooled call); for a clean memory measurement, or a long-lived process that is
-    done with fitting."""
-    with _POOLS_LOCK:
-        pools = list(_POOLS.values())
-        _POOLS.clear()
-    for pool in pools:
-        pool.shutdown(wait=True)
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A process-wide pool of ``workers`` threads, kept between calls (a round at 100 clients
-    is a few ms: starting threads each time cost a tenth of it)."""
-    with _POOLS_LOCK:
-        if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix=_POOL_PREFIX)
-        return _POOLS[workers]
-
-
-def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list, helpers: int = 1) -> list:
-    """``[fn(b) for b in blocks]`` computed by the calling thread and ``helpers`` tasks on
-    ``pool`` together: each takes the next block not yet taken (one shared counter; taking is
-    atomic under the GIL) until none is left, so a thread that starts late or runs slowly
-    simply takes fewer blocks.
-
-    The caller is already running, a pool thread has to be woken: between two rounds the
-    pool's threads sleep while the server does its part, and the pool thread starts its
-    first block about 0.1 ms after the caller (``python -m securefkm.bench.speed_diagnostics``;
-    scikit-learn's OpenMP threads spin instead). With the caller working from the start (and
-    larger distance products, since replaced by :data:`._cellsums.PRODUCT_ROWS`) the DWF round at 100k x 16 went
-    from 2.3 to 1.8 x scikit-learn's Lloyd iteration (docs/benchmarks.md). One task per
-    helper rather than one future per block: a submit costs several us under the GIL, eight
-    of them delayed the caller's first block. A block that raises stops everyone taking
-    more; the first error is raised once the helpers are done (a helper still queued, e.g.
-    behind another caller's blocks, is cancelled instead of waited for).
-    Which thread computes a block changes no result: each block writes its own output."""
-    n = len(blocks)
-    results: list = [None] * n
-    take = itertools.count().__next__
-    failed: list = []
-
-    def work():
-        while not failed:
-            i = take()
-            if i >= n:
-                return
-            try:
-                results[i] = fn(blocks[i])
-            except BaseException:
-                failed.append(i)
-                raise
-
-    futures = [pool.submit(work) for _ in range(helpers)]
-    error = None
-    try:
-        work()
-    except BaseException as exc:
-        error = exc
-    for future in futures:
-        if future.cancel():
-            continue
-        try:
-            future.result()
-        except BaseException as exc:
-            error = error or exc
-    if error is not None:
-        raise error
-    return results
 
 
 def map_blocks(datas, fn, chunk: int | None = None, n_threads: int | None = None, blocks=None):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._lazy import optional_module
+from ..lazy import optional_module
 
 #: local k-means work (records x centres, summed over calls in this process) after which
 #: the compiled loops run: about 50 clients of 100 records at k = 50, about as long in numpy

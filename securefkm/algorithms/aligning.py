@@ -43,7 +43,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from .._validation import check_choice, check_float, check_int
+from ..validation import check_choice, check_float, check_int
 from ..exceptions import InputError
 from ..federation.convergence import frobenius_movement
 from ..messages import AggregatedUpdate, Broadcast, Update

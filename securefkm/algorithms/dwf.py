@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .._validation import check_choice, check_float, check_int
+from ..validation import check_choice, check_float, check_int
 from ..exceptions import InputError
 from ..federation.convergence import frobenius_movement, has_converged
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update

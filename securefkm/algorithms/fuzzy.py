@@ -64,7 +64,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from .._validation import check_choice, check_float, check_int
+from ..validation import check_choice, check_float, check_int
 from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding

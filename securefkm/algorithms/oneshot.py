@@ -41,7 +41,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .._validation import check_choice, check_int
+from ..validation import check_choice, check_int
 from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, Update
 from . import _seeding

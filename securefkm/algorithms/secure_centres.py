@@ -131,7 +131,7 @@ def secure_objective(sums: dict[str, np.ndarray]) -> float:
 def check_secure_params(server_max_iter, server_tol, oversample):
     """Validated (server_max_iter, server_tol, oversample) of the secure server k-means,
     shared by every algorithm with a ``secure_mode``."""
-    from .._validation import check_float, check_int
+    from ..validation import check_float, check_int
 
     return (
         check_int(server_max_iter, "server_max_iter", minimum=1),

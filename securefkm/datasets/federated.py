@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import check_array
+from ..validation import check_array
 from ..exceptions import InputError
 
 __all__ = ["FederatedDataset", "as_federated", "from_groups"]

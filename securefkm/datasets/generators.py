@@ -12,7 +12,7 @@ import random
 import numpy as np
 from sklearn.datasets import load_digits, make_blobs
 
-from .._validation import check_float, check_int, check_random_state
+from ..validation import check_float, check_int, check_random_state
 from ..exceptions import InputError
 from .federated import FederatedDataset
 from .splitters import _sk_seed, split_distance

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 
-from .._validation import check_random_state
+from ..validation import check_random_state
 from ..exceptions import InputError
 from . import generators as gen
 from . import real

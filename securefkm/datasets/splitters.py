@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 from sklearn.cluster import KMeans
 
-from .._validation import check_array, check_float, check_int, check_random_state
+from ..validation import check_array, check_float, check_int, check_random_state
 from ..exceptions import InputError
 
 __all__ = [

@@ -47,6 +47,11 @@ otherwise; ``backend_`` says which it was.
 ``max_aborted_rounds`` (every estimator; default
 :data:`~securefkm.federation.runtime.MAX_ABORTED_ROUNDS` = 10): aborted round attempts
 tolerated per run before the fit raises ``TooManyAbortedRoundsError``.
+``max_client_faults`` (every estimator; default
+:data:`~securefkm.federation.runtime.MAX_CLIENT_FAULTS` = 2, ``None`` never excludes):
+faults attributed to a client (a malformed, replayed or wrong message) after which it is
+excluded from the rest of the fit; ``client_faults_`` and ``excluded_clients_`` report them
+(docs/aborted-rounds.md).
 
 ``record`` (every estimator) is what ``transcript_`` keeps (:mod:`securefkm.transcript`):
 ``"full"`` every message each client sent, what the passive attacks read;

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .._validation import check_int
+from ..validation import check_int
 from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
-from ..federation.runtime import MAX_ABORTED_ROUNDS
+from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from .base import FederatedClusterer, resolve_init
 
 DEFAULT_MAX_ROUNDS = 300
@@ -56,7 +56,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
         Simulated dropouts (probability per client and round, or a schedule).
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -84,6 +84,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
     ):
         self.n_clusters = n_clusters
@@ -106,6 +107,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.max_client_faults = max_client_faults
         self.record = record
 
     def _n_runs(self):

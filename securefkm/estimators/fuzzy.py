@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._validation import check_float, check_int, check_random_state
+from ..validation import check_float, check_int, check_random_state
 from ..algorithms._fcm import check_fuzzifier, fuzzy_cmeans, fuzzy_memberships
 from ..algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
 from ..datasets import as_federated
 from ..exceptions import InputError
-from ..federation.runtime import MAX_ABORTED_ROUNDS
+from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from ..metrics_fuzzy import fuzzy_davies_bouldin
 from .base import FederatedClusterer, resolve_init
 
@@ -84,7 +84,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         ``oversample * n_clusters`` uniform centres and reduces them to ``n_clusters``.
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
 
@@ -121,6 +121,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
     ):
         self.n_clusters = n_clusters
@@ -146,6 +147,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.max_client_faults = max_client_faults
         self.record = record
 
     def _n_runs(self):

@@ -296,6 +296,12 @@ class Federation:
                 raise InputError("Federation over a remote transport needs n_features.")
         self.n_clients = n_clients
         self.client_policies = self._check_client_policies(client_policies, n_clients, transport, clients)
+        replying = sorted(c for c, p in self.client_policies.items() if type(p).reply is not ClientPolicy.reply)
+        if replying and not getattr(self.aggregator, "simulates_client_replies", True):
+            raise InputError(
+                f"client_policies {replying[:5]} rewrite the clients' protocol messages, which the ideal "
+                f"functionality of {self.aggregator.name} does not simulate (it runs honest clients only): use "
+                "crypto='real' to run the protocol's checks against them.")
         self.clients_per_round = check_fraction_or_count(clients_per_round, "clients_per_round", n_clients)
         self.info = RunInfo(
             algorithm=algorithm,
@@ -514,11 +520,13 @@ class Federation:
             raise NoParticipantsError(
                 f"every client is excluded for repeated faults ({self._excluded_text()}); no client is left to "
                 "sample", round=round, stage="before_round")
+        specs = algorithm.sum_fields(broadcast)
+        if self.excluded and specs:
+            self._check_floor(count, round)
         sampled = sample_clients(self.rng if attempt == 0 else self._retry_rng, self.n_clients, count,
                                  excluded=self.excluded)
         sampled, per_client = self.policy.plan(state, round, broadcast, sampled, self.n_clients)
         sampled = tuple(sampled)
-        specs = algorithm.sum_fields(broadcast)
         ctx = RoundContext(
             run=run,
             round=round,
@@ -649,6 +657,20 @@ class Federation:
             entry = Exclusion(record.run, record.round, record.attempt, c, self.strikes[c], why)
             self.transcript.exclusions.append(entry)
             log.warning("%s; it is not sampled again", entry.describe())
+
+    def _check_floor(self, count: int, round: int) -> None:
+        """With clients excluded, a round may no longer reach the fewest clients the secure
+        aggregator lets honest clients accept (``Aggregator.sampled_floor``, from the run's
+        declared facts): then every client would refuse it, so the run stops here instead."""
+        floor_of = getattr(self.aggregator, "sampled_floor", None)
+        floor = floor_of(self.info) if floor_of is not None else 0
+        remaining = self.n_clients - len(self.excluded)
+        if min(count, remaining) < floor:
+            raise NoParticipantsError(
+                f"{len(self.excluded)} client(s) are excluded for repeated faults ({self._excluded_text()}), "
+                f"leaving {remaining} to sample, fewer than the {floor} a round must sample for the clients "
+                f"to accept it under {self.aggregator.name}; lower clients_per_round or raise max_client_faults",
+                round=round, stage="before_round")
 
     def _excluded_text(self) -> str:
         return ", ".join(f"client {c}" for c in sorted(self.excluded))

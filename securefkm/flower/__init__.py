@@ -24,7 +24,7 @@ See ``docs/deployment.md``.
 
 from __future__ import annotations
 
-from securefkm._lazy import lazy_exports
+from securefkm.lazy import lazy_exports
 
 _EXPORTS = {
     "RunSpec": "securefkm.flower.spec",

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import check_array
+from ..validation import check_array
 from ..exceptions import InputError, SecureFKMError
 from .spec import RunSpec
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_int, check_random_state
+from ..validation import check_int, check_random_state
 from ..exceptions import InputError
 
 #: estimator parameters that a deployment sets itself
