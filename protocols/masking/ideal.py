@@ -10,7 +10,10 @@ clients still encode their values exactly as under the real protocol (and every 
 layer -- DP noise shares, rounding, caps -- runs for real before it).
 
 Why the release is the same (honest server, honest clients; the simulation's only faults are
-dropouts at chosen stages and the server policy's choice of broadcasts). Write ``H(c) = {c} u N(c)``
+dropouts at chosen stages and the server policy's choice of broadcasts). Malicious clients are
+not simulated: a fit with a ``ClientPolicy`` that rewrites a client's messages is refused
+under ``crypto="ideal"`` (the real protocol's checks decide what such a message does); a
+policy that only rewrites the update before the client-side layers is simulated exactly. Write ``H(c) = {c} u N(c)``
 for a client's holders, ``t`` the Shamir threshold, ``m`` the minimum survivors, ``q`` the
 consistency quorum. The real protocol's decisions depend only on who answered which stage:
 
@@ -29,7 +32,10 @@ consistency quorum. The real protocol's decisions depend only on who answered wh
 * The masks cancel iff every pair of neighbouring survivors bound them to the same broadcast
   digest, and every survivor next to a dropped client bound them to the digest the server
   uses to remove that client's masks (``bind_broadcast``); otherwise the check slot fails and
-  the round aborts (the model-inconsistency attack is caught). With cancelling masks the
+  the round aborts (the model-inconsistency attack is caught): a ``ServerMisbehaviourError``
+  when some survivor answered the consistency check over a broadcast digest other than the
+  server's (the real server holds its signature over that digest), else a
+  ``RoundAbortedError`` with cause ``"unattributed_check_failure"``. With cancelling masks the
   unmasked sum *is* the modular sum of the encoded inputs of ``U3``, decoded by the same codec.
 
 The functionality below evaluates exactly these rules, and tells each client (through its own
@@ -47,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from securefkm.exceptions import RoundAbortedError, ServerMisbehaviourError
+from securefkm.exceptions import RoundAbortedError
 from securefkm.layers import ClientSession, ProtocolRefusal, ServerSession
 
 from .layer import PairwiseMasking
@@ -94,6 +100,10 @@ class IdealMasking(PairwiseMasking, ideal_of=PairwiseMasking):
     """
 
     client_public_key_work = False
+    #: the functionality simulates honest clients only: a ClientPolicy that rewrites a client's
+    #: messages (``ClientPolicy.reply``) needs the real protocol (crypto="real"); one that only
+    #: rewrites the update (poisoning, before the client-side layers) is simulated exactly
+    simulates_client_replies = False
 
     @classmethod
     def of(cls, real: PairwiseMasking) -> IdealMasking:
@@ -116,7 +126,12 @@ class IdealMasking(PairwiseMasking, ideal_of=PairwiseMasking):
     def server_session(self, ctx):
         self.codec.check_capacity(ctx.specs, len(ctx.sampled))
         return _IdealServer(ctx, self.plan(ctx), self.codec, bind_broadcast=self.bind_broadcast,
-                            consistency=self.sign_keys)
+                            consistency=self.sign_keys, statement=self._statement(ctx))
+
+    def _statement(self, ctx) -> bytes:
+        """The digest the real clients sign at the consistency check (the real layer's)."""
+        statement = getattr(self, "statement_digest", None)
+        return statement(ctx) if self.sign_keys and callable(statement) else ctx.broadcast_digest
 
     def client_session(self, client, ctx, sums):
         return self.client_sessions([client], ctx, [sums])[0]
@@ -128,16 +143,18 @@ class IdealMasking(PairwiseMasking, ideal_of=PairwiseMasking):
         vectors[:, :-1] = self.codec.encode_signed_many(sums_list, ctx.specs, len(ctx.sampled)).view(np.uint64)
         vectors[:, -1] = 1  # the check slot, as under the real protocol
         digest = ctx.broadcast_digest if self.bind_broadcast else b""
-        return [_IdealClient(vector, digest) for vector in vectors]
+        statement = self._statement(ctx)
+        return [_IdealClient(vector, digest, statement) for vector in vectors]
 
 
 class _IdealClient(ClientSession):
     """Answers each stage; refuses exactly where its real counterpart would (told by the
     functionality, which sees the same public facts the real client would)."""
 
-    def __init__(self, vector: np.ndarray, digest: bytes):
+    def __init__(self, vector: np.ndarray, digest: bytes, statement: bytes = b""):
         self.vector = vector
         self.digest = digest
+        self.statement = statement
 
     def respond(self, stage, message):
         if isinstance(message, dict) and message.get("refuse"):
@@ -145,12 +162,16 @@ class _IdealClient(ClientSession):
         if stage == "masked_input":
             vector, self.vector = self.vector, None
             return Sealed(vector, self.digest)
+        if stage == "consistency_check":
+            return self.statement  # what the real client signs: the server checks it against its own
         return True  # answered: the functionality needs nothing else from an honest client
 
 
 class _IdealServer(RoundChecks, ServerSession):
-    def __init__(self, ctx, plan, codec, *, bind_broadcast: bool, consistency: bool):
+    def __init__(self, ctx, plan, codec, *, bind_broadcast: bool, consistency: bool, statement: bytes = b""):
         self.ctx, self.plan, self.codec = ctx, plan, codec
+        self.statement = statement
+        self.other_digests: dict[int, bytes] = {}
         self.server_digest = ctx.broadcast_digest if bind_broadcast else b""
         self.consistency = consistency
         self.t, self.m, self.q = plan.t_share, plan.min_survivors, plan.consistency_quorum
@@ -237,7 +258,11 @@ class _IdealServer(RoundChecks, ServerSession):
                 self.u3.append(int(u))
             self._need(stage, len(self.u3), "sent masked input")
         elif stage == "consistency_check" and self.consistency:
-            self.signers = {int(c) for c in replies if int(c) in set(self.u3)}
+            # the real server keeps the signatures over its own statement; one over another
+            # broadcast digest is evidence that the server sent different broadcasts
+            u3 = set(self.u3)
+            self.signers = {int(c) for c, r in replies.items() if int(c) in u3 and r == self.statement}
+            self.other_digests = {int(c): r for c, r in replies.items() if int(c) in u3 and r != self.statement}
             if len(self.signers) < self.q:
                 self._abort(stage, f"only {len(self.signers)} clients signed the survivor list, fewer than the "
                                    f"quorum of {self.q} every client needs before it unmasks")
@@ -283,14 +308,6 @@ class _IdealServer(RoundChecks, ServerSession):
                     self._abort("unmask", f"only {found} {kind}-shares of client {o} came back, threshold is "
                                           f"{self.t} ({len(R)} clients answered unmask)")
         if not self._masks_cancel(survivors, dropped):
-            self._abort(
-                "unmask",
-                "the aggregate failed to decode: the check slot does not read the "
-                f"{len(survivors)} contributors, so the pairwise masks did not "
-                "cancel. Clients saw inconsistent broadcasts (the model-inconsistency attack: the "
-                "server sent different centres/parameters to different clients) or inconsistent "
-                "share lists",
-                ServerMisbehaviourError,  # the binding caught it: the runtime ends the fit
-            )
+            self._check_failure(survivors, "does not read", self.other_digests)
         sums = self.codec.decode(self.acc[:-1], tuple(self.ctx.specs))
         return sums, tuple(survivors)

@@ -365,6 +365,20 @@ class Struct(Type):
         return {k: t.decode(value[k], _join(path, k), ctx) for k, t in self.fields.items() if k in value}
 
 
+class Either(Type):
+    """A value of ``first`` or, when it is a dict (a JSON object on the wire), of ``second``:
+    a message with an optional richer form (``second`` a :class:`Struct`, ``first`` not one)."""
+
+    def __init__(self, first: Type, second: Type):
+        self.first, self.second = first, second
+
+    def encode(self, value, path, ctx):
+        return (self.second if isinstance(value, dict) else self.first).encode(value, path, ctx)
+
+    def decode(self, value, path, ctx):
+        return (self.second if isinstance(value, dict) else self.first).decode(value, path, ctx)
+
+
 class Record(Type):
     """A library dataclass ``cls``, rebuilt by ``cls(**fields)`` from exactly these fields."""
 
@@ -497,6 +511,11 @@ def _schemas() -> dict[tuple[str, str], Type]:
         "n_ciphertexts": Int(0, MAX_ITEMS), "max_clients": Int(1, MAX_ID),
     })
     advert = Struct({"c_pk": key, "s_pk": key, "sig": Optional(sig)})
+    # the advertise reply also carries the commitments (H(b), then 2 x 16 bytes per holder) and
+    # the broadcast digest the client received; the share request forwards `advert` only
+    advert_reply = Struct({"c_pk": key, "s_pk": key, "sig": Optional(sig),
+                           "commit": Bytes(min_len=32, max_len=32 + 32 * MAX_ITEMS), "digest": Bytes(max_len=64)})
+    masked = Array(("<u8",), ndim=1)
     values = Array(("<f8", "<f4", "<i8", "<i4", "<u8", "<u4", "|b1"))  # a client's sum- or set-field
     return {
         # --------------------------------------------------------- the round's first stage
@@ -517,11 +536,11 @@ def _schemas() -> dict[tuple[str, str], Type]:
         ("input", "reply"): StrMap(values),
         # --------------------------------------------------------- PairwiseMasking
         ("advertise", "request"): Struct({"stage": Str(16, choices=("advertise",))}),
-        ("advertise", "reply"): advert,
+        ("advertise", "reply"): advert_reply,
         ("share", "request"): Struct({"keys": IdMap(advert)}),
         ("share", "reply"): IdMap(Bytes(share_ct)),
         ("masked_input", "request"): IdMap(Bytes(share_ct)),
-        ("masked_input", "reply"): Array(("<u8",), ndim=1),
+        ("masked_input", "reply"): Either(masked, Struct({"masked": masked, "failed_shares": ids})),
         ("consistency_check", "request"): Struct({"survivors": ids}),
         ("consistency_check", "reply"): sig,
         ("unmask", "request"): Struct({"survivors": ids, "dropped": ids, "signatures": IdMap(sig)},
