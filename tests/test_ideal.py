@@ -54,7 +54,7 @@ def aggregators(keypair):
         "masking": lambda: [PairwiseMasking()],
         "masking-sparse": lambda: [PairwiseMasking(graph="sparse", neighbours=4)],
         "masking-signed": lambda: [PairwiseMasking(sign_keys=True)],
-        "masking-t0.5": lambda: [PairwiseMasking(threshold=0.5)],
+        "masking-t0.5": lambda: [PairwiseMasking(threshold=0.5, allow_insecure_threshold=True)],
         "paillier": lambda: [Paillier(authority=KeyAuthority(*keypair, min_clients=3, allow_weak_key=True),
                                       min_clients=3)],
     }
@@ -260,10 +260,11 @@ def test_foreign_broadcasts_abort_exactly_where_the_masks_fail(clients):
             est = make_estimator("dwf", n_clusters=3, protection=[PairwiseMasking(**graph)], random_state=0,
                                  init_bounds=BOX, max_rounds=3, dropout_rate=dropout, crypto=crypto)
             fed, _ = est.make_federation(clients, server_policy=policy())
-            try:
+            try:  # a failed check slot without signatures is an unattributed abort, retried
                 fed.run(0)
-                outcome[crypto] = None
+                outcome[crypto] = (None, [(a.cause, a.stage, _normalise(a.message)) for a in fed.transcript.aborts])
             except RoundAbortedError as exc:
-                outcome[crypto] = _normalise(str(exc))
+                # (the message quotes each abort cut to a length, so the random check slot shifts the cut)
+                outcome[crypto] = ((type(exc).__name__, exc.stage, [(a.cause, a.stage) for a in getattr(exc, "aborts", ())]), [])
         assert outcome["real"] == outcome["ideal"]
-        assert (outcome["real"] is not None) == aborts, (graph, policy, outcome)
+        assert (outcome["real"][0] is not None or bool(outcome["real"][1])) == aborts, (graph, policy, outcome)
