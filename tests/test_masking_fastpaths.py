@@ -211,7 +211,7 @@ def test_a_process_answers_sparse_sessions_in_ring_order_with_the_same_replies()
             answered.append(self.session.me)
             return self.session.respond(stage, message)
 
-    clients = {c: Runtime(session=s) for c, s in enumerate(sessions)}
+    clients = {c: Runtime(session=s, policy=None) for c, s in enumerate(sessions)}
     alive = tuple(range(n))
     for stage in STAGES:
         answered.clear()
