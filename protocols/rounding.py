@@ -77,7 +77,7 @@ class Rounding(Layer):
                 continue
             if spec.kind == "count" and self.count_multiple is not None:
                 sums[spec.name] = self._round_count(sums[spec.name])
-            elif spec.kind == "value" and self.decimals is not None:
+            elif spec.kind in ("value", "mean") and self.decimals is not None:
                 sums[spec.name] = np.round(np.asarray(sums[spec.name], dtype=np.float64), self.decimals)
         items = dict(update.items)
         for name, arr in items.items():

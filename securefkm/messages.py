@@ -28,7 +28,7 @@ import numpy as np
 
 from .exceptions import InputError
 
-FieldKind = Literal["count", "sum", "distance", "score", "value"]
+FieldKind = Literal["count", "sum", "distance", "score", "mean", "value"]
 
 #: What one record can change in a field, used by DP layers and by the fixed-point codec:
 #:
@@ -40,9 +40,13 @@ FieldKind = Literal["count", "sum", "distance", "score", "value"]
 #:   Sensitivity ``2 * max ||x||`` when centres lie in the same ball.
 #: * ``score`` -- each record adds a squared distance to a centre (inertia).
 #:   Sensitivity ``(2 * max ||x||)**2`` when centres lie in the same ball.
+#: * ``mean``  -- each client's rows are points of the records' domain (its local centres: means
+#:   of its records, or the broadcast centre for an empty cluster) and one record changes at
+#:   most ``cells`` of them. Sensitivity ``sqrt(cells)`` times the domain's diameter, when the
+#:   broadcast centres lie in the domain.
 #: * ``value`` -- anything else (a client's local centre coordinates, a client count): no
 #:   record-level bound; record-level DP refuses such a field.
-FIELD_KINDS: tuple[str, ...] = ("count", "sum", "distance", "score", "value")
+FIELD_KINDS: tuple[str, ...] = ("count", "sum", "distance", "score", "mean", "value")
 
 
 @dataclass(frozen=True)

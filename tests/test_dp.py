@@ -285,8 +285,9 @@ def test_clipping_exact_and_bounds_violation():
 
 
 def test_constructor_errors_name_the_argument():
-    with pytest.raises(InputError, match="clip"):
-        GaussianDP(1.0, 1e-5)
+    with pytest.raises(InputError, match="not both"):
+        GaussianDP(1.0, 1e-5, clip=1.0, bounds=(-1, 1))
+    assert GaussianDP(1.0, 1e-5).bounds is None  # the domain may come from the estimator's init_bounds
     with pytest.raises(InputError, match="mode"):
         GaussianDP(1.0, 1e-5, clip=1.0, mode="global")
     with pytest.raises(InputError, match="epsilon"):

@@ -128,10 +128,8 @@ def _exact_round0(algo, clients):
 def expected(algo, stack):
     if algo in SET_FIELDS and stack in ("masking", "paillier", "dp-distributed"):
         return "refused"  # the aggregator cannot hide set-fields
-    if stack in ("dp-central", "dp-distributed") and algo not in ("dwf", "minibatch", "fcm-fedavg"):
-        return "refused"  # set-fields, or secure modes' 'value' fields: no record-level bound
-    if stack == "dp-local" and algo not in ("dwf", "ewf", "minibatch", "fcm-fedavg", "fcm"):
-        return "refused"
+    if stack in ("dp-central", "dp-distributed", "dp-local") and algo in SET_FIELDS:
+        return "refused"  # plain set-fields have no record-level bound (secure modes: record-level sums)
     if stack == "cap" and algo.endswith("-secure") and algo != "fcm-secure":
         return "exhausted"  # the secure server k-means needs more than 3 rounds
     return "ok"

@@ -107,6 +107,10 @@ class Calibration:
             return f * self._diameter(d)
         if spec.kind == "score":
             return f * self._diameter(d) ** 2
+        if spec.kind == "mean":
+            # each row is a point of the domain (a mean of records, or the broadcast centre); one
+            # record changes at most ``cells`` rows, each by at most the domain's diameter
+            return math.sqrt(getattr(spec, "cells", 1)) * self._diameter(d)
         if self.mode == "local" and len(spec.shape) >= 1 and spec.shape[-1] == d:
             rows = spec.size // d
             return self._diameter(d) * math.sqrt(rows)  # already the whole range: no factor

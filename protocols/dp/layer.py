@@ -198,6 +198,16 @@ class DeltaWarning(UserWarning):
     with probability delta and still meet the guarantee (Dwork & Roth 2014, sec. 2.3)."""
 
 SET_FIELDS_BOUNDED = ("centres",)
+
+DOMAIN_MISSING = (
+    "GaussianDP needs the records' domain for its sensitivity: pass bounds=(low, high) (records must lie in "
+    "this box) or clip=R (records are clipped to this L2 norm) to GaussianDP, or init_bounds=(low, high) to "
+    "the estimator (the same box then serves the sensitivity and the start)."
+)
+DOMAIN_MISSING_CLI = (
+    "--protection dp needs the records' domain: add bounds=[low,high] or clip=R to the dp layer "
+    "(e.g. 'dp:epsilon=1:delta=1e-5:bounds=[0,8]'), or pass --param init_bounds=[low,high]."
+)
 SHRINKS = ("coordinate", "vector", "hierarchical", "step")
 
 
@@ -275,8 +285,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             self.radius = radius
         else:
             self.radius = check_float(radius, "radius", minimum=0.0, min_inclusive=False)
-        if self.radius is not None and bounds is None:
-            raise InputError("GaussianDP(radius=...) needs bounds=(low, high): the radius bound replaces the box's.")
+        if self.radius is not None and clip is not None:
+            raise InputError("GaussianDP(radius=...) needs bounds=(low, high) (here or as the estimator's "
+                             "init_bounds), not clip=: the radius bound replaces the box's.")
         self.centre_sums = bool(centre_sums)
         self.project_means = bool(project_means)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
@@ -294,11 +305,14 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
         self.mode = check_choice(mode, "mode", MODES)
         self.accountant_name = _check_accountant(accountant)
-        if (clip is None) == (bounds is None):
+        if clip is not None and bounds is not None:
             raise InputError(
-                "GaussianDP needs exactly one of clip= (records are clipped to this L2 norm) or "
-                "bounds=(low, high) (records must lie in this box); e.g. GaussianDP(epsilon=1, delta=1e-5, clip=2.0)."
+                "GaussianDP takes one data domain: clip= (records are clipped to this L2 norm) or "
+                "bounds=(low, high) (records must lie in this box), not both; e.g. GaussianDP(epsilon=1, "
+                "delta=1e-5, bounds=(-2, 2))."
             )
+        # neither: the domain comes from the estimator's init_bounds at fit time (declare_domain);
+        # a fit without any declared domain is refused in validate_stack (DOMAIN_MISSING)
         self.clip = None if clip is None else check_float(clip, "clip", minimum=0.0, min_inclusive=False)
         self.bounds = check_bounds(bounds, "bounds")
         self.min_clients = None if min_clients is None else check_int(min_clients, "min_clients", minimum=1)
@@ -312,7 +326,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._repr_params = {"epsilon": self.epsilon, "delta": self.delta}
         if bounds is not None:  # the data domain the sensitivity assumes: part of what was declared
             self._repr_params["bounds"] = tuple(v.tolist() if v.ndim else float(v) for v in self.bounds)
-        if clip is not None or bounds is None:
+        if clip is not None:
             self._repr_params["clip"] = clip
         self._repr_params["mode"] = self.mode
         if self.rng != "system":
@@ -334,8 +348,26 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._schedule = None
 
     # ------------------------------------------------------------------ hooks
+    def declare_domain(self, bounds) -> None:
+        """Take the box declared elsewhere (the estimator's ``init_bounds``) as this layer's
+        ``bounds`` when it was built with neither ``clip`` nor ``bounds``: the domain is declared
+        once and serves both the sensitivity and the start."""
+        if self.clip is not None or self.bounds is not None:
+            return
+        if bounds is None:
+            raise InputError(DOMAIN_MISSING, cli=DOMAIN_MISSING_CLI)
+        self.bounds = check_bounds(bounds, "init_bounds")
+        self._repr_params = {**{k: v for k, v in self._repr_params.items() if k != "mode"},
+                             "bounds": tuple(v.tolist() if v.ndim else float(v) for v in self.bounds),
+                             "mode": self.mode}
+        self.__dict__.pop("_box_cache", None)
+        self.__dict__.pop("_centre_cache", None)
+
     def validate_stack(self, stack, algorithm):
         from protocols.min_cluster import MinClusterSize
+
+        if self.clip is None and self.bounds is None:
+            raise InputError(DOMAIN_MISSING, cli=DOMAIN_MISSING_CLI)
         from protocols.participation import ParticipationCap
         from protocols.rounding import Rounding
 
@@ -370,12 +402,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                     "PairwiseMasking() or Paillier() after GaussianDP in protection."
                 )
             self._codec = codec
-        if getattr(algorithm, "uses_set_fields", False) and self.mode != "local" and not self.allow_plain_set_fields:
-            raise ProtectionConfigError(
-                f"{getattr(algorithm, 'name', 'this algorithm')} sends per-client set-fields (local centres), "
-                f"which GaussianDP(mode={self.mode!r}) cannot noise; use GaussianDP(mode='local', ...), or the "
-                "algorithm's secure (sum-only) mode."
-            )
+        if getattr(algorithm, "uses_set_fields", False) and not (self.allow_plain_set_fields and self.mode != "local"):
+            raise ProtectionConfigError(set_fields_message(algorithm, self.mode))
 
     def setup(self, info):
         d = info.n_features
@@ -556,11 +584,23 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         # one path for a deployed client (a batch of one) and a round of simulated clients
         for update in updates:
             self._refuse_plain_items(update, ctx)
+        updates = self._domain_means(updates, ctx)
         if self.mode == "central":
             return list(updates)
         if self.mode == "local":
             return self._local_noise(updates, clients, ctx)
         return self._distributed_shares(updates, clients, ctx)
+
+    def _domain_means(self, updates, ctx):
+        """Every client projects the rows of its ``mean`` fields into the declared domain before
+        anything else (a function of its own message and the public box): the sensitivity of a
+        ``mean`` field assumes rows inside the domain, which a broadcast centre outside it (an
+        empty cluster's fallback) would break."""
+        means = [s.name for s in ctx.specs if s.kind == "mean" and s.shape and s.shape[-1] == self._d]
+        if not means:
+            return updates
+        return [Update(sums={**u.sums, **{m: self._project_rows(u.sums[m], self._d) for m in means if m in u.sums}},
+                       items=u.items) for u in updates]
 
     def _local_noise(self, updates, clients, ctx):
         """Local mode: every client noises its own sums (projected values) and bounded set-fields
@@ -576,8 +616,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                     if name == "sizes" or arr.size:
                         raise ProtectionConfigError(
                             f"GaussianDP(mode='local') cannot bound the set-field {name!r} per record "
-                            f"(only {SET_FIELDS_BOUNDED} are bounded by projection); remove it from the algorithm's "
-                            "messages or use the algorithm's secure (sum-only) mode."
+                            f"(only {SET_FIELDS_BOUNDED} are bounded by projection); run the algorithm in its "
+                            "record-level secure mode (secure_mode=True), whose rounds are per-cluster counts "
+                            "and coordinate sums that every DP mode bounds."
                         )
                     continue
                 rows = arr.size // d
@@ -588,7 +629,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             sums = self._translate(update.sums, pairs, -1, ctx)
             for s in ctx.specs:
                 val = np.asarray(sums[s.name], dtype=np.float64)
-                if s.kind == "value":
+                if s.kind in ("value", "mean"):
                     val = self._project_rows(val, d)
                 tasks.append((sums, s.name, val, *sigmas[s.name][:2], self._source(ctx, client.client_id, s.name)))
             for name in extra:
@@ -670,10 +711,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                     round=ctx.round,
                     stage="server_aggregate",
                 )
-            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx.action, ctx)
+            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx.action, ctx,
+                                     agg.n_contributors)
             return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
         if self.mode == "local":
-            return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action, ctx), items=agg.items,
+            return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action, ctx, agg.n_contributors), items=agg.items,
                                     contributors=agg.contributors, specs=agg.specs)
         pairs = self.centred_pairs(specs)
         sums = self._translate(agg.sums, pairs, -1, ctx)
@@ -681,7 +723,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = self._noise_fine(sums[s.name], sigma, step, self._source(ctx, "server", s.name))
         sums = self._shrunk(self._translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx)
-        return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx), items=agg.items, contributors=agg.contributors,
+        return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx, agg.n_contributors), items=agg.items,
+                                contributors=agg.contributors,
                                 specs=agg.specs)
 
     def after_round(self, ctx, agg):
@@ -768,6 +811,25 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             + (f"; the number of records n={self.plan['records_declared_public']} is treated as public"
                if self.plan else "")
         )
+
+
+def set_fields_message(algorithm, mode: str) -> str:
+    """Why GaussianDP refuses an algorithm that sends per-client set-fields, and the call that works.
+
+    A client's local centres and sizes are functions of all its records (its local clustering):
+    one record can move every local centre and any number of records between local clusters, so
+    no per-record sensitivity covers them, whoever adds the noise. The algorithm's secure mode
+    under DP sends record-level sums instead (securefkm.estimators.aligning.record_level_dp)."""
+    name = getattr(algorithm, "name", "this algorithm")
+    param = getattr(algorithm, "secure_mode_param", None)
+    why = (f"{name} sends each client's local centres and sizes (set-fields), which no per-record sensitivity "
+           f"bounds (one record can change the client's whole local clustering), so GaussianDP(mode={mode!r}) "
+           "cannot protect them. ")
+    if param:
+        return why + (f"Pass {param}=True to the estimator: under GaussianDP its rounds are record-level sums "
+                      "(per global centre, the count and coordinate sum of a client's records nearest to it), "
+                      "which central, distributed (with PairwiseMasking() or Paillier()) and local DP all protect.")
+    return why + "Use an algorithm whose rounds are sums (e.g. 'dwf'); `securefkm algorithms` lists which DP modes apply."
 
 
 def refuse_seeded_noise(layers) -> None:

@@ -200,7 +200,7 @@ def noise_level(k: int, d: int, epsilon: float, delta: float, n_records: int, ac
     return z1 * math.sqrt(d) * k / (max(n_records, 1) * math.sqrt(1.0 - c)), z1
 
 
-def rounds_plan_for_estimator(est, data, layers) -> DPPlan | None:
+def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: float = 1.0) -> DPPlan | None:
     """Rounds for the budget when the full plan does not apply (e.g. ``GaussianDP(clip=...)``
     without ``bounds``, an explicit ``init``, or non-default DWF steps): the same rule for R
     from the noise level e (the clip ball's radius takes the half-diagonal's place), the
@@ -210,13 +210,18 @@ def rounds_plan_for_estimator(est, data, layers) -> DPPlan | None:
     same sensitivity: a record moves a count or a membership weight by at most 1 and a sum
     by at most the box's half-diagonal). Applies when ``max_rounds`` is unset, the stack holds
     one ``GaussianDP`` and the per-round noise is not fixed by ``noise_multiplier`` or
-    ``round_weights``; else None (the estimator's own ``max_rounds`` default)."""
+    ``round_weights``; else None (the estimator's own ``max_rounds`` default).
+
+    ``records_per_cluster_factor`` rescales the records a round sums for a round whose noise
+    is not Lloyd's: EWF's averaged local centres (one row per client, sensitivity the box's
+    diameter, twice the half-diagonal) carry the noise of Lloyd sums over ``clients / 2``
+    records per cluster, i.e. the factor ``clients / (2 n)`` with n the round's records."""
     dp = _budget_led_layer(est, layers)
     if dp is None:
         return None
     n = _public_n(dp, data)
     # a round sums the records of the clients it samples: fewer records, relatively more noise
-    per_round = max(1, round(n * _client_fraction(est, data)))
+    per_round = max(1, round(n * _client_fraction(est, data) * records_per_cluster_factor))
     e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, per_round, dp.accountant_name)
     p = DPPlan(lloyd_rounds(e), None, e, z1, n)
     dp.plan = p.describe()
@@ -251,24 +256,26 @@ def _public_n(dp, data) -> int:
     return int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
 
 
-def plan_for_estimator(est, data, layers, seed) -> DPPlan | None:
+def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None) -> DPPlan | None:
     """The plan for a DWF estimator whose DP settings are left to the defaults, else None.
 
     Applies when ``max_rounds`` and ``init`` are unset (None / "auto"), the estimator runs
     one-step dynamically weighted rounds (exact distributed Lloyd) and the stack holds one
     ``GaussianDP`` with ``bounds`` and neither ``noise_multiplier`` nor ``round_weights``. The
     layer (the fit's own copy) gets ``radius="auto"`` and ``shrink="step"`` unless set,
-    and the plan for its report.
+    and the plan for its report. ``exact_lloyd``: whether the estimator's rounds are exact
+    distributed Lloyd rounds (None: read DWF's options; the set-valued algorithms' secure modes
+    under DP pass True, their rounds being record-level Lloyd sums).
     """
     dp = _budget_led_layer(est, layers)
+    if exact_lloyd is None:
+        exact_lloyd = (est.max_local_steps == 1 and est.weighting == "dynamic" and est.learning_rate == 1.0
+                       and est.momentum == 0.0)
     if (
         dp is None
         or dp.bounds is None
         or not (isinstance(est.init, str) and est.init == "auto")
-        or est.max_local_steps != 1
-        or est.weighting != "dynamic"
-        or est.learning_rate != 1.0
-        or est.momentum != 0.0
+        or not exact_lloyd
     ):
         return None
     n = _public_n(dp, data)

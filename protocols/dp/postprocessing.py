@@ -15,11 +15,13 @@ RELOCATION_STEP = 0.5
 class PostProcessing:
     """Mixin of :class:`~protocols.dp.GaussianDP`: what is done to released values."""
 
-    def _projected(self, sums: dict, specs, action=None, ctx=None) -> dict:
+    def _projected(self, sums: dict, specs, action=None, ctx=None, n_contributors: int | None = None) -> dict:
         """``project_means``: rows with a positive weight get their mean projected into the
         records' domain (see "Means projected into the domain"); a new dict. Not in seeding
         rounds (``init.*``): they shrink the raw noisy bucket means (an empirical-Bayes
-        estimate that needs them unbiased) and clip the result themselves."""
+        estimate that needs them unbiased) and clip the result themselves. A ``mean`` field (each
+        contributor's rows are points of the domain) released as a sum over ``n_contributors``
+        (public: the round's contributors) gets its average projected the same way."""
         skip = not self.project_means or (action or "").startswith("init.")
         pairs = {} if skip else self.weighted_pairs(specs)
         out = dict(sums)
@@ -34,6 +36,11 @@ class PostProcessing:
                     means = self._project_ball(means, rows[pos], r)
                 S[pos] = self._project_rows(means, self._d) * n[pos, None]
             out[s] = S
+        if not skip and n_contributors:  # 'mean' fields: one row per contributor, each in the domain
+            for spec in specs:
+                if spec.kind == "mean" and spec.shape and spec.shape[-1] == self._d:
+                    S = np.asarray(out[spec.name], dtype=np.float64)
+                    out[spec.name] = self._project_rows(S / n_contributors, self._d) * n_contributors
         return out
 
     def _translate(self, sums: dict, pairs: dict[str, str], sign: int, ctx=None) -> dict:

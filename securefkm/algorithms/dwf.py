@@ -19,7 +19,11 @@ eta = 1 and mu = 0 this is exactly Lloyd's algorithm on the pooled data (eq. 2).
 Everything the server needs is a sum over clients, so DWF/EWF run under secure
 aggregation. With ``max_local_steps=1`` the weighted centres are plain coordinate sums
 (FieldSpec kind ``"sum"``), which gives record-level DP a bounded sensitivity; with more
-local steps they are not, and record-level DP refuses them.
+local steps one record can re-assign every record of its client, so the weighted centres
+(counts times local centres) have no record-level bound and record-level DP refuses them.
+EWF's local centres (and DWF's unweighted ones) are kind ``"mean"``: every row is a point of
+the records' domain, so one record moves a row by at most the domain's diameter, and after one
+local step it moves only the row of its own cluster.
 """
 
 from __future__ import annotations
@@ -113,15 +117,19 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     def sum_fields(self, broadcast):
         k, d = self.n_clusters, self._d(broadcast)
         if broadcast.action == "train":
+            # a client's local centres are points of the records' domain (means of its records, or
+            # the broadcast centre for an empty cluster): kind 'mean'; after one step a record
+            # changes only the row of its nearest broadcast centre, after several it can change all
+            rows_moved = 1 if self.max_local_steps == 1 else k
             if self.weighting == "equal":
-                return (FieldSpec("centres", (k, d), "value"),)
+                return (FieldSpec("centres", (k, d), "mean", cells=rows_moved),)
             kind = "sum" if self.max_local_steps == 1 else "value"
             specs = (
                 FieldSpec("weights", (k,), "count", integer=True),
                 FieldSpec("weighted_centres", (k, d), kind, weighted_by="weights" if kind == "sum" else None),
             )
             if self.max_local_steps > 1:  # eq. 4 fallback needs the unweighted local centres
-                specs += (FieldSpec("centres", (k, d), "value"),)
+                specs += (FieldSpec("centres", (k, d), "mean", cells=rows_moved),)
             return specs
         if broadcast.action == "score":
             return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))

@@ -7,9 +7,68 @@ import numpy as np
 from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
 from ..exceptions import InputError
 from ..federation.runtime import MAX_ABORTED_ROUNDS
-from .base import FederatedClusterer, resolve_init
+from .base import FederatedClusterer, resolve_init, resolve_protection
 
 __all__ = ["AligningFederatedKMeans", "pooled_ari", "client_weighted_ari"]
+
+DEFAULT_MAX_ROUNDS = 100
+
+
+def dp_layer(protection):
+    """The ``GaussianDP`` layer of a protection stack, or None."""
+    return next((la for la in resolve_protection(protection) if type(la).__name__ == "GaussianDP"), None)
+
+
+def record_level_dp(estimator) -> bool:
+    """Whether a set-valued estimator runs its record-level secure mode: ``secure_mode=True``
+    with a ``GaussianDP`` layer in the stack.
+
+    Under record-level DP the secure mode's rounds are per-record sums: each client returns, per
+    global centre, the count and the coordinate sum of its records whose nearest global centre
+    it is. Summing the clients' local centres instead (the secure mode without DP) has no
+    record-level bound: one record can change a client's local clustering and move a whole
+    local cluster from one global centre to another. These rounds are exact distributed Lloyd
+    rounds; for Garst's FKM they are its own rounds (a local k-means step from the global
+    centres, then one warm-started server iteration with each local centre counted where it was
+    formed), for the one-shot methods the local clustering does not enter (docs/protocols/
+    differential-privacy.md, "Sensitivity of every algorithm").
+    """
+    return bool(getattr(estimator, "secure_mode", False)) and dp_layer(estimator.protection) is not None
+
+
+def record_level_kmeans(estimator, n_features: int, name: str):
+    """The algorithm of a set-valued k-means estimator in record-level DP mode: one-step
+    dynamically weighted rounds (per-cluster counts and coordinate sums) from the DP plan's start,
+    or from the estimator's protected start (``init="auto"``: a private seeding round)."""
+    from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
+
+    plan = getattr(estimator, "dp_plan_", None)
+    bounds = estimator._declared_bounds(n_features)
+    if plan is not None and plan.private_start:
+        init = "private"
+    elif plan is not None and plan.start is not None:
+        init = plan.start
+    else:
+        init = resolve_init(estimator.init, estimator.protection, bounds, n_clusters=estimator.n_clusters,
+                            n_features=n_features, default_plain="kfed", default_protected="private")
+    algorithm = WeightedFederatedKMeansAlgorithm(
+        estimator.n_clusters, weighting="dynamic", max_local_steps=1,
+        tol=getattr(estimator, "tol", getattr(estimator, "server_tol", 1e-6)), init=init,
+        init_bounds=bounds, seeding_noise=plan.noise_level if plan is not None and plan.private_start else None,
+    )
+    algorithm.name = name
+    return algorithm
+
+
+def plan_record_level(estimator, data, layers, seed):
+    """The DP plan of a set-valued estimator in record-level DP mode (the same rule as DWF's:
+    its rounds are exact Lloyd rounds), else None."""
+    if not record_level_dp(estimator):
+        return None
+    from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
+
+    return (plan_for_estimator(estimator, data, layers, seed, exact_lloyd=True)
+            or rounds_plan_for_estimator(estimator, data, layers))
 
 
 def _secure_init(estimator, n_features):
@@ -44,8 +103,10 @@ class AligningFederatedKMeans(FederatedClusterer):
         K_g.
     min_cluster_size : int
         p of the paper (2): smaller local clusters are not sent.
-    max_rounds : int
-        Training rounds (the paper's communication rounds; its code uses 100).
+    max_rounds : int or None
+        Training rounds (the paper's communication rounds; its code uses 100). None (default):
+        100, or with ``secure_mode=True`` under a budget-led ``GaussianDP`` the rounds of the DP
+        plan (``dp_plan_``).
     tol : float
         Stop when the global centres move less than tol between rounds.
     local_init : {"seeds", "means"}
@@ -56,7 +117,10 @@ class AligningFederatedKMeans(FederatedClusterer):
     secure_mode : bool
         Run the server k-means as rounds of secure sums over the clients' privately kept
         local centres (``securefkm.algorithms.secure_centres``), so the protocol runs under
-        PairwiseMasking / Paillier; the server never sees a client's local centres.
+        PairwiseMasking / Paillier; the server never sees a client's local centres. With a
+        ``GaussianDP`` layer the secure mode's rounds are record-level sums (per global centre, a
+        client's count and coordinate sum of the records nearest to it: see ``record_level_dp``),
+        the form every DP mode can bound.
     server_max_iter, server_tol : int, float
         Iterations and tolerance of each secure server k-means.
     oversample : int
@@ -74,7 +138,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         n_clusters=8,
         *,
         min_cluster_size=2,
-        max_rounds=100,
+        max_rounds=None,
         tol=1e-4,
         local_init="seeds",
         server_n_init=10,
@@ -126,12 +190,23 @@ class AligningFederatedKMeans(FederatedClusterer):
                 f"(n_samples={data.n_samples}, largest client {int(data.sizes.max())}); lower min_cluster_size."
             )
 
+    def _max_rounds(self):
+        return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
+
+    def plans_dp_rounds(self) -> bool:
+        return record_level_dp(self)
+
+    def _plan_dp(self, data, layers, seed):
+        return plan_record_level(self, data, layers, seed)
+
     def _make_algorithm(self, n_features, n_clients):
+        if record_level_dp(self):
+            return record_level_kmeans(self, n_features, "garst-fkm-secure-dp")
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"
         return AligningFederatedKMeansAlgorithm(
             self.n_clusters,
             min_cluster_size=self.min_cluster_size,
-            max_rounds=self.max_rounds,
+            max_rounds=self._max_rounds(),
             tol=self.tol,
             local_init=self.local_init,
             server_n_init=self.server_n_init,

@@ -277,6 +277,9 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         seed = int(rng.integers(2**63 - 1))
         verbose = check_int(self.verbose, "verbose", minimum=0)
         layers = clone_layers(self.protection)
+        for layer in layers:  # a GaussianDP without clip/bounds takes the estimator's init_bounds
+            if hasattr(layer, "declare_domain"):
+                layer.declare_domain(domain)  # refuses a fit with no domain declared anywhere
         self.dp_plan_ = self._plan_dp(data, layers, seed) if max_rounds is None else None
         algorithm = self._make_algorithm(data.n_features, data.n_clients)
         if max_rounds is None:

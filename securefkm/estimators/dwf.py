@@ -122,7 +122,10 @@ class WeightedFederatedKMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
 
-        return plan_for_estimator(self, data, layers, seed) or rounds_plan_for_estimator(self, data, layers)
+        factor = 1.0
+        if self.weighting == "equal":  # EWF averages one local centre per client: see rounds_plan_for_estimator
+            factor = data.n_clients / (2.0 * max(1, data.n_samples))
+        return plan_for_estimator(self, data, layers, seed) or rounds_plan_for_estimator(self, data, layers, factor)
 
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)

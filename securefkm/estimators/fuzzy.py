@@ -22,6 +22,7 @@ from ..datasets import as_federated
 from ..exceptions import InputError
 from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from ..metrics_fuzzy import fuzzy_davies_bouldin
+from .aligning import record_level_dp
 from .base import FederatedClusterer, resolve_init
 
 DEFAULT_MAX_ROUNDS = 100
@@ -157,9 +158,10 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds
 
     def plans_dp_rounds(self) -> bool:
-        # fedavg rounds are sums with Lloyd's sensitivity; k-means averaging's rounds (local
-        # centres, or the secure mode's server k-means iterations) are not budgeted this way
-        return self.averaging == "fedavg" and not self.secure_mode
+        # fedavg rounds are sums with Lloyd's sensitivity, and so are the record-level rounds of
+        # k-means averaging's secure mode under GaussianDP (record_level_dp); plain k-means
+        # averaging sends local centres, which DP refuses
+        return (self.averaging == "fedavg" and not self.secure_mode) or record_level_dp(self)
 
     def _plan_dp(self, data, layers, seed):
         if not self.plans_dp_rounds():
@@ -178,9 +180,12 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="k-means++", default_protected="private",
         )
-        return FederatedFuzzyCMeansAlgorithm(
+        record_level = record_level_dp(self)
+        algorithm = FederatedFuzzyCMeansAlgorithm(
             self.n_clusters,
-            averaging=self.averaging,
+            # record-level DP: the secure mode's rounds are per-record fuzzy sums to the global
+            # centres (sum of u^m x and of u^m), i.e. federated-averaging rounds
+            averaging="fedavg" if record_level else self.averaging,
             m=self.m,
             local_tol=self.local_tol,
             global_tol=self.global_tol,
@@ -190,9 +195,12 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             init=init,
             init_bounds=self._declared_bounds(n_features),
             validity_round=True,
-            secure_mode=self.secure_mode,
+            secure_mode=self.secure_mode and not record_level,
             oversample=self.oversample,
         )
+        if record_level:
+            algorithm.name = "fedfcm-secure-dp"
+        return algorithm
 
     def _set_fitted(self, data, algorithm, federation, state, pooled=None):
         super()._set_fitted(data, algorithm, federation, state, pooled=pooled)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..algorithms.oneshot import OneShotFederatedKMeansAlgorithm
 from ..federation.runtime import MAX_ABORTED_ROUNDS
-from .aligning import _secure_init
+from .aligning import _secure_init, plan_record_level, record_level_dp, record_level_kmeans
 from .base import FederatedClusterer
 
 
@@ -30,8 +30,10 @@ class OneShotFederatedKMeans(FederatedClusterer):
     secure_mode, server_max_iter, server_tol, oversample, init, init_bounds
         As in :class:`~securefkm.estimators.aligning.AligningFederatedKMeans`: the server
         k-means runs as rounds of secure sums over privately kept local centres.
-    max_rounds : int
-        Cap on training rounds (one-shot methods use one).
+    max_rounds : int or None
+        Cap on training rounds (one-shot methods use one; None: one). With ``secure_mode=True``
+        under a budget-led ``GaussianDP`` (record-level rounds, see
+        :func:`~securefkm.estimators.aligning.record_level_dp`) None means the DP plan's rounds.
     clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
     """
 
@@ -51,7 +53,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         oversample=4,
         init="auto",
         init_bounds=None,
-        max_rounds=1,
+        max_rounds=None,
         clients_per_round=1.0,
         protection=None,
         dropout_rate=None,
@@ -88,7 +90,18 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.record = record
 
+    def _max_rounds(self):
+        return 1 if self.max_rounds is None else self.max_rounds
+
+    def plans_dp_rounds(self) -> bool:
+        return record_level_dp(self)
+
+    def _plan_dp(self, data, layers, seed):
+        return plan_record_level(self, data, layers, seed)
+
     def _make_algorithm(self, n_features, n_clients):
+        if record_level_dp(self):
+            return record_level_kmeans(self, n_features, f"{self.variant}-secure-dp")
         init = _secure_init(self, n_features) if self.secure_mode else "uniform"
         return OneShotFederatedKMeansAlgorithm(
             self.n_clusters,
