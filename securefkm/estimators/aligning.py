@@ -6,7 +6,7 @@ import numpy as np
 
 from ..algorithms.aligning import AligningFederatedKMeansAlgorithm, client_weighted_ari, pooled_ari
 from ..exceptions import InputError
-from ..federation.runtime import MAX_ABORTED_ROUNDS
+from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from .base import FederatedClusterer, resolve_init, resolve_protection
 
 __all__ = ["AligningFederatedKMeans", "pooled_ari", "client_weighted_ari"]
@@ -130,7 +130,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
     """
 
     def __init__(
@@ -157,6 +157,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
     ):
         self.n_clusters = n_clusters
@@ -180,6 +181,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.max_client_faults = max_client_faults
         self.record = record
 
     def _check_data(self, data):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
-from ..federation.runtime import MAX_ABORTED_ROUNDS
+from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from .base import FederatedClusterer, resolve_init
 
 DEFAULT_MAX_ROUNDS = 200
@@ -49,7 +49,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     init_bounds : (low, high) or None
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -78,6 +78,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
     ):
         self.n_clusters = n_clusters
@@ -101,6 +102,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.max_client_faults = max_client_faults
         self.record = record
 
     def _max_rounds(self):

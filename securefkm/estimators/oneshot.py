@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..algorithms.oneshot import OneShotFederatedKMeansAlgorithm
-from ..federation.runtime import MAX_ABORTED_ROUNDS
+from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from .aligning import _secure_init, plan_record_level, record_level_dp, record_level_kmeans
 from .base import FederatedClusterer
 
@@ -34,7 +34,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         Cap on training rounds (one-shot methods use one; None: one). With ``secure_mode=True``
         under a budget-led ``GaussianDP`` (record-level rounds, see
         :func:`~securefkm.estimators.aligning.record_level_dp`) None means the DP plan's rounds.
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, record
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
     """
 
     def __init__(
@@ -63,6 +63,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         backend="auto",
         n_workers=None,
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
+        max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
     ):
         self.n_clusters = n_clusters
@@ -88,6 +89,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.backend = backend
         self.n_workers = n_workers
         self.max_aborted_rounds = max_aborted_rounds
+        self.max_client_faults = max_client_faults
         self.record = record
 
     def _max_rounds(self):

@@ -32,6 +32,8 @@ from ..messages import Broadcast, check_all_sums
 from .client_policy import SILENT, PolicyContext, Refusal
 
 UPDATE_STAGE = "update"
+#: how a client's refusal of the update stage begins when its own encoder refused its update
+ENCODER_REFUSAL = "its encoder refused its update: "
 
 
 @dataclass(frozen=True)
@@ -323,7 +325,7 @@ def open_sessions(clients: list[ClientRuntime], updates: list, ctx: RoundContext
     out = []
     for i, (c, u) in enumerate(zip(clients, updates)):
         if i in refusals:  # never a session: the client sends nothing of this round
-            c.session, c._ctx, c.refusal = None, ctx, f"its encoder refused its update: {refusals[i]}"
+            c.session, c._ctx, c.refusal = None, ctx, ENCODER_REFUSAL + refusals[i]
             out.append(UpdateReply(declined=c.refusal))  # a decline for a transport that does not convert
         else:
             out.append(UpdateReply(items=u.items))

@@ -45,7 +45,7 @@ from ..exceptions import (
 from ..layers import Layer, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
 from ..transcript import RECORD_LEVELS, AbortedRound, Exclusion, RoundRecord, StageRecord, Transcript
-from .client import UPDATE_STAGE, ClientRuntime, UpdateRequest
+from .client import ENCODER_REFUSAL, UPDATE_STAGE, ClientRuntime, UpdateRequest
 from .client_policy import ClientPolicy
 from .sampling import Dropouts, resolve_sample, sample_clients
 from .transport import LocalTransport, SimulatedTransport, Transport  # noqa: F401  (re-exported)
@@ -628,14 +628,26 @@ class Federation:
 
     @staticmethod
     def _warn_refusals(run, round, attempt, sampled, refused) -> None:
-        """One warning line for the update stage's refusals; an InputError when every sampled
-        client refused (the same reason everywhere is a configuration to fix, not a round to retry)."""
-        listed = "; ".join(f"client {c}: {why.rstrip('.')}" for c, why in list(refused.items())[:3])
-        more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
-        if set(refused) >= set(sampled):
-            raise InputError(f"run {run} round {round}: every sampled client refused its update ({listed}{more}).")
-        warnings.warn(f"run {run} round {round} attempt {attempt}: {len(refused)} client(s) refused their update "
-                      f"and the round goes on without them ({listed}{more})", stacklevel=4)
+        """One warning line for the clients whose own encoder refused their update (the user
+        must fix their data or the codec's bound), an INFO line for other refusals of the
+        update stage (e.g. a round below the run's floor); an InputError when every sampled
+        client's encoder refused (a configuration to fix, not a round to retry)."""
+        encoder = {c: why for c, why in refused.items() if why.startswith(ENCODER_REFUSAL)}
+        others = {c: why for c, why in refused.items() if c not in encoder}
+        for group, kind in ((encoder, "warn"), (others, "info")):
+            if not group:
+                continue
+            listed = "; ".join(f"client {c}: {why.rstrip('.')}" for c, why in list(group.items())[:3])
+            more = f"; and {len(group) - 3} more" if len(group) > 3 else ""
+            if kind == "warn" and set(group) >= set(sampled):
+                raise InputError(f"run {run} round {round}: every sampled client refused its update "
+                                 f"({listed}{more}).")
+            line = (f"run {run} round {round} attempt {attempt}: {len(group)} client(s) refused their update "
+                    f"and the round goes on without them ({listed}{more})")
+            if kind == "warn":
+                warnings.warn(line, stacklevel=4)
+            else:
+                log.info("%s", line)
 
     def _strike(self, record: RoundRecord, server) -> None:
         """Read the round attempt's faults (the server session's, attributed by protocol
