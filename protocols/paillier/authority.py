@@ -37,6 +37,7 @@ identities.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,7 +185,7 @@ def verify_contribution(
                 contribution.ciphertexts,
             ),
         )
-    except (InvalidSignature, ValueError, TypeError):
+    except (InvalidSignature, ValueError, TypeError, OverflowError):  # OverflowError: a negative "ciphertext"
         return False
     return True
 
@@ -373,7 +374,7 @@ class KeyAuthority:
         if self._last_decrypted is not None and (ticket.run, ticket.round) <= self._last_decrypted:
             refuse(f"stale round ({ticket.run}, {ticket.round})")
         fp = self._bundle.fingerprint
-        n2 = self._public_key.nsquare
+        n, n2 = self._public_key.n, self._public_key.nsquare
         seen: set[int] = set()
         for con in contributions:
             if not isinstance(con, EncryptedContribution):
@@ -393,8 +394,8 @@ class KeyAuthority:
                 refuse(
                     f"client {cid} sent {len(con.ciphertexts)} ciphertexts, expected {ticket.n_ciphertexts}"
                 )
-            if not all(isinstance(c, int) and 0 < c < n2 for c in con.ciphertexts):
-                refuse(f"client {cid} sent a value that is not a ciphertext modulo n^2")
+            if not all(type(c) is int and 0 < c < n2 and math.gcd(c, n) == 1 for c in con.ciphertexts):
+                refuse(f"client {cid} sent a value that is not a Paillier ciphertext (an element of Z*_(n^2))")
             if not verify_contribution(con, key, fp):
                 refuse(
                     f"client {cid}'s signature does not verify (tampered or forged contribution)"

@@ -21,6 +21,7 @@ Round protocol (one aggregator stage, ``encrypted_input``, plus one server -> au
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +101,9 @@ class Paillier(Aggregator):
     * **Does not protect against**: what the sum itself reveals (use ``GaussianDP`` before
       this layer), differencing across rounds with different client subsets, set-fields
       (sent in plain), a malicious client sending wrong but well-formed values (no range
-      proofs; a value beyond its slot is refused on honest clients only), denial of
+      proofs: a value beyond its slot is refused on honest clients; a malicious client's
+      value that pushes the decrypted sum out of its slots' ranges aborts the round with
+      nothing released, one that stays inside them goes unnoticed), denial of
       service by the server or the authority, a server that sends different broadcasts to
       different clients *and* gets each subset above ``min_clients`` (the authority
       refuses contributions signed for different broadcast digests within one round).
@@ -432,32 +435,59 @@ class _PaillierServer(ServerSession):
             max_clients=layer.max_clients_,
         )
         self.contributions: dict[int, EncryptedContribution] = {}
-        self.rejected: dict[int, str] = {}
+        #: client -> why its contribution was refused at receipt (the runtime's ``faults``)
+        self.rejected: dict[int, str] = self.faults
 
     def messages(self, stage, alive):
         request = EncryptRequest(bundle=self.layer.bundle, ticket=self.ticket)
         return {c: request for c in alive}
 
+    def refusal(self, client: int, reply) -> str | None:
+        """Why ``client``'s reply is not a valid contribution for this round, or None.
+
+        Checked at receipt, per client, before anything is aggregated: the shape of the
+        message, the ticket it answers, every ciphertext in ``Z*_{n^2}`` (an integer in
+        ``(0, n^2)`` coprime to ``n``: anything else is no Paillier encryption, and one
+        such factor turns the product of all ciphertexts into garbage) and the signature.
+        """
+        if not isinstance(reply, EncryptedContribution):
+            return f"stage {STAGE!r}: the reply is a {type(reply).__name__}, not an EncryptedContribution"
+        if type(reply.client_id) is not int or reply.client_id != client:
+            return f"stage {STAGE!r}: field client_id is {reply.client_id!r}, not the sender's id {client}"
+        if reply.nonce != self.ticket.nonce:
+            return f"stage {STAGE!r}: field nonce is not this round's ticket"
+        cts = reply.ciphertexts
+        if not isinstance(cts, (tuple, list)) or len(cts) != self.ticket.n_ciphertexts:
+            got = len(cts) if isinstance(cts, (tuple, list)) else type(cts).__name__
+            return f"stage {STAGE!r}: field ciphertexts holds {got} values, expected {self.ticket.n_ciphertexts}"
+        n = self.layer.bundle.n
+        n2 = n * n
+        for i, c in enumerate(cts):
+            if type(c) is not int:
+                why = f"a {type(c).__name__}, not an integer"
+            elif not 0 < c < n2:
+                why = "outside (0, n^2)"
+            elif math.gcd(c, n) != 1:
+                why = "not coprime to n"
+            else:
+                continue
+            return f"stage {STAGE!r}: field ciphertexts[{i}] is not a Paillier ciphertext (an element of Z*_(n^2)): {why}"
+        key = self.layer.authority.verify_key(client)
+        if key is None:
+            return f"stage {STAGE!r}: client {client} is not enrolled with the key authority"
+        if not verify_contribution(reply, key, self.layer.bundle.fingerprint):
+            return f"stage {STAGE!r}: field signature does not verify against the client's enrolled key"
+        return None
+
     def receive(self, stage, replies):
-        fp = self.layer.bundle.fingerprint
         for c, r in replies.items():
-            ok = (
-                isinstance(r, EncryptedContribution)
-                and r.client_id == c
-                and r.nonce == self.ticket.nonce
-                and len(r.ciphertexts) == self.ticket.n_ciphertexts
-            )
-            key = self.layer.authority.verify_key(c)
-            if ok and key is not None and verify_contribution(r, key, fp):
+            why = self.refusal(c, r)
+            if why is None:
                 self.contributions[c] = r
             else:
                 # left out like a dropout; the authority would refuse the whole sum otherwise
-                self.rejected[c] = "malformed or unverifiable contribution"
-                log.warning(
-                    "Paillier: dropping client %s's invalid contribution in round %s",
-                    c,
-                    self.ctx.round,
-                )
+                self.faults[c] = why
+                log.warning("Paillier: refusing client %s's contribution in round %s: %s", c, self.ctx.round, why)
 
     def result(self):
         ctx, layer = self.ctx, self.layer
@@ -469,6 +499,25 @@ class _PaillierServer(ServerSession):
         contributions = [self.contributions[c] for c in sorted(self.contributions)]
         claimed = homomorphic_sum(layer.bundle.public_key(), [c.ciphertexts for c in contributions])
         dec = layer.authority.decrypt_aggregate(self.ticket.nonce, contributions, claimed)
-        sums = layer.layout.unpack(list(dec.plaintexts), self.n_values, len(dec.contributors))
-        decoded = layer.codec.decode_signed(np.array(sums, dtype=object), ctx.specs)
+        why = (f"the key authority returned {len(dec.contributors)} contributors, not the {n} sent"
+               if tuple(dec.contributors) != tuple(sorted(self.contributions)) else
+               layer.layout.sum_violation(list(dec.plaintexts), self.n_values, n, layer.bundle.n))
+        if why is not None:
+            # no range proofs: a client encrypted a value outside its slots; the sum is not released
+            raise RoundAbortedError(
+                f"the decrypted Paillier sum is out of its slots' declared ranges ({why}); the sum is "
+                "not released (no single client can be named: only the sum was decrypted)",
+                round=ctx.round,
+                stage=STAGE,
+            )
+        sums = layer.layout.unpack(list(dec.plaintexts), self.n_values, n, layer.bundle.n)
+        try:
+            decoded = layer.codec.decode_signed(np.array(sums, dtype=object), ctx.specs)
+        except InputError as exc:  # e.g. a carry out of a slot made a sum no codec value can be
+            raise RoundAbortedError(
+                f"the decrypted Paillier sum is out of its slots' declared ranges ({exc}); the sum is "
+                "not released (no single client can be named: only the sum was decrypted)",
+                round=ctx.round,
+                stage=STAGE,
+            ) from None
         return decoded, dec.contributors

@@ -151,22 +151,63 @@ class SlotLayout:
             out.append(p)
         return out
 
-    def unpack(self, plaintexts: Sequence[int], n_values: int, n_clients: int) -> list[int]:
-        """Packed sums of ``n_clients`` clients -> the exact signed sum of each value (Python ints)."""
-        self.check_clients(n_clients)
+    def sum_violation(self, plaintexts: Sequence[int], n_values: int, n_clients: int,
+                      n: int | None = None) -> str | None:
+        """Why decrypted packed sums of ``n_clients`` clients cannot be honest, or None.
+
+        Every client packs offset values ``u`` in ``[0, 2**b)`` into the first ``n_values``
+        slots and zeros elsewhere, so each slot of an honest sum lies in
+        ``[0, n_clients * (2**b - 1)]``, the slots after the last value are zero and no bit
+        is set above the last slot. A sum outside this range means a client encrypted
+        something else: a value in a slot's headroom (it would carry into the next slot
+        once enough clients are added), bits beyond the last slot, or a "negative"
+        plaintext such as ``n - 1`` (``-1`` modulo ``n``, given the modulus ``n``). No
+        client can be named: only the sum was decrypted.
+        """
         if len(plaintexts) != self.n_plaintexts(n_values):
-            raise InputError(
-                f"{len(plaintexts)} plaintexts cannot hold exactly {n_values} values "
-                f"({self.slots_per_plaintext} slots each)."
-            )
+            return (f"{len(plaintexts)} plaintexts cannot hold exactly {n_values} values "
+                    f"({self.slots_per_plaintext} slots each)")
+        k, w = self.slots_per_plaintext, self.slot_bits
+        mask = (1 << w) - 1
+        top = int(n_clients) * ((1 << self.value_bits) - 1)
+        for i, p in enumerate(plaintexts):
+            p = int(p)
+            if n is not None and not 0 <= p < int(n):
+                return f"plaintext {i} is not below the modulus n"
+            if p < 0 or p >> (k * w):
+                if n is not None and p > int(n) // 2:
+                    return (f"plaintext {i} is a negative number modulo n (n - {int(n) - p}): "
+                            "a client encrypted a value outside every slot")
+                return f"plaintext {i} has bits beyond its last slot: a client encrypted a value outside every slot"
+            used = min(k, n_values - i * k)
+            for j in range(k):
+                slot = (p >> (j * w)) & mask
+                if j >= used and slot:
+                    return (f"plaintext {i} has a non-zero slot {j} after the last value: "
+                            "a client filled an unused slot")
+                if slot > top:
+                    return (f"the sum in slot {j} of plaintext {i} (value {i * k + j}) exceeds the largest "
+                            f"sum of {n_clients} clients' {self.value_bits}-bit values: a client's value "
+                            "used the slot's headroom")
+        return None
+
+    def unpack(self, plaintexts: Sequence[int], n_values: int, n_clients: int,
+               n: int | None = None) -> list[int]:
+        """Packed sums of ``n_clients`` clients -> the exact signed sum of each value (Python ints).
+
+        Raises :class:`InputError` with :meth:`sum_violation`'s reason if the sums are out of
+        their declared ranges (``n``, the modulus, also recognises negative plaintexts).
+        """
+        self.check_clients(n_clients)
+        why = self.sum_violation(plaintexts, n_values, n_clients, n)
+        if why is not None:
+            raise InputError(f"the decrypted sum is out of range: {why}.")
         k, w = self.slots_per_plaintext, self.slot_bits
         mask = (1 << w) - 1
         shift = n_clients * self.offset
         out: list[int] = []
         for p in plaintexts:
             p = int(p)
-            if p < 0 or p >> (k * w):
-                raise InputError("a plaintext has bits beyond its last slot; the sum overflowed.")
             for j in range(min(k, n_values - len(out))):
                 out.append(((p >> (j * w)) & mask) - shift)
         return out
