@@ -63,13 +63,10 @@ def expected(algo: str, stack: str) -> str:
         return "exhausted"
     if stack in ("masking", "paillier") and algo in SET_FIELD_PLAIN:
         return "refused"  # no aggregator hides set-fields (tests/test_protection_claims.py)
-    if stack in ("dp-central", "dp-distributed"):
-        return "ok" if algo in SUM_ONLY else "refused"
-    if stack == "dp-local":
-        # local noise needs a per-client bound on every field: local centres (set-fields)
-        # are projected and charged, but counts of local clusters ('sizes') and the secure
-        # modes' weights have none, so those are refused.
-        return "ok" if algo in SUM_ONLY | {"ewf", "fcm"} else "refused"
+    if stack.startswith("dp-"):
+        # every algorithm runs under every DP mode, the set-valued ones in their secure mode;
+        # their plain mode is refused once, naming secure_mode=True (docs/protocols/differential-privacy.md)
+        return "refused" if algo in SET_FIELD_PLAIN else "ok"
     return "ok"
 
 
@@ -97,6 +94,10 @@ def test_every_layer_runs_or_is_refused_clearly(algo, data, keypair):
         ari = adjusted_rand_score(y, est.labels_)
         # local DP with 6 clients at epsilon 5 is a utility disaster by design: only check it runs
         floor = {"dp-local": -1.0, "dp-central": 0.5, "dp-distributed": 0.5}.get(stack, 0.95)
+        if algo == "ewf" and stack.startswith("dp-"):
+            # EWF averages one local centre per client: its noise per centre shrinks with the
+            # number of clients, not of records, so 6 clients give no utility (only check it runs)
+            floor = -1.0
         assert ari >= floor, (algo, stack, ari)
 
 
