@@ -20,11 +20,14 @@ import urllib.request
 from ..exceptions import InputError, SecureFKMError
 from .authority_wire import (
     API,
+    MAX_REPLY,
     BadRequest,
     as_int,
     bundle_from_json,
     contribution_to_json,
+    field,
     hex_int,
+    loads,
     ticket_from_json,
 )
 from .directory import Directory
@@ -90,12 +93,20 @@ class RemoteAuthority:
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
-                return json.loads(resp.read())
+                raw = resp.read(MAX_REPLY + 1)
+            if len(raw) > MAX_REPLY:
+                raise BadRequest(f"the reply is over {MAX_REPLY} bytes")
+            out = loads(raw, "reply")
+            if not isinstance(out, dict):
+                raise BadRequest("reply is not a JSON object")
+            return out
+        except BadRequest as exc:
+            raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed reply to {op}: {exc}") from None
         except urllib.error.HTTPError as exc:
             try:
-                err = json.loads(exc.read())
-                message = str(err.get("message", ""))
-            except ValueError:
+                err = loads(exc.read(1 << 16), "error")
+                message = str(err.get("message", ""))[:2000]
+            except (BadRequest, AttributeError):
                 message = exc.reason
             if exc.code == 403:
                 raise AuthorityRefusal(message, stage=STAGE) from None
@@ -116,9 +127,14 @@ class RemoteAuthority:
         if self._bundle is None:
             out = self._call("POST", "session", {})
             try:
-                session = out["session"]
-                bundle = bundle_from_json(out["bundle"])
-            except (BadRequest, KeyError, TypeError) as exc:
+                session = field(out, "session")
+                if not isinstance(session, str) or not 0 < len(session) <= 256:
+                    raise BadRequest("field session must be a short string")
+                bundle = field(out, "bundle")
+                if not isinstance(bundle, dict):
+                    raise BadRequest("field bundle must be an object")
+                bundle = bundle_from_json(bundle)
+            except BadRequest as exc:
                 raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed session: {exc}") from None
             if self.directory.authority_key is None:
                 raise InputError(
@@ -157,7 +173,13 @@ class RemoteAuthority:
         out = self._session_call("open_round", {"run": int(run), "round": int(round), "digest": bytes(digest).hex(),
                                                 "n_ciphertexts": int(n_ciphertexts), "max_clients": int(max_clients)})
         try:
-            return ticket_from_json(out)
+            ticket = ticket_from_json(out)
+            if (ticket.run, ticket.round, ticket.digest, ticket.n_ciphertexts, ticket.max_clients) != (
+                    int(run), int(round), bytes(digest), int(n_ciphertexts), int(max_clients)):
+                raise BadRequest("the ticket is not for the round asked for")
+            if len(ticket.nonce) != 16:
+                raise BadRequest("field nonce must be 16 bytes")
+            return ticket
         except BadRequest as exc:
             raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed ticket: {exc}") from None
 
@@ -167,15 +189,27 @@ class RemoteAuthority:
     def decrypt_aggregate(self, nonce: bytes, contributions, claimed_sum=None):
         from protocols.paillier import DecryptedAggregate
 
+        contributions = list(contributions)
         out = self._session_call("decrypt_aggregate", {
             "nonce": bytes(nonce).hex(),
             "contributions": [contribution_to_json(c) for c in contributions],
             "claimed_sum": None if claimed_sum is None else [format(int(c), "x") for c in claimed_sum],
         })
         try:
-            plaintexts = tuple(hex_int(p, "plaintexts") for p in out["plaintexts"])
-            contributors = tuple(as_int(c, "contributors") for c in out["contributors"])
-        except (BadRequest, KeyError, TypeError) as exc:
+            plaintexts, contributors = field(out, "plaintexts"), field(out, "contributors")
+            want = len(contributions[0].ciphertexts) if contributions else 0
+            if not isinstance(plaintexts, list) or len(plaintexts) != want:
+                raise BadRequest(f"field plaintexts must be a list of {want} hex strings")
+            n = self.public_bundle().n
+            plaintexts = tuple(hex_int(p, f"plaintexts[{i}]") for i, p in enumerate(plaintexts))
+            if not all(p < n for p in plaintexts):
+                raise BadRequest("field plaintexts holds a value not below the modulus n")
+            if not isinstance(contributors, list):
+                raise BadRequest("field contributors must be a list of client ids")
+            contributors = tuple(as_int(c, f"contributors[{i}]") for i, c in enumerate(contributors))
+            if contributors != tuple(sorted({int(c.client_id) for c in contributions})):
+                raise BadRequest("field contributors is not the set of clients whose contributions were sent")
+        except BadRequest as exc:
             raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed result: {exc}") from None
         self.n_decryptions += 1
         return DecryptedAggregate(plaintexts=plaintexts, contributors=contributors)

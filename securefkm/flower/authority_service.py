@@ -24,10 +24,21 @@ session is refused with 403, so nothing of a finished run can be decrypted later
 ``POST /v1/decrypt_aggregate``   verify signed contributions, recompute the sum, decrypt it
 ==============================  ====================================================
 
-Everything else is refused (404/405), bodies over ``MAX_BODY`` bytes with 413 (before
-reading them when ``Content-Length`` says so), malformed JSON with 400, and every refusal
-of :class:`KeyAuthority` with 403 and its reason (the ticket is burned all the same). The
-checks themselves are KeyAuthority's, not re-implemented here.
+Everything else is refused (404/405), bodies over the body limit with 413 (before reading
+them when ``Content-Length`` says so), malformed JSON or a field of the wrong type with 400
+naming the field, and every refusal of :class:`KeyAuthority` with 403 and its reason (the
+ticket is burned all the same). The checks themselves are KeyAuthority's, not
+re-implemented here. The wire is JSON only (:mod:`.authority_wire`): nothing received in
+either direction is unpickled or otherwise able to run code.
+
+**Limits** (:class:`Limits`, ``securefkm authority serve --help``): the body limit is the
+largest legitimate decryption request for the declared sizes (every directory node,
+``--max-ciphertexts`` ciphertexts each, at the key size; see
+:func:`~securefkm.flower.authority_wire.request_body_limit`); a connection must send its
+headers within ``--header-timeout`` and its body within ``--body-timeout`` seconds; one client
+certificate holds at most ``--max-connections-per-client`` connections and one request body
+at a time, so it cannot starve the others; the memory of a large request is handed back to
+the OS once it is answered.
 
 **Transport.** The HTTP server is uvicorn (maintained, already installed with Flower) with
 the standard library's :mod:`ssl`: TLS >= 1.2, a client certificate signed by
@@ -42,12 +53,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import secrets
 import sys
 import threading
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -57,6 +70,7 @@ from ..exceptions import InputError
 from .authority_wire import (
     API,
     MAX_BODY,
+    MAX_CIPHERTEXTS,
     BadRequest,
     as_int,
     bundle_to_json,
@@ -64,6 +78,8 @@ from .authority_wire import (
     field,
     hex_bytes,
     hex_int,
+    loads,
+    request_body_limit,
     ticket_to_json,
 )
 from .directory import Directory
@@ -125,12 +141,14 @@ class AuthorityService:
     ``directory`` enrolls client ``i`` = the directory's ``i``-th node in every session.
     ``keygen(key_size)`` (tests) replaces ``phe.generate_paillier_keypair``. A session
     unused for ``session_ttl`` seconds is ended like any other (a ServerApp that was
-    killed never ends its own session).
+    killed never ends its own session). ``max_ciphertexts`` is the most ciphertexts per
+    contribution a round may declare (``open_round``); with the directory's size and the key
+    size it fixes the largest legitimate request (:meth:`request_limit`).
     """
 
     def __init__(self, identity: bytes, directory: Directory, *, key_size: int = 2048, min_clients: int = 2,
                  allow_weak_key: bool = False, max_sessions: int = 16, keygen=None,
-                 session_ttl: float = 6 * 3600.0, clock=time.monotonic):
+                 session_ttl: float = 6 * 3600.0, clock=time.monotonic, max_ciphertexts: int = MAX_CIPHERTEXTS):
         from protocols.paillier.authority import KEY_SIZES
 
         if key_size not in KEY_SIZES and not allow_weak_key:
@@ -149,6 +167,9 @@ class AuthorityService:
         self.min_clients = int(min_clients)
         self.allow_weak_key = bool(allow_weak_key)
         self.max_sessions = int(max_sessions)
+        if type(max_ciphertexts) is not int or max_ciphertexts < 1:
+            raise InputError(f"max_ciphertexts must be a positive int, got {max_ciphertexts!r}.")
+        self.max_ciphertexts = max_ciphertexts
         self._keygen = keygen
         self._sessions: dict[str, object] = {}
         self._ended: set[str] = set()
@@ -221,6 +242,12 @@ class AuthorityService:
             authority._private_key = None
             authority._open.clear()
 
+    def request_limit(self) -> int:
+        """Bytes of the largest legitimate request for this service's declared sizes
+        (:func:`~securefkm.flower.authority_wire.request_body_limit`): a decryption request
+        of every directory node, ``max_ciphertexts`` ciphertexts each, at this key size."""
+        return request_body_limit(max(1, len(self.directory)), self.max_ciphertexts, self.key_size)
+
     @property
     def open_sessions(self) -> int:
         return len(self._sessions)
@@ -280,10 +307,9 @@ def handle(service: AuthorityService, method: str, path: str, body: bytes | None
     if name == "identity":
         return 200, {"authority_key": service.verify_key.hex()}
     try:
-        try:
-            obj = json.loads(body or b"")
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest("body is not JSON") from None
+        obj = loads(body or b"")
+        if isinstance(body, bytearray):
+            body.clear()  # the parsed object is all that is needed from here on
         if not isinstance(obj, dict):
             raise BadRequest("body must be a JSON object")
         if name == "session":
@@ -293,7 +319,15 @@ def handle(service: AuthorityService, method: str, path: str, body: bytes | None
             service.end_session(field(obj, "session"))
             return 200, {"ok": True}
         with service.lock:
-            return 200, _SESSION_OPS[name](obj, service.authority(field(obj, "session")))
+            authority = service.authority(field(obj, "session"))
+            if name == "open_round":
+                n_ct = as_int(field(obj, "n_ciphertexts"), "n_ciphertexts")
+                if n_ct > service.max_ciphertexts:
+                    raise BadRequest(
+                        f"field n_ciphertexts={n_ct} exceeds this authority's max_ciphertexts="
+                        f"{service.max_ciphertexts} (its decryption request would be over the body limit); "
+                        f"restart the authority with --max-ciphertexts {n_ct} or more")
+            return 200, _SESSION_OPS[name](obj, authority)
     except BadRequest as exc:
         return 400, {"error": "bad_request", "message": str(exc)}
     except AuthorityRefusal as exc:
@@ -305,13 +339,89 @@ def handle(service: AuthorityService, method: str, path: str, body: bytes | None
         return 500, {"error": "internal", "message": type(exc).__name__}
 
 
+# ------------------------------------------------------------------ limits
+@dataclass(frozen=True)
+class Limits:
+    """What one client certificate may hold of the service, and for how long.
+
+    ``max_body``: bytes of one request body (default: :meth:`AuthorityService.request_limit`,
+    the largest legitimate decryption request for the declared sizes); larger bodies get
+    413, before they are read when ``Content-Length`` says so. ``header_timeout``: seconds
+    a connection has to send a request's full headers (from when it is opened, or from the
+    end of its previous response); ``body_timeout``: seconds from the end of the headers
+    to the end of the body; a connection that misses either is closed.
+    ``per_identity``: connections one client certificate (its SHA-256 fingerprint; without
+    TLS, one peer address) may hold open at once; one more is answered 503 and closed, so
+    one client cannot take the others' share. One identity also buffers at most
+    ``max_body`` bytes of bodies at a time (a second large body while one is read gets
+    503). ``max_connections``: all identities together (uvicorn's ``limit_concurrency``).
+    ``max_header_bytes``: request line and headers (h11's ``max_incomplete_event_size``).
+    """
+
+    max_body: int | None = None
+    header_timeout: float = 5.0
+    body_timeout: float = 60.0
+    per_identity: int = 4
+    max_connections: int = 64
+    max_header_bytes: int = 8192
+
+    def __post_init__(self):
+        for name in ("header_timeout", "body_timeout"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise InputError(f"authority limit {name} must be a positive number of seconds, got {v!r}.")
+        for name in ("per_identity", "max_connections", "max_header_bytes") + (
+                ("max_body",) if self.max_body is not None else ()):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise InputError(f"authority limit {name} must be a positive int, got {v!r}.")
+        if self.per_identity > self.max_connections:
+            raise InputError(f"authority limit per_identity={self.per_identity} exceeds "
+                             f"max_connections={self.max_connections}; lower it.")
+
+
+#: a body this large is followed by returning freed heap memory to the OS
+_TRIM_AFTER = 1 << 20
+
+
+def _release_memory() -> None:
+    """Give freed heap pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere).
+
+    A large JSON body becomes many small strings and ints; once freed, glibc keeps their
+    pages in its arenas (one per worker thread) and the process stays large.
+    """
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 # ------------------------------------------------------------------ the ASGI app + uvicorn
+#: the ASGI scope key under which the connection's identity reaches the app
+IDENTITY_KEY = "securefkm.identity"
+
+
 class AuthorityApp:
-    """A minimal ASGI app around :func:`handle` (bounded bodies; work off the event loop)."""
+    """A minimal ASGI app around :func:`handle` (bounded bodies; work off the event loop).
+
+    Bodies are read into one buffer of the declared length (no list of chunks joined into a
+    second copy); a client identity (``scope[IDENTITY_KEY]``, set by the protocol) buffers at
+    most ``max_body`` bytes at a time.
+    """
 
     def __init__(self, service: AuthorityService, *, max_body: int = MAX_BODY):
         self.service = service
         self.max_body = int(max_body)
+        self._buffered: dict[object, int] = {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -326,59 +436,200 @@ class AuthorityApp:
             return
         status, out = await self._respond(scope, receive)
         data = json.dumps(out).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        if status in (408, 413, 503):
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
+
+    def _reserve(self, who, size: int) -> bool:
+        held = self._buffered.get(who, 0)
+        if held and held + size > self.max_body:
+            return False
+        self._buffered[who] = held + size
+        return True
+
+    def _release(self, who, size: int) -> None:
+        left = self._buffered.get(who, 0) - size
+        if left > 0:
+            self._buffered[who] = left
+        else:
+            self._buffered.pop(who, None)
 
     async def _respond(self, scope, receive) -> tuple[int, dict]:
         too_large = 413, {"error": "too_large", "message": f"request body over {self.max_body} bytes"}
+        busy = 503, {"error": "busy", "message": "this client already has a request body in flight; send one "
+                                                 "request at a time"}
         headers = dict(scope.get("headers") or ())
         length = headers.get(b"content-length")
         if length is not None:
             try:
-                if int(length) > self.max_body:
-                    return too_large  # refused before reading; the server closes the connection
+                length = int(length)
             except ValueError:
                 return 400, {"error": "bad_request", "message": "bad Content-Length"}
-        chunks, size, more = [], 0, True
-        while more:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return 400, {"error": "bad_request", "message": "client disconnected"}
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                return too_large
-            chunks.append(chunk)
-            more = msg.get("more_body", False)
-        body = b"".join(chunks)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, handle, self.service, scope["method"], scope["path"], body)
+            if length > self.max_body:
+                return too_large  # refused before reading; the server closes the connection
+        who = scope.get(IDENTITY_KEY)
+        reserved = 0
+        try:
+            if length is not None:
+                if not self._reserve(who, length):
+                    return busy
+                reserved = length
+            body = bytearray(length or 0)
+            size, more = 0, True
+            while more:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return 400, {"error": "bad_request", "message": "client disconnected"}
+                chunk = msg.get("body", b"")
+                if length is None:  # chunked: reserve as it comes
+                    if size + len(chunk) > self.max_body:
+                        return too_large
+                    if not self._reserve(who, len(chunk)):
+                        return busy
+                    reserved += len(chunk)
+                    body += chunk
+                else:
+                    if size + len(chunk) > length:
+                        return 400, {"error": "bad_request", "message": "body longer than its Content-Length"}
+                    body[size:size + len(chunk)] = chunk
+                size += len(chunk)
+                more = msg.get("more_body", False)
+                del msg, chunk
+            if size != len(body):
+                return 400, {"error": "bad_request", "message": "body shorter than its Content-Length"}
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, self._handle, scope["method"], scope["path"], body)
+        finally:
+            body = None
+            if reserved:
+                self._release(who, reserved)
+
+    def _handle(self, method, path, body: bytearray):
+        large = len(body) >= _TRIM_AFTER
+        try:
+            return handle(self.service, method, path, body)
+        finally:
+            body.clear()
+            if large:
+                _release_memory()
 
 
-def _pinned_protocol(allowed_names):
-    """uvicorn's h11 protocol, closing TLS connections whose client CN is not admitted."""
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+         b"content-length: %d\r\n\r\n%s")
+
+
+def _busy_response(message: str) -> bytes:
+    data = json.dumps({"error": "busy", "message": message}).encode()
+    return _BUSY % (len(data), data)
+
+
+def _protocol(allowed_names, limits: Limits):
+    """uvicorn's h11 protocol with the service's connection rules.
+
+    * TLS connections whose client certificate's common name is not admitted are closed;
+    * at most ``limits.per_identity`` open connections per identity (one more: 503, closed);
+    * a connection must send a request's headers within ``limits.header_timeout`` seconds
+      and its body within ``limits.body_timeout`` more, or it is closed (uvicorn itself
+      bounds only the idle time between requests, and any byte resets that timer).
+    """
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    allowed = frozenset(allowed_names)
+    allowed = None if allowed_names is None else frozenset(allowed_names)
+    open_per_identity: dict[str, int] = {}
 
-    class PinnedH11Protocol(H11Protocol):
+    class AuthorityH11Protocol(H11Protocol):
+        identity: str | None = None
+        _timer = None
+        _phase = None
+
         def connection_made(self, transport):
             super().connection_made(transport)
             ssl_object = transport.get_extra_info("ssl_object")
-            if ssl_object is not None and peer_common_name(ssl_object.getpeercert()) not in allowed:
-                # the handshake verified the chain; the name is not one we admit
-                transport.abort()
+            if ssl_object is not None:
+                name = peer_common_name(ssl_object.getpeercert())
+                if allowed is not None and name not in allowed:
+                    transport.abort()  # the handshake verified the chain; the name is not one we admit
+                    return
+                der = ssl_object.getpeercert(binary_form=True) or b""
+                identity = f"{name} {hashlib.sha256(der).hexdigest()[:16]}"
+            else:
+                identity = f"address {self.client[0] if self.client else '?'}"
+            if open_per_identity.get(identity, 0) >= limits.per_identity:
+                self.logger.warning("authority: refusing a connection of %s: it holds %d already", identity,
+                                    limits.per_identity)
+                transport.write(_busy_response(
+                    f"this client certificate already holds {limits.per_identity} connections "
+                    "(the authority's per-client limit); close one first"))
+                transport.close()
+                return
+            open_per_identity[identity] = open_per_identity.get(identity, 0) + 1
+            self.identity = identity
+            app = self.app
 
-    return PinnedH11Protocol
+            async def tagged(scope, receive, send):
+                scope[IDENTITY_KEY] = identity
+                return await app(scope, receive, send)
+
+            self.app = tagged
+            self._await("headers", limits.header_timeout)
+
+        def connection_lost(self, exc):
+            self._cancel()
+            if self.identity is not None:
+                left = open_per_identity.get(self.identity, 1) - 1
+                if left > 0:
+                    open_per_identity[self.identity] = left
+                else:
+                    open_per_identity.pop(self.identity, None)
+                self.identity = None
+            super().connection_lost(exc)
+
+        def data_received(self, data):
+            super().data_received(data)
+            if self.identity is None or self.transport.is_closing():
+                return
+            state = self.conn.their_state
+            if state is h11.SEND_BODY and self._phase == "headers":
+                self._await("body", limits.body_timeout)
+            elif state is not h11.IDLE and state is not h11.SEND_BODY and self._phase is not None:
+                self._cancel()  # the request is in: the app answers it
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if self.identity is not None and not self.transport.is_closing():
+                self._await("headers", limits.header_timeout)  # the next request's
+
+        def _await(self, phase, seconds):
+            self._cancel()
+            self._phase = phase
+            self._timer = self.loop.call_later(seconds, self._expired, phase, seconds)
+
+        def _cancel(self):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._phase = None
+
+        def _expired(self, phase, seconds):
+            self._timer = None
+            if self._phase == phase and not self.transport.is_closing():
+                self.logger.warning("authority: closing a connection of %s: its request %s did not arrive "
+                                    "within %g s", self.identity, phase, seconds)
+                self.transport.abort()
+
+    return AuthorityH11Protocol
 
 
 def make_server(service: AuthorityService, host: str = "127.0.0.1", port: int = 0, *, cert=None, key=None,
                 client_ca=None, client_names=(SERVERAPP_NAME,), insecure: bool = False, quiet: bool = False,
-                max_body: int = MAX_BODY):
+                max_body: int | None = None, limits: Limits | None = None):
     """A ``uvicorn.Server`` for ``service`` (not started: ``run()`` it, or in a thread).
 
-    TLS with a required client certificate unless ``insecure`` (loopback only).
+    TLS with a required client certificate unless ``insecure`` (loopback only). ``limits``
+    (:class:`Limits`) bound what each client certificate may hold; ``max_body`` overrides
+    ``limits.max_body``; without either the body limit is ``service.request_limit()``.
     """
     import uvicorn
 
@@ -389,15 +640,23 @@ def make_server(service: AuthorityService, host: str = "127.0.0.1", port: int = 
         ssl_context = None
     else:
         ssl_context = server_context(cert, key, client_ca)
+    limits = limits or Limits()
+    if max_body is not None:
+        limits = replace(limits, max_body=max_body)
+    if limits.max_body is None:
+        limits = replace(limits, max_body=service.request_limit())
     config = uvicorn.Config(
-        AuthorityApp(service, max_body=max_body), host=host, port=port,
-        http=_pinned_protocol(client_names) if ssl_context else "h11",
+        AuthorityApp(service, max_body=limits.max_body), host=host, port=port,
+        http=_protocol(client_names if ssl_context else None, limits),
         lifespan="on", access_log=not quiet, log_level="warning" if quiet else "info",
-        ws="none", limit_concurrency=64, timeout_keep_alive=5, server_header=False,
+        ws="none", limit_concurrency=limits.max_connections, timeout_keep_alive=min(5, limits.header_timeout),
+        h11_max_incomplete_event_size=limits.max_header_bytes, server_header=False,
     )
     config.load()
     config.ssl = ssl_context  # ours (TLS >= 1.2, CERT_REQUIRED), not uvicorn's defaults
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    server.limits = limits
+    return server
 
 
 def start_in_thread(server, timeout: float = 10.0) -> tuple[threading.Thread, int]:
@@ -416,19 +675,24 @@ def start_in_thread(server, timeout: float = 10.0) -> tuple[threading.Thread, in
 
 def serve(keys_dir, directory_path, *, host: str = "127.0.0.1", port: int = 8471, min_clients: int = 2,
           key_size: int = 2048, cert=None, key=None, client_ca=None, client_names=(SERVERAPP_NAME,),
-          insecure: bool = False, quiet: bool = False, session_ttl: float = 6 * 3600.0, out=print) -> None:
+          insecure: bool = False, quiet: bool = False, session_ttl: float = 6 * 3600.0,
+          max_ciphertexts: int = MAX_CIPHERTEXTS, limits: Limits | None = None, out=print) -> None:
     """Run the authority service until interrupted (``securefkm authority serve``)."""
     directory = Directory.load(directory_path)
     service = AuthorityService.from_keys(keys_dir, directory, key_size=key_size, min_clients=min_clients,
-                                         session_ttl=session_ttl)
+                                         session_ttl=session_ttl, max_ciphertexts=max_ciphertexts)
     server = make_server(service, host, port, cert=cert, key=key, client_ca=client_ca, client_names=client_names,
-                         insecure=insecure, quiet=quiet)
+                         insecure=insecure, quiet=quiet, limits=limits)
+    lim = server.limits
     scheme = "http" if insecure else "https"
     out(f"securefkm key authority: {key_size}-bit Paillier keys per session, {len(directory)} enrolled node(s), "
         f"min_clients={min_clients}, verify key {service.verify_key.hex()}")
     out(f"listening on {scheme}://{host}:{port}{API}" + (
         " (plain HTTP, loopback only: --insecure)" if insecure else f" (TLS; admitting client certificates of "
         f"{client_ca} named {', '.join(client_names)})"))
+    out(f"limits: bodies up to {lim.max_body} bytes ({len(directory)} node(s) x {max_ciphertexts} ciphertexts), "
+        f"headers within {lim.header_timeout:g} s, bodies within {lim.body_timeout:g} s, "
+        f"{lim.per_identity} connection(s) per client certificate, {lim.max_connections} in all")
     sys.stdout.flush()
     server.run()
 
@@ -454,6 +718,20 @@ def add_cli(sub) -> None:
                    help=f"admitted client certificate common name (repeatable; default {SERVERAPP_NAME!r})")
     s.add_argument("--session-ttl", type=float, default=6 * 3600.0,
                    help="seconds after which an unused session (a run's keypair) is ended")
+    s.add_argument("--max-ciphertexts", type=int, default=MAX_CIPHERTEXTS,
+                   help="most ciphertexts per contribution a round may declare; with the directory's size and "
+                        "the key size it sets the body limit")
+    s.add_argument("--max-body", type=int, default=None, metavar="BYTES",
+                   help="request body limit (default: the largest decryption request for the declared sizes, "
+                        "+25%% and 64 KiB)")
+    s.add_argument("--header-timeout", type=float, default=Limits.header_timeout,
+                   help="seconds a connection has to send a request's headers")
+    s.add_argument("--body-timeout", type=float, default=Limits.body_timeout,
+                   help="seconds a connection has to send a request's body after its headers")
+    s.add_argument("--max-connections-per-client", type=int, default=Limits.per_identity,
+                   help="open connections one client certificate may hold")
+    s.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                   help="open connections of all clients together")
     s.add_argument("--insecure", action="store_true", help="plain HTTP, loopback addresses only (debugging)")
     s.add_argument("--quiet", action="store_true", help="no per-request log lines")
 
@@ -467,4 +745,7 @@ def run_cli(args, out=print) -> None:
         serve(args.keys, args.directory, host=args.host, port=args.port, min_clients=args.min_clients,
               key_size=args.key_size, cert=args.cert, key=args.tls_key, client_ca=args.client_ca,
               client_names=tuple(args.client_name or (SERVERAPP_NAME,)), insecure=args.insecure,
-              quiet=args.quiet, session_ttl=args.session_ttl, out=out)
+              quiet=args.quiet, session_ttl=args.session_ttl, max_ciphertexts=args.max_ciphertexts,
+              limits=Limits(max_body=args.max_body, header_timeout=args.header_timeout,
+                            body_timeout=args.body_timeout, per_identity=args.max_connections_per_client,
+                            max_connections=args.max_connections), out=out)

@@ -7,8 +7,52 @@ and raises :class:`BadRequest` (the service answers 400).
 from __future__ import annotations
 
 API = "/v1"
-#: largest request body the service reads (a decryption request carries every ciphertext)
+#: ceiling of the request-body limit when none is derived (see :func:`request_body_limit`)
 MAX_BODY = 64 << 20
+#: default most ciphertexts one round may ask for (``open_round``'s ``n_ciphertexts``)
+MAX_CIPHERTEXTS = 256
+#: largest reply the ServerApp reads from the authority
+MAX_REPLY = 8 << 20
+#: what one contribution costs on the wire besides its ciphertexts (ids, nonce, digest,
+#: signature, keys and punctuation), rounded up
+CONTRIBUTION_OVERHEAD = 512
+
+
+def request_body_limit(n_clients: int, n_ciphertexts: int, key_size: int, *, margin: float = 0.25) -> int:
+    """Bytes of the largest legitimate request: a decryption request of ``n_clients``
+    contributions of ``n_ciphertexts`` ciphertexts each, plus the server's claimed sum.
+
+    A ciphertext is below ``n**2``, at most ``key_size / 2`` hex digits, and costs four
+    bytes more in a JSON list (quotes, comma, space)::
+
+        body = (n_clients + 1) * n_ciphertexts * (key_size / 2 + 4)
+               + n_clients * CONTRIBUTION_OVERHEAD + 1024
+        limit = ceil(body * (1 + margin)) + 64 KiB
+
+    Every other request (session, ticket, end of session) is far smaller.
+    """
+    for name, v in (("n_clients", n_clients), ("n_ciphertexts", n_ciphertexts), ("key_size", key_size)):
+        if type(v) is not int or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    per_ciphertext = -(-key_size // 2) + 4
+    body = (n_clients + 1) * n_ciphertexts * per_ciphertext + n_clients * CONTRIBUTION_OVERHEAD + 1024
+    return -(-int(body * (1 + float(margin) + 1e-9)) // 1) + (64 << 10)
+
+
+def loads(data, what: str = "body"):
+    """JSON text -> object, every failure a :class:`BadRequest` (nesting too deep included).
+
+    Plain :func:`json.loads`: it builds only dicts, lists, strings, numbers, booleans and
+    None (no object hooks, nothing that runs code); the callers check each field's type.
+    """
+    import json
+
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise BadRequest(f"{what} is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError, TypeError):
+        raise BadRequest(f"{what} is not JSON") from None
 
 
 class BadRequest(ValueError):
