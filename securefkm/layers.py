@@ -52,7 +52,16 @@ SIDES = ("client", "aggregator", "server")
 
 @dataclass
 class RunInfo:
-    """Facts about a fit that layers may use in ``setup`` (never client data)."""
+    """Facts about a fit that layers may use in ``setup`` (never client data).
+
+    These are the run's *declared* facts, and a client holds its own copy: in process the
+    one the fit was built with, in a deployment the one its ClientApp derives at run start
+    from the run config (:func:`securefkm.flower.spec.build_federation`), never from a
+    round's messages. What a client enforces against the server every round (the fewest
+    clients a round may sample, the secure aggregator's thresholds and survivors:
+    :meth:`Aggregator.round_refusal`) is derived from it, so a server cannot lower it
+    round by round.
+    """
 
     algorithm: Any
     n_clients: int
@@ -303,6 +312,54 @@ class Aggregator(Layer):
         (its declared dropout tolerance); the default of layers that size something by the
         survivors, e.g. distributed DP's ``min_clients``. Default: all of them."""
         return int(n_sampled)
+
+    def designed_corrupt(self, n_sampled: int) -> int:
+        """Clients out of ``n_sampled`` this aggregator is declared to tolerate colluding with
+        the server (PairwiseMasking: ``ceil(corrupt_fraction * n)``); distributed DP counts
+        them among the noise shares that may be missing. Default: none."""
+        return 0
+
+    def sampled_floor(self, info: RunInfo) -> int:
+        """Fewest clients a round with sum-fields may sample under this aggregator, from the
+        run's declared facts: ``clients_per_round`` less its dropout allowance
+        (``clients_per_round - designed_survivors(clients_per_round)``, at least one client,
+        so that a client the runtime excluded for faults does not stall a small run), and
+        never fewer than 2. 0 for an aggregator that hides nothing (PlainSum)."""
+        if not self.secure:
+            return 0
+        n = int(info.clients_per_round)
+        allowance = max(1, n - int(self.designed_survivors(n)))
+        return min(n, max(2, n - allowance))
+
+    def round_refusal(self, ctx: RoundContext, client_id: int) -> str | None:
+        """Why client ``client_id`` must refuse this round before computing anything, or None.
+
+        Called by every client on the server's :class:`~securefkm.federation.client.UpdateRequest`
+        of a round with sum-fields; checked against the client's own :class:`RunInfo`
+        (``ctx.info``), never against anything the request says about the run. Refuses a
+        sampled set with duplicate or unknown ids, one that does not list the client, and one
+        smaller than :meth:`sampled_floor`: a server that samples the target and a few
+        clients it controls would otherwise read the target's input off the "secure" sum.
+        Aggregators add their own floors (PairwiseMasking: threshold and survivors)."""
+        if not self.secure or not ctx.specs:
+            return None
+        info, sampled = ctx.info, ctx.sampled
+        who = f"client {client_id} refuses the round"
+        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in sampled):
+            return f"{who}: field 'sampled' holds non-integer ids"
+        ids = [int(c) for c in sampled]
+        if len(set(ids)) != len(ids):
+            return f"{who}: field 'sampled' lists a client twice"
+        if any(not 0 <= c < info.n_clients for c in ids):
+            return f"{who}: field 'sampled' names clients outside 0..{info.n_clients - 1}"
+        if int(client_id) not in ids:
+            return f"{who}: field 'sampled' does not list this client"
+        floor = self.sampled_floor(info)
+        if len(ids) < floor:
+            return (f"{who}: field 'sampled' lists {len(ids)} clients, below the run's floor of {floor} "
+                    f"(clients_per_round={info.clients_per_round} less the dropout allowance): the sum of so few "
+                    "clients could expose this client's input")
+        return None
 
     @abstractmethod
     def server_session(self, ctx: RoundContext) -> ServerSession: ...

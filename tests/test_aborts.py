@@ -225,8 +225,8 @@ def test_masking_does_not_decode_fewer_survivors_than_distributed_dp_needs(data)
     privacy spent and centres equal the abort-free fit's. (Before, the sum was decoded, charged
     at its actual noise, and the budget then refused the retry.)"""
     kw = dict(crypto="ideal", init="uniform", max_rounds=2)
-    free = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)]).fit(data)
-    est = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)],
+    free = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=4)]).fit(data)
+    est = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=4)],
                dropout_rate={1: {"masked_input": [0, 1]}}).fit(data)
     (a,) = est.transcript_.aborts
     assert not a.released and a.stage == "masked_input" and a.round == 1
@@ -241,7 +241,7 @@ def test_decoded_then_aborted_round_is_charged(data):
     the round index is not reused. The budget, calibrated for the planned rounds, then refuses
     the retry (PrivacyBudgetExceededError is never retried): charged, then prevented."""
     kw = dict(crypto="ideal", init="uniform", max_rounds=2)
-    fed, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)],
+    fed, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=4)],
                   dropout_rate={1: {"masked_input": [0, 1]}}).make_federation(data)
     fed.aggregator._floor_layers = []  # an aggregator without the survivors_needed hook
     with pytest.raises(PrivacyBudgetExceededError) as info:
@@ -251,7 +251,7 @@ def test_decoded_then_aborted_round_is_charged(data):
     assert info.value.round == 2  # the retry runs under a fresh round index
     dp = fed.layers[0]
     assert dict(dp._counts) == {0: 1, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2}  # the abort charged clients 2..5
-    free, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=3)]).make_federation(data)
+    free, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=4)]).make_federation(data)
     free.run_round(free.algorithm.init(6, 2, np.random.default_rng(0)), round=0)
     assert fed.privacy_spent()[0] > free.privacy_spent()[0]  # round 0 + the charged abort > round 0
 

@@ -144,7 +144,7 @@ def test_split_view_recovers_victim_exactly_without_consistency_check():
     of 10, two disjoint halves of honest holders each meet the threshold: the server strips
     every mask off the victim's vector. (Before the consistency check existed, this held
     with sign_keys=True as well.)"""
-    layer = PairwiseMasking(threshold=5)
+    layer = PairwiseMasking(threshold=5, allow_insecure_threshold=True)
     assert "consistency_check" not in layer.stages
     x, refusals, plain = split_view_attack(layer, N, VICTIM, HALF)
     assert refusals == {}
@@ -157,7 +157,7 @@ def test_split_view_refused_with_consistency_check(told_dropped):
     """sign_keys=True: the same attack, at every split the server can choose, recovers nothing.
     Quorum max(5, 10 // 2 + 1) = 6: at most one of the two views collects 6 signatures,
     so at most one kind of the victim's shares leaves the honest clients."""
-    layer = PairwiseMasking(threshold=5, sign_keys=True)
+    layer = PairwiseMasking(threshold=5, sign_keys=True, allow_insecure_threshold=True)
     assert layer.stages == ("advertise", "share", "masked_input", "consistency_check", "unmask")
     x, refusals, _ = split_view_attack(layer, N, VICTIM, told_dropped)
     assert x is None

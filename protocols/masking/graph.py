@@ -229,21 +229,69 @@ def resolve_graph(n: int, kind: str, neighbours, bounds: dict | None = None) -> 
     return "sparse", found[0], found[1]
 
 
-def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int, bounds: dict | None = None,
-              survivors_floor: int = 0) -> RoundPlan:
-    """``survivors_floor``: fewest masked inputs the round may decode, on top of the protocol's
-    own minimum (:meth:`securefkm.layers.Layer.survivors_needed` of the client-side layers,
-    capped at the sampled count)."""
-    sampled = tuple(sorted(int(c) for c in sampled))
-    n = len(sampled)
-    kind, k, bell_t = resolve_graph(n, kind, neighbours, bounds)
-    graph = Graph.build(sampled, kind, k, graph_seed(rid, sampled))
-    m = graph.degree + 1
-    if graph.kind == "complete":
+def threshold_floor(kind: str, m: int, bell_t: int | None) -> int:
+    """Smallest secure Shamir threshold among ``m`` holders.
+
+    * Complete graph, or a sparse graph of an explicit degree: ``floor(m/2) + 1``, a strict
+      majority. With ``t <= m/2`` two disjoint sets of holders can each reconstruct, so a
+      server that tells one set "B dropped" and the other "B survived" (split view) collects
+      both of B's secrets and strips B's masks (Bonawitz et al. 2017, Sec. 6).
+    * Sparse graph of Bell et al.'s degree: Bell's ``t`` for the layer's declared corrupt and
+      dropout fractions (:func:`.params.bell_parameters`; with ``sign_keys`` the semi-malicious
+      bound, which exceeds half the holders): below it a client may have ``t`` corrupt
+      neighbours with more than the stated probability.
+    """
+    if bell_t is not None:
+        return int(bell_t)
+    return min(int(m), int(m) // 2 + 1)
+
+
+def minimums(n: int, kind: str, neighbours, threshold, bounds: dict | None = None, *,
+             allow_insecure: bool = False) -> tuple[str, int, int, int, int | None]:
+    """``(kind, degree, t, min_survivors, bell_t)`` of a round of ``n`` sampled clients: the
+    graph, the Shamir threshold among each client's ``degree + 1`` holders and the fewest
+    masked inputs the protocol decodes (complete graph: ``t``; sparse: ``t`` and the same
+    fraction ``t / m`` of the sampled clients). The one derivation of these numbers, used by
+    every round's plan and by the run's floor (:meth:`PairwiseMasking.setup`).
+
+    A threshold below :func:`threshold_floor` raises :class:`InputError` naming
+    ``threshold`` and the opt-in ``allow_insecure_threshold=True`` unless ``allow_insecure``.
+    """
+    kind, k, bell_t = resolve_graph(int(n), kind, neighbours, bounds)
+    k = int(n) - 1 if kind == "complete" else k + k % 2
+    if kind == "sparse" and k >= n - 1:
+        kind, k, bell_t = "complete", int(n) - 1, None
+    m = k + 1
+    if kind == "complete":
         t = resolve_threshold(threshold, m)
         min_surv = t
     else:
         t = bell_t if threshold is None and bell_t is not None else resolve_threshold(threshold, m)
         min_surv = max(t, math.ceil(n * t / m - 1e-9))
+    secure = threshold_floor(kind, m, bell_t if kind == "sparse" and neighbours is None else None)
+    if t < secure and not allow_insecure:
+        raise InputError(
+            f"PairwiseMasking threshold={threshold!r} resolves to t={t} among the {m} holders of each "
+            f"client's secrets ({kind} graph, {n} sampled clients), below the secure floor t={secure}: "
+            + ("two disjoint sets of holders could each reconstruct a client's secrets, so a malicious server "
+               "can unmask it by telling them different survivor lists. " if secure == m // 2 + 1 and m > 1 else
+               "a client may then have t corrupt neighbours (Bell et al.'s bound for the declared corrupt "
+               "fraction). ")
+            + f"Use threshold >= {secure} (or the default), or pass allow_insecure_threshold=True to accept "
+            "it (every report then says the threshold is insecure)."
+        )
+    return kind, k, t, min_surv, bell_t
+
+
+def make_plan(rid: bytes, sampled, kind: str, neighbours, threshold, length: int, bounds: dict | None = None,
+              survivors_floor: int = 0, *, allow_insecure: bool = False) -> RoundPlan:
+    """``survivors_floor``: fewest masked inputs the round may decode, on top of the protocol's
+    own minimum (the client-side layers' :meth:`securefkm.layers.Layer.survivors_needed` and the
+    run's floor, :meth:`PairwiseMasking.run_floor`; capped at the sampled count).
+    ``allow_insecure``: accept a threshold below :func:`threshold_floor`."""
+    sampled = tuple(sorted(int(c) for c in sampled))
+    n = len(sampled)
+    kind, k, t, min_surv, _ = minimums(n, kind, neighbours, threshold, bounds, allow_insecure=allow_insecure)
+    graph = Graph.build(sampled, kind, k, graph_seed(rid, sampled))
     floor = min(int(survivors_floor), n)
     return RoundPlan(rid, sampled, graph, t, max(min_surv, floor), length, survivors_floor=floor)

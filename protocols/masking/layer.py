@@ -49,6 +49,8 @@ Trust model
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import numpy as np
@@ -65,6 +67,7 @@ from .graph import (
     RoundPlan,
     check_threshold_arg,
     make_plan,
+    minimums,
     resolve_graph,
 )
 from .params import CORRECTNESS_BITS, CORRUPT_FRACTION, DROPOUT_FRACTION, SECURITY_BITS, check_rates
@@ -122,6 +125,15 @@ class PairwiseMasking(Aggregator):
     cipher:
         The mask PRG: ``"auto"`` (default: SHAKE-256 for masks up to 1 KiB, ChaCha20 above,
         see :mod:`protocols.masking.prg`), ``"chacha20"``, ``"aes-ctr"`` or ``"shake256"``.
+    allow_insecure_threshold:
+        Accept a ``threshold`` below the secure floor (:func:`protocols.masking.graph.threshold_floor`:
+        a strict majority ``floor(m/2) + 1`` of the ``m`` holders on the complete graph or a
+        sparse graph of explicit degree, Bell et al.'s ``t`` on the sparse graph of Bell's
+        degree). Default ``False``: such a threshold raises :class:`InputError` when the fit
+        starts (and any round whose sampled set resolves it below the floor aborts). With it,
+        a malicious server can unmask a client by a split view (two disjoint sets of holders
+        each reconstruct one of its secrets), and ``protection_report_`` says the threshold is
+        insecure.
     allow_plain_set_fields:
         Run on an algorithm that sends set-fields (k-FED, child/parent, aligning, FedFCM with
         k-means averaging, outside their secure mode). Masking then hides only the sum-fields
@@ -153,6 +165,7 @@ class PairwiseMasking(Aggregator):
         dropout_fraction: float = DROPOUT_FRACTION,
         security_bits: float = SECURITY_BITS,
         correctness_bits: float = CORRECTNESS_BITS,
+        allow_insecure_threshold: bool = False,
         allow_plain_set_fields: bool = False,
     ):
         check_threshold_arg(threshold)
@@ -178,8 +191,12 @@ class PairwiseMasking(Aggregator):
         self.codec = codec
         self.cipher = cipher
         self.allow_plain_set_fields = bool(allow_plain_set_fields)
-        #: Bell et al.'s parameters (semi-malicious bounds with sign_keys)
-        self.bounds = {
+        self.allow_insecure_threshold = bool(allow_insecure_threshold)
+        #: the run's floor (:meth:`run_floor`), fixed by :meth:`setup` from the run's declared facts
+        self.floor: dict | None = None
+        #: Bell et al.'s parameters (semi-malicious bounds with sign_keys): the keyword
+        #: arguments of :func:`protocols.masking.params.bell_parameters`
+        self.graph_params = {
             "corrupt_fraction": float(corrupt_fraction),
             "dropout_fraction": float(dropout_fraction),
             "security_bits": float(security_bits),
@@ -203,6 +220,8 @@ class PairwiseMasking(Aggregator):
         ):
             if value != default:
                 self._repr_params[name] = value
+        if self.allow_insecure_threshold:
+            self._repr_params["allow_insecure_threshold"] = True
         if self.allow_plain_set_fields:
             self._repr_params["allow_plain_set_fields"] = True
 
@@ -213,36 +232,125 @@ class PairwiseMasking(Aggregator):
                 "noised them), and who survived each stage")
         if self.allow_plain_set_fields and getattr(algorithm, "uses_set_fields", False):
             sees += "; AND every client's local centres and sizes in plain (allow_plain_set_fields=True)"
+        if self.insecure_threshold():
+            floor = self.floor or {}
+            sees += ("; AND, against a malicious server, single clients' inputs: the threshold is INSECURE "
+                     f"(allow_insecure_threshold=True; t={floor.get('t')} of {floor.get('holders')} holders, "
+                     f"secure floor {floor.get('secure_t')}): two disjoint sets of holders can each reconstruct "
+                     "one of a client's secrets, so a split view of the survivors unmasks it")
         trust = "no t of a client's holders (Shamir threshold) collude with the server"
-        rates = (f"at most {self.bounds['corrupt_fraction']:.0%} of the clients collude with the server and at "
-                 f"most {self.bounds['dropout_fraction']:.0%} drop (Bell et al. 2020's bounds; corrupt_fraction= "
+        rates = (f"at most {self.graph_params['corrupt_fraction']:.0%} of the clients collude with the server and at "
+                 f"most {self.graph_params['dropout_fraction']:.0%} drop (Bell et al. 2020's bounds; corrupt_fraction= "
                  "to assume more)")
         if self.graph == "auto":  # the sparse graph's degree and threshold rest on these rates
             trust += f"; above {AUTO_COMPLETE_MAX} clients the sparse graph assumes " + rates
         elif self.graph == "sparse":
             trust += "; the sparse graph assumes " + rates
+        if self.floor is not None:
+            trust += (f"; clients refuse rounds sampling fewer than {self.floor['sampled']} clients or listing "
+                      f"fewer than {self.floor['survivors']} survivors (the run's floor, from clients_per_round="
+                      f"{self.floor['clients_per_round']})")
         trust += ("; " + ("a malicious server is covered (signed keys, consistency check)" if self.sign_keys else
                           "the server follows the protocol (semi-honest; sign_keys=True for a malicious one)")
                   + "; the sum itself is not hidden (GaussianDP noises it)")
         return sees, trust
 
+    def report(self) -> dict:
+        return {"graph_params": dict(self.graph_params), "run_floor": None if self.floor is None else dict(self.floor),
+                "insecure_threshold": self.insecure_threshold()}
+
+    def insecure_threshold(self) -> bool:
+        """Whether the opt-in ``allow_insecure_threshold=True`` let a threshold below the
+        secure floor through (for the run's ``clients_per_round`` once set up; before that,
+        whether the opt-in was given with an explicit threshold)."""
+        if not self.allow_insecure_threshold:
+            return False
+        if self.floor is None:
+            return self.threshold is not None
+        return self.floor["t"] < self.floor["secure_t"]
+
     def designed_survivors(self, n_sampled: int) -> int:
         """The survivors this layer is declared to tolerate: all but ``dropout_fraction`` of
         the sampled clients (Bell et al.'s delta, default 10%), at least 2."""
         n = int(n_sampled)
-        return min(n, max(2, math.ceil((1.0 - self.bounds["dropout_fraction"]) * n - 1e-9)))
+        return min(n, max(2, math.ceil((1.0 - self.graph_params["dropout_fraction"]) * n - 1e-9)))
+
+    def designed_corrupt(self, n_sampled: int) -> int:
+        """The clients this layer is declared to tolerate colluding with the server:
+        ``ceil(corrupt_fraction * n)`` of the sampled clients (Bell et al.'s gamma, default 5%)."""
+        return math.ceil(self.graph_params["corrupt_fraction"] * int(n_sampled) - 1e-9)
+
+    def run_floor(self, info: RunInfo) -> dict:
+        """The run's floor, from its declared facts alone (``info``: the client's own RunInfo):
+        the fewest clients a round may sample (:meth:`~securefkm.layers.Aggregator.sampled_floor`),
+        the Shamir threshold and holders of a round of that many clients and the secure floor
+        of that threshold (:func:`~protocols.masking.graph.threshold_floor`), and the fewest
+        survivors a round may decode (the protocol's minimum for that many clients). Clients
+        refuse rounds below it (:meth:`round_refusal`, the survivor checks of
+        :class:`~protocols.masking.client.MaskingClient`) and, with ``sign_keys``, sign it
+        with the survivor list, so that clients shown different floors cannot unmask
+        together."""
+        n = info.clients_per_round
+        sampled = self.sampled_floor(info)
+        kind, k, t, min_surv, bell_t = minimums(max(sampled, 1), self.graph, self.neighbours, self.threshold,
+                                                self.graph_params, allow_insecure=self.allow_insecure_threshold)
+        from .graph import threshold_floor
+
+        secure_t = threshold_floor(kind, k + 1, bell_t if kind == "sparse" and self.neighbours is None else None)
+        return {"n_clients": int(info.n_clients), "clients_per_round": int(n), "sampled": int(sampled),
+                "graph": kind, "holders": int(k + 1), "t": int(t), "secure_t": int(secure_t),
+                "survivors": int(min_surv), "allow_insecure_threshold": self.allow_insecure_threshold}
 
     def setup(self, info: RunInfo) -> None:
         if isinstance(self.threshold, (int, np.integer)) and resolve_graph(
-            info.clients_per_round, self.graph, self.neighbours, self.bounds
+            info.clients_per_round, self.graph, self.neighbours, self.graph_params
         )[0] == "complete":
             if self.threshold > info.clients_per_round:
                 raise InputError(
                     f"PairwiseMasking threshold={self.threshold} exceeds clients_per_round="
                     f"{info.clients_per_round}; lower the threshold or sample more clients."
                 )
+        # the threshold of a full round, then the run's floor (both refuse an insecure threshold)
+        minimums(info.clients_per_round, self.graph, self.neighbours, self.threshold, self.graph_params,
+                 allow_insecure=self.allow_insecure_threshold)
+        self.floor = self.run_floor(info)
+        self._statement_key = None
         if self.registry is not None:
             self.registry.provision(range(info.n_clients))
+
+    def sampled_floor(self, info: RunInfo) -> int:
+        """:meth:`Aggregator.sampled_floor <securefkm.layers.Aggregator.sampled_floor>`, raised to
+        an explicit int ``threshold`` (a round of fewer sampled clients could not complete)."""
+        floor = super().sampled_floor(info)
+        if isinstance(self.threshold, (int, np.integer)) and not isinstance(self.threshold, bool):
+            floor = max(floor, min(int(self.threshold), int(info.clients_per_round)))
+        return floor
+
+    def round_refusal(self, ctx: RoundContext, client_id: int) -> str | None:
+        """The sampled-set checks of :meth:`Aggregator.round_refusal
+        <securefkm.layers.Aggregator.round_refusal>`, then this round's plan as the client
+        derives it: a plan whose threshold falls below the secure floor of its graph (without
+        ``allow_insecure_threshold``) or that cannot be made is refused. The plan's survivor
+        minimum includes the run's floor (:meth:`run_floor`), which the client's survivor
+        checks enforce at the consistency check and at unmask."""
+        why = super().round_refusal(ctx, client_id)
+        if why is not None or not ctx.specs:
+            return why
+        try:
+            self.plan(ctx)
+        except (RoundAbortedError, InputError) as exc:
+            return f"client {client_id} refuses the round: {exc}"
+        return None
+
+    def statement_digest(self, ctx: RoundContext) -> bytes:
+        """What a client signs with the survivor list at the consistency check, besides the
+        round id: SHA-256 over the broadcast digest and the run's floor (:meth:`run_floor`,
+        canonical JSON), so that clients holding different floors never count each other's
+        signatures towards a quorum."""
+        floor = self.floor if self.floor is not None else self.run_floor(ctx.info)
+        blob = json.dumps(floor, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(keys.DOMAIN + b"|statement|" + len(blob).to_bytes(8, "little") + blob
+                              + bytes(ctx.broadcast_digest)).digest()
 
     def plan(self, ctx: RoundContext) -> RoundPlan:
         """The round's public plan (graph, thresholds), identical on server and clients."""
@@ -257,14 +365,15 @@ class PairwiseMasking(Aggregator):
                 round=ctx.round,
                 stage="advertise",
             )
-        floor = self.survivors_floor(ctx)  # the plan does not decode fewer
+        # the plan does not decode fewer than the client-side layers allow nor than the run's floor
+        floor = max(self.survivors_floor(ctx), 0 if self.floor is None else self.floor["survivors"])
         key = (rid, tuple(ctx.sampled), length, floor)
         cached = getattr(self, "_plan_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1]  # in-process simulation: clients of one round share the plan
         try:
-            plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length, self.bounds,
-                             survivors_floor=floor)
+            plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length, self.graph_params,
+                             survivors_floor=floor, allow_insecure=self.allow_insecure_threshold)
         except InputError as exc:
             raise RoundAbortedError(str(exc), round=ctx.round, stage="advertise") from None
         self._plan_cache = (key, plan)
@@ -278,7 +387,7 @@ class PairwiseMasking(Aggregator):
 
     def server_session(self, ctx: RoundContext) -> MaskingServer:
         self.codec.check_capacity(ctx.specs, len(ctx.sampled))
-        return MaskingServer(
+        server = MaskingServer(
             ctx,
             self.plan(ctx),
             self.codec,
@@ -288,6 +397,9 @@ class PairwiseMasking(Aggregator):
             consistency=self.sign_keys,
             history=self.__dict__.setdefault("_history", RunHistory()),  # the fit's replayed-message memory
         )
+        if self.sign_keys:  # the clients sign the survivor list with the run's floor
+            server.statement_digest = self.statement_digest(ctx)
+        return server
 
     def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> MaskingClient:
         return self.client_sessions([client], ctx, [sums])[0]
@@ -323,5 +435,6 @@ class PairwiseMasking(Aggregator):
             identity_private=identity,
             registry=None if self.registry is None else self.registry.public,
             consistency=self.sign_keys,
-            statement_digest=ctx.broadcast_digest,
+            statement_digest=self.statement_digest(ctx) if self.sign_keys else ctx.broadcast_digest,
+            survivors_floor=None if self.floor is None else self.floor["survivors"],
         )

@@ -186,9 +186,24 @@ class ClientRuntime:
             self.session = None
         return reply
 
+    def refuse_round(self, ctx: RoundContext) -> UpdateReply | None:
+        """The run's floor, checked on the server's request before anything is computed
+        (:meth:`~securefkm.layers.Aggregator.round_refusal` against this client's own
+        RunInfo): the refusal reply, or None when the round may go on. A refusing client
+        opens no session and sends nothing of this round; :func:`serve` reports its reason
+        as the client's refusal of the update stage."""
+        why = self.aggregator.round_refusal(ctx, self.client_id)
+        if why is None:
+            return None
+        self.session, self._ctx, self.refusal = None, ctx, why
+        return UpdateReply(declined=why)  # a decline for a transport that does not convert
+
     def handle(self, stage: str, message: Any) -> Any:
         if stage == UPDATE_STAGE:
             ctx = self.round_context(message)
+            refused = self.refuse_round(ctx)
+            if refused is not None:
+                return refused
             X = self.prepared_data(ctx)
             update = self.algorithm.client_update(X, message.broadcast, self.rng(message), self.memory)
             return self.answer_fused(self.finish_update(update, ctx), message)
@@ -221,6 +236,11 @@ def batch_update(clients: list[ClientRuntime], request: UpdateRequest) -> list[U
         raise ValueError("batch_update serves unfused update requests only; call handle() per client")
     algorithm = clients[0].algorithm
     ctx = clients[0].round_context(request)
+    refused = {i: r for i, c in enumerate(clients) if (r := c.refuse_round(ctx)) is not None}
+    if refused:  # below the run's floor: those clients compute nothing
+        taking = [c for i, c in enumerate(clients) if i not in refused]
+        done = iter(batch_update(taking, request))
+        return [refused[i] if i in refused else next(done) for i in range(len(clients))]
     datas = prepared_datas(clients, ctx)
     # one question for the batch: the clients share the algorithm and the broadcast
     rngs = [c.rng(request) for c in clients] if algorithm.client_rng_needed(request.broadcast) else [None] * len(clients)
