@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
-from .exceptions import SecureFKMError
+from .exceptions import InputError, SecureFKMError
 
 
 def _kv(text: str):
@@ -44,7 +45,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 _COLUMNS_HELP = ("refused unless --label-column or --feature-columns says what it is: a header column named "
-                 "label, class, target or y")
+                 "label, class, target, y, species, category, group, cluster, outcome or diagnosis, or the one "
+                 "integer-coded column with at most 20 distinct values in a file of 50 records or more")
 
 
 def _columns(text: str) -> list:
@@ -52,10 +54,12 @@ def _columns(text: str) -> list:
     return [int(c) if c.strip().lstrip("-").isdigit() else c.strip() for c in text.split(",") if c.strip()]
 
 
-def _add_common(p):
-    p.add_argument("--protection", type=_protection, default=[],
+def _add_common(p, default_protection=()):
+    p.add_argument("--protection", type=_protection,
+                   default=None if default_protection is None else list(default_protection),
                    help="protection layers, comma-separated, parameters after ':' -- e.g. 'masking' or "
-                        "'dp:epsilon=1:delta=1e-5:bounds=[-2,2]:mode=distributed,masking'; [] = none")
+                        "'dp:epsilon=1:delta=1e-5:bounds=[-2,2],masking' (dp without mode= ahead of masking or "
+                        "paillier: mode=distributed); [] = none")
     p.add_argument("--seed", type=int, default=0, help="random_state: the same seed gives the same run")
 
 
@@ -88,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=100, help="number of simulated clients")
     p.add_argument("--plot", default="securefkm-demo.png", help="PNG path ('' for none)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    _add_common(p)
+    _add_common(p, default_protection=None)  # None: the recommended stack; [] = none
 
     p = sub.add_parser("run", help="cluster a directory of client CSV files (one file per client)")
     p.add_argument("directory", help="directory with one CSV per client (optional header row)")
@@ -166,6 +170,71 @@ def _load_csv_dir(args):
                                          feature_columns=args.feature_columns)
 
 
+#: estimator parameters the CLI sets through its own flags, not --param
+_FLAG_PARAMS = {"n_clusters": "-k / --clusters", "protection": "--protection", "random_state": "--seed",
+                "verbose": "(set by the command)"}
+
+
+def check_params(algorithm: str, params: dict) -> dict:
+    """``--param`` names checked against the estimator's signature; a wrong one is refused
+    with the list of valid names (and the closest, if any)."""
+    import difflib
+    import inspect
+
+    from .registry import estimator_class
+
+    cls, fixed = estimator_class(algorithm)
+    valid = [n for n in inspect.signature(cls).parameters if n not in fixed and n not in _FLAG_PARAMS]
+    for key in params:
+        if key in _FLAG_PARAMS:
+            raise InputError(f"--param {key}: set it with {_FLAG_PARAMS[key]}, not --param.")
+        if key in fixed:
+            raise InputError(f"--param {key}: fixed to {fixed[key]!r} by --algorithm {algorithm}; choose another "
+                             "--algorithm to change it.")
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=2)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise InputError(f"--param {key}: {algorithm} ({cls.__name__}) has no parameter {key!r}{hint}; "
+                             f"valid --param names: {', '.join(valid)}.")
+    return params
+
+
+def resolve_dp_mode(protection, out=print):
+    """A ``dp`` layer spec without ``mode=``: ``mode=distributed`` when a secure aggregator
+    (masking, paillier) follows it in the stack, else ``central``; the choice is stated in one
+    line. Layer objects and specs that name a mode pass unchanged."""
+    if not protection:
+        return protection
+    names = [spec.get("name") if isinstance(spec, dict) else spec for spec in protection]
+    resolved = []
+    for i, spec in enumerate(protection):
+        if isinstance(spec, str) and spec.strip() == "dp":
+            spec = {"name": "dp"}
+        if isinstance(spec, dict) and spec.get("name") == "dp" and "mode" not in spec:
+            after = [n for n in names[i + 1:] if n in ("masking", "paillier")]
+            mode = "distributed" if after else "central"
+            spec = {**spec, "mode": mode}
+            if after:
+                out(f"protection: dp without mode= ahead of {after[0]}: mode=distributed (each client adds a share "
+                    "of the noise; the server sees only the noisy secure sum). Pass mode=central for noise added "
+                    "after aggregation.")
+            else:
+                out("protection: dp without mode= and no secure aggregator: mode=central (the server receives "
+                    "each client's exact update and adds the noise itself).")
+        resolved.append(spec)
+    return resolved
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` for the CLI: one line, no source path or line number."""
+    text = " ".join(str(message).split())
+    name = "" if category in (UserWarning, Warning) else f" ({category.__name__})"
+    try:
+        print(f"securefkm: warning{name}: {text}", file=sys.stderr if file is None else file)
+    except OSError:  # pragma: no cover - a closed stream
+        pass
+
+
 def fit_summary(algorithm, data, centres, *, n_iter, privacy_spent, report=None, transcript=None,
                 label_column=None) -> list[str]:
     """The lines `run` and `deploy` print after a fit: data, score, rounds, ARI, privacy."""
@@ -178,7 +247,8 @@ def fit_summary(algorithm, data, centres, *, n_iter, privacy_spent, report=None,
     lines = [f"{algorithm}: {data.n_clients} clients, {data.n_samples} records, {data.n_features} features",
              f"score (inertia/n): {d2.sum() / len(X):.6g}   rounds: {n_iter}"]
     if data.labels is not None:
-        lines.append(f"ARI against {label_column!r}: {adjusted_rand_score(data.pooled_labels(), labels):.4f}")
+        against = repr(label_column) if label_column is not None else "the data set's labels"
+        lines.append(f"ARI against {against}: {adjusted_rand_score(data.pooled_labels(), labels):.4f}")
     if privacy_spent is not None:
         lines.append(f"privacy spent: epsilon={privacy_spent[0]:.4g}, delta={privacy_spent[1]:g}")
     else:
@@ -195,9 +265,10 @@ def _run(args, out=print):
 
     from .registry import make_estimator
 
+    params = check_params(args.algorithm, dict(args.param))
     data = _load_csv_dir(args)
-    params = dict(args.param)
-    est = make_estimator(args.algorithm, n_clusters=args.clusters, protection=args.protection,
+    protection = resolve_dp_mode(args.protection, out)
+    est = make_estimator(args.algorithm, n_clusters=args.clusters, protection=protection,
                          random_state=args.seed, verbose=1, **params)
     est.fit(data)
     for line in fit_summary(args.algorithm, data, est.cluster_centers_, n_iter=est.n_iter_,
@@ -224,14 +295,15 @@ def _deploy(args, out=print):
 
     from .flower.deploy import deploy
 
-    params = {"n_clusters": args.clusters, **dict(args.param)}
+    params = {"n_clusters": args.clusters, **check_params(args.algorithm, dict(args.param))}
+    protection = resolve_dp_mode(args.protection, out)
     if args.directory:
         data = _load_csv_dir(args)
     else:
         from .datasets import load_dataset
 
         data = load_dataset("dwf-blobs", split="non-iid", n_clients=args.clients, random_state=args.seed)
-        if args.protection and "init" not in params and "init_bounds" not in params:
+        if protection and "init" not in params and "init_bounds" not in params:
             # the demo set's public declared box (as in `securefkm demo`): a protected run
             # must not seed from raw records
             params["init_bounds"] = (-2.0, 2.0)
@@ -240,7 +312,7 @@ def _deploy(args, out=print):
     def progress(message: str) -> None:
         out(f"[deploy {time.perf_counter() - t0:6.1f} s] {message}")
 
-    result = deploy(data, algorithm=args.algorithm, params=params, protection=args.protection,
+    result = deploy(data, algorithm=args.algorithm, params=params, protection=protection,
                     random_state=args.seed, stage_timeout=args.timeout, progress=progress,
                     secure=not args.insecure)
     for line in fit_summary(args.algorithm, data, result.centres, n_iter=result.n_iter,
@@ -254,12 +326,22 @@ def _deploy(args, out=print):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    shown = warnings.showwarning
+    warnings.showwarning = _one_line_warning
+    try:
+        return _main(args)
+    finally:
+        warnings.showwarning = shown
+
+
+def _main(args) -> int:
     try:
         if args.command == "demo":
             from .demo import run_demo
 
+            protection = None if args.protection is None else resolve_dp_mode(args.protection)
             run_demo(n_clients=args.clients, random_state=args.seed, plot_path=args.plot or None,
-                     protection=args.protection, verbose=0 if args.quiet else 1)
+                     protection=protection, verbose=0 if args.quiet else 1)
         elif args.command == "run":
             _run(args)
         elif args.command == "bench":

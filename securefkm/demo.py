@@ -61,8 +61,21 @@ def _row(name, est, data, X, y, seconds, passive, active):
                    None if spent is None else float(spent[0]), seconds)
 
 
+def data_box(layers):
+    """The data domain the protected fit declares on the estimator: None when a
+    :class:`~protocols.GaussianDP` of the stack declares its own ``bounds`` (that box then
+    serves the start too), else the demo set's public box :data:`DOMAIN` as ``init_bounds``
+    (a protected fit must not seed from raw records)."""
+    from protocols.dp import GaussianDP
+
+    if any(isinstance(layer, GaussianDP) and layer.bounds is not None for layer in layers):
+        return None
+    return DOMAIN
+
+
 def run_demo(n_clients=100, random_state=0, plot_path="securefkm-demo.png", protection=None, verbose=1, out=print):
-    """Run the side-by-side comparison; ``protection`` replaces the recommended stack."""
+    """Run the side-by-side comparison; ``protection`` replaces the recommended stack
+    (``None``: :data:`RECOMMENDED`; ``[]``: no protection, the unprotected fit only)."""
     data = load_dataset("dwf-blobs", split="non-iid", n_clients=n_clients, random_state=random_state)
     X, y = data.pooled(), data.pooled_labels()
 
@@ -75,15 +88,15 @@ def run_demo(n_clients=100, random_state=0, plot_path="securefkm-demo.png", prot
                           time.perf_counter() - t)
 
     rows, fitted = [central_row], {}
-    layers = make_protection(protection if protection else RECOMMENDED)
-    stack = " + ".join(type(x).__name__ for x in layers)
-    protected = dict(protection=layers)
-    if not any(getattr(x, "bounds", None) is not None for x in layers):
-        protected["init_bounds"] = DOMAIN  # declared on the estimator when no DP layer declares it
-    settings = [
-        ("DWF federated, unprotected", dict(), 100),
-        (f"DWF federated + {stack}", protected, PROTECTED_ACTIVE_ROUNDS),
-    ]
+    layers = make_protection(RECOMMENDED if protection is None else protection)
+    settings = [("DWF federated, unprotected", dict(), 100)]
+    if layers:
+        stack = " + ".join(type(x).__name__ for x in layers)
+        protected = dict(protection=layers)
+        box = data_box(layers)
+        if box is not None:
+            protected["init_bounds"] = box
+        settings.append((f"DWF federated + {stack}", protected, PROTECTED_ACTIVE_ROUNDS))
     for name, params, active_rounds in settings:
         if verbose:
             out(f"fitting: {name} ...")
@@ -101,8 +114,10 @@ def run_demo(n_clients=100, random_state=0, plot_path="securefkm-demo.png", prot
         "(malicious server, aimed at client 0)\n")
     for line in format_table(rows, central_row.score):
         out(line)
-    out(f"\nfederated / central score: {rows[1].score / central_row.score:.4f} (unprotected), "
-        f"{rows[2].score / central_row.score:.4f} (protected)")
+    ratios = f"{rows[1].score / central_row.score:.4f} (unprotected)"
+    if len(rows) > 2:
+        ratios += f", {rows[2].score / central_row.score:.4f} (protected)"
+    out(f"\nfederated / central score: {ratios}")
     if plot_path:
         out(f"plot written to {plot_demo(data, central, fitted, rows, plot_path)}")
     return {"rows": rows, "estimators": fitted, "central": central, "ratio": rows[1].score / central_row.score}
@@ -133,8 +148,9 @@ def plot_demo(data, central, fitted: dict, rows: list[DemoRow], path) -> str:
         ax.scatter(Xc[:, 0], Xc[:, 1], s=3, color=cmap(i % 20), alpha=0.4, linewidths=0)
     names = list(fitted)
     marks = [("central k-means", central.cluster_centers_, "o", "black"),
-             ("unprotected DWF", fitted[names[0]].cluster_centers_, "X", "crimson"),
-             ("protected DWF", fitted[names[1]].cluster_centers_, "P", "royalblue")]
+             ("unprotected DWF", fitted[names[0]].cluster_centers_, "X", "crimson")]
+    if len(names) > 1:
+        marks.append(("protected DWF", fitted[names[1]].cluster_centers_, "P", "royalblue"))
     for label, C, m, c in marks:
         if m == "o":  # hollow ring, so the federated centres on top stay visible
             ax.scatter(C[:, 0], C[:, 1], s=420, marker=m, facecolors="none", edgecolors=c, linewidths=2,
@@ -144,12 +160,14 @@ def plot_demo(data, central, fitted: dict, rows: list[DemoRow], path) -> str:
                        label=label, zorder=5)
     ax.legend(loc="lower left", fontsize=9)
     central_score = rows[0].score
-    ax.set_title(f"Utility: {data.n_clients} clients (one colour each)\nscore / central: unprotected "
-                 f"{rows[1].score / central_score:.3f}, protected {rows[2].score / central_score:.3f}", fontsize=10)
+    ratios = f"unprotected {rows[1].score / central_score:.3f}"
+    if len(rows) > 2:
+        ratios += f", protected {rows[2].score / central_score:.3f}"
+    ax.set_title(f"Utility: {data.n_clients} clients (one colour each)\nscore / central: {ratios}", fontsize=10)
 
     labels = ["passive\n(Differencing)", "active, client 0\n(CraftedCentroids)"]
     xs = np.arange(2)
-    for j, (r, colour, label) in enumerate([(rows[1], "crimson", "unprotected"), (rows[2], "royalblue", "protected")]):
+    for j, (r, colour, label) in enumerate(zip(rows[1:], ("crimson", "royalblue"), ("unprotected", "protected"))):
         pct = [100 * r.passive[0] / max(r.passive[1], 1), 100 * r.active[0] / max(r.active[1], 1)]
         counts = [r.passive, r.active]
         bars = bx.bar(xs + (j - 0.5) * 0.38, pct, width=0.38, color=colour, label=label)
@@ -159,9 +177,9 @@ def plot_demo(data, central, fitted: dict, rows: list[DemoRow], path) -> str:
     bx.set_xticks(xs, labels)
     bx.set_ylim(0, 110)
     bx.set_ylabel("records recovered exactly (% of attacked records)")
-    eps = rows[2].epsilon
-    bx.set_title("Privacy: what the server recovers\nprotected: "
-                 + (f"epsilon = {eps:.2f} (delta = 1e-5)" if eps is not None else "no DP guarantee"), fontsize=10)
+    eps = rows[2].epsilon if len(rows) > 2 else None
+    bx.set_title("Privacy: what the server recovers\n" + ("no protected fit" if len(rows) < 3 else "protected: "
+                 + (f"epsilon = {eps:.2f}" if eps is not None else "no DP guarantee")), fontsize=10)
     bx.legend(loc="upper right", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

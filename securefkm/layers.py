@@ -331,6 +331,16 @@ class Aggregator(Layer):
         allowance = max(1, n - int(self.designed_survivors(n)))
         return min(n, max(2, n - allowance))
 
+    def fewest_clients(self, info: RunInfo) -> int:
+        """Fewest clients a round must sample for this aggregator to complete it, from the
+        run's declared facts (0: any number). A secure aggregator needs at least 2 (the "sum"
+        of one client is that client's input), its :meth:`sampled_floor` and its
+        ``min_clients`` if it has one. The estimators refuse a fit whose ``clients_per_round``
+        is below it before the first round, with the fix."""
+        if not self.secure:
+            return 0
+        return max(2, int(self.sampled_floor(info)), int(getattr(self, "min_clients", 0) or 0))
+
     def round_refusal(self, ctx: RoundContext, client_id: int) -> str | None:
         """Why client ``client_id`` must refuse this round before computing anything, or None.
 

@@ -149,3 +149,119 @@ def test_deploy_prints_progress_and_the_run_summary(tmp_path, capsys, monkeypatc
     assert "privacy spent: no differential privacy layer" in out
     assert main(["deploy", d, "-k", "2"]) == 2  # the label column is refused here too
     assert "--label-column label" in capsys.readouterr().err
+
+
+def _iris_dir(tmp_path, header=True, n_clients=3):
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    d = tmp_path / ("iris" if header else "iris-nohdr")
+    d.mkdir()
+    for c in range(n_clients):
+        rows = [",".join(f"{v:g}" for v in X[i]) + f",{int(y[i])}" for i in range(c, 150, n_clients)]
+        head = ["sepal_length,sepal_width,petal_length,petal_width,species"] if header else []
+        (d / f"c{c}.csv").write_text("\n".join(head + rows) + "\n")
+    return str(d)
+
+
+def test_run_refuses_iris_species_by_name_and_integer_codes_by_content(tmp_path, capsys):
+    d = _iris_dir(tmp_path)
+    assert main(["run", d, "-k", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "column 'species' looks like a label" in err and "--label-column species" in err
+    assert main(["run", d, "-k", "3", "--label-column", "species"]) == 0
+    assert "4 features" in capsys.readouterr().out
+    nohdr = _iris_dir(tmp_path, header=False)
+    assert main(["run", nohdr, "-k", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "column '4' looks like a label" in err and "3 distinct integer values in 50 records" in err
+    assert main(["run", nohdr, "-k", "3", "--feature-columns", "0,1,2,3,4"]) == 0  # told: clustered
+    assert "5 features" in capsys.readouterr().out
+
+
+def test_unknown_param_lists_the_valid_names(tmp_path, capsys):
+    d = _labelled_dir(tmp_path)
+    assert main(["run", d, "-k", "2", "--label-column", "label", "--param", "max_iter=5"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "TypeError" not in err
+    assert "has no parameter 'max_iter'" in err and "valid --param names:" in err and "max_rounds" in err
+    assert main(["run", d, "-k", "2", "--label-column", "label", "--param", "n_clusters=3"]) == 2
+    assert "-k / --clusters" in capsys.readouterr().err
+
+
+def test_missing_and_nan_values_name_file_line_and_column(tmp_path, capsys):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "a.csv").write_text("a,b\n1,2\n3,4\n")
+    (d / "b.csv").write_text("a,b\n1,2\n3,\n")
+    assert main(["run", str(d), "-k", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "b.csv: missing value at line 3 (record 1), column 'b'" in err and "not numeric" not in err
+    (d / "b.csv").write_text("a,b\n1,2\nnan,4\n")
+    assert main(["run", str(d), "-k", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "b.csv: 'nan' at line 3 (record 1), column 'a'" in err and "clients[1]" not in err
+
+
+def test_one_client_under_masking_is_refused_before_any_round(tmp_path, capsys):
+    from securefkm import WeightedFederatedKMeans
+    from securefkm.exceptions import InputError
+
+    d = tmp_path / "one"
+    d.mkdir()
+    (d / "a.csv").write_text("a,b\n" + "\n".join(f"{i % 7},{i % 5}" for i in range(40)) + "\n")
+    assert main(["run", str(d), "-k", "2", "--protection", "masking", "--param", "init_bounds=[0,7]"]) == 2
+    captured = capsys.readouterr()
+    assert "PairwiseMasking needs at least 2 clients" in captured.err and "at least 2 files" in captured.err
+    assert "retry" not in captured.out + captured.err and "[round" not in captured.out
+    X = np.random.default_rng(0).normal(size=(60, 2))
+    for prot in (["masking"], ["paillier"]):
+        with pytest.raises(InputError, match="groups=") as info:
+            WeightedFederatedKMeans(2, protection=prot, init_bounds=(-5, 5), random_state=0).fit(X)
+        assert "needs at least 2 clients" in str(info.value)
+    with pytest.raises(InputError, match="clients_per_round=1 of 2 clients"):
+        WeightedFederatedKMeans(2, protection=["masking"], init_bounds=(-5, 5), clients_per_round=1,
+                                random_state=0).fit([X[:30], X[30:]])
+    groups = np.repeat([0, 1, 2], 20)  # the fix the message gives runs
+    WeightedFederatedKMeans(2, protection=["masking"], init_bounds=(-5, 5), max_rounds=2, backend="local",
+                            random_state=0).fit(X, groups=groups)
+
+
+def test_dp_without_mode_ahead_of_masking_is_distributed_and_said(tmp_path, capsys):
+    from securefkm.cli import resolve_dp_mode
+
+    lines = []
+    got = resolve_dp_mode([{"name": "dp", "epsilon": 1}, {"name": "masking"}], lines.append)
+    assert got[0]["mode"] == "distributed" and len(lines) == 1 and "mode=distributed" in lines[0]
+    assert resolve_dp_mode([{"name": "dp", "epsilon": 1}], lines.append)[0]["mode"] == "central"
+    assert resolve_dp_mode([{"name": "dp", "mode": "central"}, "masking"], lines.append)[0]["mode"] == "central"
+    d = _labelled_dir(tmp_path)
+    assert main(["run", d, "-k", "2", "--label-column", "label", "--protection",
+                 "dp:epsilon=2:delta=1e-4:bounds=[-2,5],masking", "--param", "max_rounds=2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("dp without mode= ahead of masking: mode=distributed") == 1
+    assert "each client adds a share of the noise" in out  # the report of a distributed layer
+
+
+def test_cli_warnings_are_one_line_without_source_paths(capsys):
+    import warnings
+
+    from securefkm import cli
+
+    shown = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = cli._one_line_warning
+        try:
+            warnings.warn("a long\n   message", UserWarning)
+        finally:
+            warnings.showwarning = shown
+    err = capsys.readouterr().err
+    assert err == "securefkm: warning: a long message\n"
+
+
+def test_demo_empty_protection_means_none(tmp_path, capsys):
+    assert main(["demo", "--clients", "10", "--plot", str(tmp_path / "d.png"), "--quiet", "--protection", "[]"]) == 0
+    out = capsys.readouterr().out
+    assert "GaussianDP" not in out and "PairwiseMasking" not in out and "(protected)" not in out
+    assert "DWF federated, unprotected" in out and (tmp_path / "d.png").stat().st_size > 10_000

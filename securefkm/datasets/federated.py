@@ -94,7 +94,12 @@ def _labels_from_strings(col: np.ndarray) -> np.ndarray:
 
 #: header names that are almost surely labels, not features: clustering one would leak the
 #: answer into the clustering and make any score meaningless
-LABEL_LIKE_NAMES = ("label", "labels", "class", "target", "y")
+LABEL_LIKE_NAMES = ("label", "labels", "class", "target", "y", "species", "category", "group", "cluster",
+                    "outcome", "diagnosis")
+#: an unnamed column is taken for an integer-coded label when it alone holds integers with at
+#: most this many distinct values in a file of at least LABEL_LIKE_MIN_ROWS records
+LABEL_LIKE_MAX_CODES = 20
+LABEL_LIKE_MIN_ROWS = 50
 
 
 def _column_index(file: Path, header, width: int, column, arg: str) -> int:
@@ -113,13 +118,43 @@ def _column_index(file: Path, header, width: int, column, arg: str) -> int:
     return j % width
 
 
-def _refuse_label_like(file: Path, header) -> None:
-    suspects = [h for h in header or () if h.strip().lower() in LABEL_LIKE_NAMES]
-    if not suspects:
+def _integer_coded(column: np.ndarray) -> int | None:
+    """Number of distinct values of a column written as integers (``"3"``, not ``"3.0"``), else None."""
+    values = np.char.strip(column)
+    if not all(v.lstrip("+-").isdigit() for v in values):
+        return None
+    return len(set(values.tolist()))
+
+
+def _label_like_column(header, table: np.ndarray) -> tuple[str, str] | None:
+    """(column, reason) of a column that looks like a label, or None.
+
+    By name (:data:`LABEL_LIKE_NAMES`), or by content: in a file of at least
+    :data:`LABEL_LIKE_MIN_ROWS` records and two or more columns, the one column that holds
+    integers with at most :data:`LABEL_LIKE_MAX_CODES` distinct values (integer-coded classes
+    stand out among measured features; data that are integers throughout are not flagged).
+    """
+    names = header if header is not None else [str(j) for j in range(table.shape[1])]
+    for h in header or ():
+        if h.strip().lower() in LABEL_LIKE_NAMES:
+            return h, "it is named like one"
+    n, width = table.shape
+    if n < LABEL_LIKE_MIN_ROWS or width < 2:
+        return None
+    coded = [(j, c) for j in range(width) if (c := _integer_coded(table[:, j])) is not None]
+    if len(coded) == 1 and coded[0][1] <= LABEL_LIKE_MAX_CODES:
+        j, c = coded[0]
+        return names[j], f"it holds only {c} distinct integer values in {n} records, like class codes"
+    return None
+
+
+def _refuse_label_like(file: Path, header, table: np.ndarray) -> None:
+    found = _label_like_column(header, table)
+    if found is None:
         return
-    col = suspects[0]
-    why = (f"{file}: column {col!r} looks like a label; clustering it as a feature would leak the "
-           "answer into the clustering. ")
+    col, reason = found
+    why = (f"{file}: column {col!r} looks like a label ({reason}); clustering it as a feature would leak "
+           "the answer into the clustering. ")
     raise InputError(
         why + f"Pass label_column={col!r} to score against it (labels never leave the client), or "
         "feature_columns=[...] to name the columns to cluster (include it there to cluster it anyway).",
@@ -151,7 +186,7 @@ def _read_client_csv(file: Path, label_column, feature_columns=None):
     names = header if header is not None else [str(j) for j in range(width)]
     labels = None
     if label_column is None and feature_columns is None:
-        _refuse_label_like(file, header)
+        _refuse_label_like(file, header, table)
     if label_column is not None:
         j = _column_index(file, header, width, label_column, "label_column")
         labels = _labels_from_strings(np.char.strip(table[:, j]))
@@ -167,15 +202,30 @@ def _read_client_csv(file: Path, label_column, feature_columns=None):
     if table.shape[1] == 0:
         raise InputError(f"{file}: no feature columns left after removing the label column.")
     X = np.empty(table.shape, dtype=np.float64)
+    first_line = 1 + (header is not None)  # file line of record 0
     for j in range(table.shape[1]):  # loop over columns, not records
         try:
             X[:, j] = table[:, j].astype(np.float64)
         except ValueError:
             bad = next(r for r, v in enumerate(table[:, j]) if not _is_number(v))
+            where = f"line {bad + first_line} (record {bad}), column {names[j]!r}"
+            if not table[bad, j].strip():
+                raise InputError(
+                    f"{file}: missing value at {where}; fill it in or drop the record (the clustering "
+                    "needs every feature of every record)."
+                ) from None
             raise InputError(
-                f"{file}: column {names[j]!r} is not numeric (value {table[bad, j]!r} on record {bad}); "
-                "encode categorical columns as numbers or pass it as label_column."
+                f"{file}: column {names[j]!r} is not numeric (value {table[bad, j]!r} at line "
+                f"{bad + first_line}, record {bad}); encode categorical columns as numbers or pass it as "
+                "label_column."
             ) from None
+        if not np.all(np.isfinite(X[:, j])):
+            bad = int(np.flatnonzero(~np.isfinite(X[:, j]))[0])
+            raise InputError(
+                f"{file}: {table[bad, j].strip()!r} at line {bad + first_line} (record {bad}), column "
+                f"{names[j]!r}; every value must be a finite number: fill in the missing value or drop "
+                "the record."
+            )
     return X, labels
 
 
@@ -332,7 +382,9 @@ class FederatedDataset:
         as the labels; files written by :meth:`to_csv_dir` read back with ``label_column="label"``
         (or ``-1`` without header). ``feature_columns`` (names or indices) selects the columns
         to cluster; by default every column but the label. A header column named like a
-        label (``label``, ``class``, ``target``, ``y``) is refused unless one of the two says
+        label (``label``, ``class``, ``target``, ``y``, ``species``, ``category``, ``group``,
+        ``cluster``, ``outcome``, ``diagnosis``), or the one integer-coded column with at most 20
+        distinct values in a file of 50 records or more, is refused unless one of the two says
         what it is: clustering a label as a feature silently leaks the answer.
         """
         folder = Path(path)

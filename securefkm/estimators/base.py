@@ -118,6 +118,38 @@ def resolve_domain(init_bounds, protection, n_features: int | None = None):
     return None if own is None else init_bounds
 
 
+
+def check_enough_clients(layers, n_clients: int, n_features: int, clients_per_round=None) -> None:
+    """Refuse, before any round, a stack whose aggregator cannot complete a round with these
+    clients (:meth:`securefkm.layers.Aggregator.fewest_clients`): e.g. secure aggregation of
+    one client, whose "sum" would be its own input. The error gives the fixes."""
+    from ..layers import RunInfo
+    from ..validation import check_fraction_or_count
+
+    aggregator = next((layer for layer in layers if getattr(layer, "side", None) == "aggregator"), None)
+    fewest = getattr(aggregator, "fewest_clients", None)
+    if fewest is None:
+        return
+    per_round = check_fraction_or_count(1.0 if clients_per_round is None else clients_per_round,
+                                        "clients_per_round", n_clients)
+    info = RunInfo(algorithm=None, n_clients=int(n_clients), n_features=int(n_features),
+                   clients_per_round=per_round, max_rounds=1, planned_rounds=1)
+    need = int(fewest(info))
+    if per_round >= need:
+        return
+    have = (f"{n_clients} client{'s' if n_clients != 1 else ''}" if per_round == n_clients
+            else f"clients_per_round={per_round} of {n_clients} clients")
+    why = (f"{aggregator.name} needs at least {need} clients in every round (a secure sum of fewer would "
+           f"expose a client's input or cannot complete), and this fit has {have}. ")
+    raise InputError(
+        why + "Fix: a pooled array is ONE client unless you pass groups=<client of each record> to fit; "
+        "or give more clients" + (" (or raise clients_per_round)" if per_round < n_clients else "")
+        + "; or use a protection without secure aggregation, e.g. GaussianDP(mode='central').",
+        cli=why + "Fix: put one CSV per client in the directory (at least " + str(need) + " files)"
+        + (", raise clients_per_round" if per_round < n_clients else "")
+        + ", or choose a --protection without masking or paillier (e.g. dp:...:mode=central).",
+    )
+
 class UnprotectedInitWarning(UserWarning):
     """An init that sends client data in plain was chosen explicitly under protection."""
 
@@ -280,6 +312,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         for layer in layers:  # a GaussianDP without clip/bounds takes the estimator's init_bounds
             if hasattr(layer, "declare_domain"):
                 layer.declare_domain(domain)  # refuses a fit with no domain declared anywhere
+        check_enough_clients(layers, data.n_clients, data.n_features, self.clients_per_round)
         self.dp_plan_ = self._plan_dp(data, layers, seed) if max_rounds is None else None
         algorithm = self._make_algorithm(data.n_features, data.n_clients)
         if max_rounds is None:

@@ -695,12 +695,15 @@ def _preflight(spec: RunSpec, data, paths) -> None:
                 continue
         if n_features is None:
             return
+    from ..estimators.base import check_enough_clients
     from ..federation import clone_layers
     from ..layers import validate_stack
 
     est = spec.estimator()
     # the same checks the ServerApp's Federation makes: e.g. an aggregator on plain set-fields
     validate_stack(clone_layers(est.protection), est._make_algorithm(n_features, len(paths)))
+    # and the estimators' refusal of a secure sum over too few clients (one SuperNode)
+    check_enough_clients(clone_layers(est.protection), len(paths), n_features, est.clients_per_round)
 
 
 def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | None = None,
@@ -736,11 +739,14 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
             if not paths:
                 raise InputError(f"csv_dir {str(csv_dir)!r} holds no *.csv files; put one CSV per client there.")
         _preflight(spec, data, paths)
-        say(f"starting a SuperLink and {len(paths)} SuperNodes on 127.0.0.1 (one per client CSV)")
+        nodes = f"{len(paths)} SuperNode{'s' if len(paths) != 1 else ''}"
+        say(f"starting a SuperLink and {nodes} on 127.0.0.1 (one per client CSV)")
         with LocalDeployment(paths, workdir=workdir / "flower", secure=secure) as dep:
             if dep.tls is not None:
+                parties = ("SuperLink, SuperNodes and key authority" if spec.requirements().authority
+                           else "SuperLink and SuperNodes")
                 say(f"TLS on: run CA {dep.tls.ca.cert}, certificates and SuperNode authentication keys in "
-                    f"{dep.tls.root} (SuperLink, SuperNodes and key authority authenticated)")
+                    f"{dep.tls.root} ({parties} authenticated)")
             else:
                 say("INSECURE: no TLS, no SuperNode authentication (--insecure; debugging only)")
             say(f"deployment up; running {algorithm} with protection {spec.protection or 'none'} "
