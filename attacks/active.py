@@ -563,7 +563,9 @@ class Sybil(CraftedCentroids):
 
     Defeated by: client authentication / admission control the server does not control,
     a minimum number of *honest* participants, DP noise on every sum (the attacker cannot
-    remove the honest noise shares).
+    remove the honest noise shares). The clients' run floor (a round must sample at least
+    the declared cohort less the dropout allowance) makes the server enrol sybils for all
+    of the floor but the target, not just a few.
     """
 
     name = "sybil"

@@ -305,7 +305,7 @@ def test_worker_stats_report_memory_per_worker():
 
 
 def test_worker_stats_sum_the_time_spent_on_each_stage():
-    with _federation(make_clients(), protection=[PairwiseMasking(threshold=3)], n_workers=2) as fed:
+    with _federation(make_clients(), protection=[PairwiseMasking()], n_workers=2) as fed:
         state = fed.algorithm.init(fed.n_clients, 2, np.random.default_rng(0))
         fed.run_round(state, round=0)
         once = fed.transport.worker_stats()
