@@ -40,9 +40,9 @@ from .algorithms._kmeans import (
     cluster_sums,
     per_client_cell_sums,
     segment_sums,
-    shutdown_pools,
     sq_distances,
 )
+from .algorithms._block_pool import shutdown_pools
 from .algorithms._seeding import shrink_coordinates, shrink_means
 
 __all__ = [

@@ -260,19 +260,11 @@ def test_default_body_limit_fits_the_largest_legitimate_request():
 
 
 # ---------------------------------------------------------------- the wire decodes data only
-from test_flower_authority import _contributions, service, small_keypair  # noqa: E402,F401  (fixtures)
+from test_flower_authority import _contributions, _raw, service, small_keypair  # noqa: E402,F401  (fixtures)
 
 
 def _raw_post(url, op, data: bytes):
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(f"{url}/v1/{op}", data=data, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return _raw(f"{url}/v1/{op}", "POST", data)
 
 
 def test_requests_failing_the_schema_get_400_naming_the_field(service):

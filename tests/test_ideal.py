@@ -12,7 +12,6 @@ on the check slot cannot quote the random value the real check slot read.
 
 from __future__ import annotations
 
-import inspect
 import re
 import warnings
 
@@ -50,17 +49,12 @@ def keypair():
     return phe.generate_paillier_keypair(n_length=1024)  # test-only size
 
 
-# a threshold of half the holders is below the secure floor where the layer enforces one
-_HALF_THRESHOLD_OPT_IN = ({"allow_insecure_threshold": True}
-                          if "allow_insecure_threshold" in inspect.signature(PairwiseMasking).parameters else {})
-
-
 def aggregators(keypair):
     return {
         "masking": lambda: [PairwiseMasking()],
         "masking-sparse": lambda: [PairwiseMasking(graph="sparse", neighbours=4)],
         "masking-signed": lambda: [PairwiseMasking(sign_keys=True)],
-        "masking-t0.5": lambda: [PairwiseMasking(threshold=0.5, **_HALF_THRESHOLD_OPT_IN)],
+        "masking-t0.5": lambda: [PairwiseMasking(threshold=0.5, allow_insecure_threshold=True)],
         "paillier": lambda: [Paillier(authority=KeyAuthority(*keypair, min_clients=3, allow_weak_key=True),
                                       min_clients=3)],
     }

@@ -15,7 +15,7 @@ from scipy import sparse
 from ..exceptions import InputError
 from . import _local
 from ._addresses import _data_address, _record_addresses
-from ._block_pool import _pool, _run_shared, _single_threaded_blas, _threads, shutdown_pools  # noqa: F401 (shutdown_pools: public here)
+from ._block_pool import _pool, _run_shared, _single_threaded_blas, _threads
 from ._cellsums import (
     block_cell_sums,
     lanes,

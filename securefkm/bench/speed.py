@@ -136,7 +136,7 @@ def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
 def traced_peak(fn) -> int:
     """Peak bytes allocated (tracemalloc) while ``fn`` runs, above what existed before; the
     pooled kernel's threads are stopped first, so their scratch buffers are counted."""
-    from ..algorithms._kmeans import shutdown_pools
+    from ..kernels import shutdown_pools
 
     shutdown_pools()
     tracemalloc.start()
