@@ -400,7 +400,9 @@ def test_fake_grid_server_crash_resumes_from_checkpoint(tmp_path, clients, task_
     ckpt = tmp_path / "run.ckpt"
     with pytest.raises(_FakeGrid.Crash):
         _fake_run(tmp_path / "a", clients, spec, crash=(2, "masked_input"), checkpoint_path=str(ckpt))
-    saved = pickle.loads(ckpt.read_bytes())
+    from securefkm.flower.checkpoint import Checkpoint
+
+    saved = Checkpoint(ckpt, spec.to_json()).info
     assert saved["rounds_done"] == 2 and saved["t"] == 2  # rounds 0 and 1 completed, round 2 interrupted
     resumed, _ = _fake_run(tmp_path / "b", clients, spec, checkpoint_path=str(ckpt))
     assert resumed["resumed_from"] == 2 and resumed["run_id"] == saved["run_id"]
@@ -559,7 +561,9 @@ def test_deployment_serverapp_killed_mid_fit_resumes(deployment, clients, tmp_pa
 
     with pytest.raises((ServerKilled, DeploymentError)):
         deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=600, on_progress=on_progress, checkpoint_path=ckpt)
-    assert killed and pickle.loads(ckpt.read_bytes())["rounds_done"] == 1
+    from securefkm.flower.checkpoint import Checkpoint
+
+    assert killed and Checkpoint(ckpt, spec.to_json()).info["rounds_done"] == 1
     result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900, checkpoint_path=ckpt)
     assert result.resumed_from == 1
     order = deployment.client_order()
@@ -705,3 +709,107 @@ def test_a_spec_without_max_rounds_gets_the_estimators_default(algorithm, rounds
 
     _, fed = build_federation(RunSpec(algorithm, {"n_clusters": 3}), 3, 2, PlaceholderTransport(3))
     assert fed.max_rounds == rounds
+
+
+# ---------------------------------------------------------------- checkpoints: every algorithm, integrity
+SECURE = {"aligning", "kfed", "child-parent", "fcm"}  # set-valued: secure (sum-only) mode
+
+
+def _checkpoint_spec(algorithm, protection):
+    params = {**UNIFORM, "max_rounds": 3}
+    if algorithm in SECURE:
+        params["secure_mode"] = True
+    if algorithm in {"kfed", "child-parent", "fcm", "fcm-fedavg"}:
+        del params["tol"]
+    return RunSpec(algorithm, params, protection, random_state=5)
+
+
+@pytest.mark.parametrize("algorithm", ["dwf", "ewf", "minibatch", "aligning", "kfed", "child-parent", "fcm",
+                                       "fcm-fedavg"])
+@pytest.mark.parametrize("protection", [["masking"], [{"name": "cap", "max_rounds": 40},
+                                                      {"name": "rounding", "decimals": 2}, "min-cluster", "masking"],
+                                        [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "mode": "central",
+                                          "bounds": [-12.0, 12.0]}]])
+def test_checkpoint_resume_every_algorithm(tmp_path, clients, task_identity, algorithm, protection):
+    """Every algorithm under every kind of layer: the ServerApp dies in the last round and a
+    restarted one resumes from the code-free, authenticated checkpoint to the uninterrupted
+    result: bit for bit without DP, with the budget continued under DP. Where the clients'
+    lost memory is needed (secure modes), the rounds since the last resumable state are
+    redone, and the transcript keeps both (the server saw both)."""
+    from securefkm.flower.checkpoint import Checkpoint
+
+    spec = _checkpoint_spec(algorithm, protection)
+    ref, _ = _fake_run(tmp_path / "ref", clients, spec)
+    rounds = ref["transcript"]
+    last = rounds[len(rounds) - 1]
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.raises(_FakeGrid.Crash):
+        _fake_run(tmp_path / "a", clients, spec, crash=(last.round, "update"), checkpoint_path=str(ckpt))
+    assert (tmp_path / "run.ckpt.key").stat().st_mode & 0o777 == 0o600
+    if len(rounds) == 1:  # crashed in its only round: nothing was checkpointed
+        assert not ckpt.exists()
+        return
+    info = Checkpoint(ckpt, spec.to_json()).info
+    assert info["rounds_done"] == len(rounds) - 1 and info["t"] <= last.round
+    resumed, _ = _fake_run(tmp_path / "b", clients, spec, checkpoint_path=str(ckpt))
+    assert resumed["resumed_from"] == len(rounds) - 1
+    redone = last.round - info["t"]  # completed rounds done again after the resume point
+    got = resumed["transcript"]
+    assert len(got) == len(rounds) + redone
+    dp = isinstance(protection[0], dict) and protection[0]["name"] == "dp"
+    if dp:
+        assert resumed["privacy_spent"][0] >= ref["privacy_spent"][0] - 1e-12
+        assert resumed["privacy_spent"][0] <= 2.0 + 1e-9
+        if not redone:
+            assert resumed["privacy_spent"] == pytest.approx(ref["privacy_spent"])
+    else:
+        np.testing.assert_array_equal(resumed["centres"], ref["centres"])
+        assert_same_structure(list(got)[len(got) - (len(rounds) - info["t"]):], list(rounds)[info["t"]:])
+
+
+def test_checkpoint_integrity(tmp_path, clients, task_identity):
+    """A tampered, truncated, foreign, pickled or wrongly keyed checkpoint is refused before
+    anything in it is parsed, with the file named and the fix; nothing resumes silently."""
+    from securefkm.flower.checkpoint import MAGIC, Checkpoint
+
+    spec = RunSpec("dwf", {**UNIFORM, "max_rounds": 3}, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5,
+                                                          "clip": 15.0}, "masking"], random_state=3)
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.raises(_FakeGrid.Crash):
+        _fake_run(tmp_path / "a", clients, spec, crash=(2, "masked_input"), checkpoint_path=str(ckpt))
+    good = ckpt.read_bytes()
+    assert b"pickle" not in good and good.startswith(MAGIC)
+    assert Checkpoint(ckpt, spec.to_json()).info["rounds_done"] == 2
+
+    def refused(data, match, **kw):
+        ckpt.write_bytes(data)
+        with pytest.raises(InputError, match=match) as info:
+            Checkpoint(ckpt, spec.to_json(), **kw)
+        assert str(ckpt) in str(info.value)
+        ckpt.write_bytes(good)
+
+    rng = np.random.default_rng(0)
+    for pos in [len(MAGIC) + 3, len(MAGIC) + 40, len(good) // 2, len(good) - 5, *rng.integers(len(MAGIC), len(good), 20)]:
+        flipped = bytearray(good)
+        flipped[int(pos)] ^= 1 << int(rng.integers(8))
+        refused(bytes(flipped), "fails its HMAC-SHA256 check.*remove it")
+    refused(good[: len(good) // 3], "fails its HMAC-SHA256 check")
+    refused(good[: len(MAGIC) + 10], "truncated")
+    refused(good[:5], "truncated")
+    refused(rng.bytes(4096), "is not a securefkm checkpoint")
+    refused(pickle.dumps({"format": "securefkm-checkpoint/v1"}), "pickle format .* can run code")
+    other = tmp_path / "other.key"
+    other.write_text(os.urandom(32).hex())
+    refused(good, "fails its HMAC-SHA256 check under .*other.key", key_path=other)
+    other.write_text("not hex")
+    refused(good, "checkpoint-key .* is not a checkpoint key", key_path=other)
+    (tmp_path / "run.ckpt.key").rename(tmp_path / "moved.key")
+    refused(good, "has no key: its key file .*run.ckpt.key.* is missing")
+    # the key given explicitly: resumes, and the DP layer is bound to the restarted aggregator
+    resumed, _ = _fake_run(tmp_path / "b", clients, spec, checkpoint_path=str(ckpt),
+                           checkpoint_key=str(tmp_path / "moved.key"))
+    assert resumed["resumed_from"] == 2 and resumed["privacy_spent"][0] <= 2.0 + 1e-9
+    # refused before the run waits for a single node
+    ckpt.write_bytes(good[:-1])
+    with pytest.raises(InputError, match="fails its HMAC"):
+        _fake_run(tmp_path / "c", clients, spec, checkpoint_path=str(ckpt), checkpoint_key=str(tmp_path / "moved.key"))

@@ -104,6 +104,16 @@ class Algorithm(ABC):
         """Upper bound on rounds that touch client data (DP layers calibrate on it)."""
         return max_rounds
 
+    def resumable(self, state: AlgorithmState) -> bool:
+        """Whether a fit can go on from ``state`` with clients that lost their ``memory``.
+
+        A restarted deployment (a new Flower run after the ServerApp crashed) has fresh
+        clients; a state whose next rounds read what clients stored earlier (the local
+        centres of a secure mode) is not a point to resume from, and the checkpoint goes
+        back to the last state that is.
+        """
+        return True
+
     def describe_server_view(self) -> str:
         """One sentence on what the server sees in plain (docs and transcripts)."""
         return ""

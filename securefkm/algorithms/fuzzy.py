@@ -323,6 +323,10 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
     def converged(self, state):
         return state.phase == "done"
 
+    def resumable(self, state):
+        # the secure iterations read the local centres the clients stored in their memory
+        return not (self.secure_mode and state.phase in ("secure",))
+
     def planned_rounds(self, max_rounds):
         seeding = (
             not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS

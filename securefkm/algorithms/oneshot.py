@@ -243,6 +243,10 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
     def converged(self, state):
         return state.phase == "done"
 
+    def resumable(self, state):
+        # the secure iterations read the local centres the clients stored in their memory
+        return not (self.secure_mode and state.phase in ("seed", "secure"))
+
     def planned_rounds(self, max_rounds):
         if not self.secure_mode:
             return 1

@@ -395,20 +395,27 @@ class Federation:
         return backend, n_workers
 
     # ------------------------------------------------------------------ rounds
-    def run(self, run: int = 0):
+    def run(self, run: int = 0, *, resume=None, on_round=None):
         """One complete run of the algorithm from a fresh init; returns the final state.
 
         ``max_rounds`` bounds the algorithm's own round counter (``state.round``: training
         rounds); seeding and score rounds do not use it up. When it is reached the
         algorithm's ``close`` runs its closing phases (e.g. the federated score request).
+
+        ``resume``: ``(state, t, closing, aborts)`` to go on from instead of a fresh init
+        (a checkpoint's); ``on_round(state, t, closing, aborts)`` is called after every
+        completed round (the crash-safe ServerApp writes its checkpoint there).
         """
-        algo_rng = np.random.default_rng(self._algo_seq.spawn(1)[0])
-        state = self.algorithm.init(self.n_clients, self.info.n_features, algo_rng)
-        aborts: list[AbortedRound] = []  # this run's aborted attempts
+        if resume is None:
+            algo_rng = np.random.default_rng(self._algo_seq.spawn(1)[0])
+            state = self.algorithm.init(self.n_clients, self.info.n_features, algo_rng)
+            t, closing, aborts = 0, False, []  # aborts: this run's aborted attempts
+        else:
+            state, t, closing, aborts = resume
+            aborts = list(aborts)
         start = time.perf_counter()
         # guards against an algorithm that never advances (secure modes run many sub-rounds)
         hard_cap = 10 * max(self.max_rounds, self.algorithm.planned_rounds(self.max_rounds)) + 1000
-        t = 0
         with tqdm(
             total=self.max_rounds,
             desc=f"{self.algorithm.name} run {run}",
@@ -418,15 +425,20 @@ class Federation:
             unit="round",
         ) as bar:
             while not self.algorithm.converged(state):
-                if state.round >= self.max_rounds:
-                    state = self.finish(state, run=run, first_round=t, aborts=aborts, bar=bar)
-                    break
+                if not closing and state.round >= self.max_rounds:
+                    close = getattr(self.algorithm, "close", None)
+                    if close is None:
+                        break
+                    state, closing = close(state), True  # the closing phases (score request ...)
+                    continue
                 if t >= hard_cap:
                     raise RuntimeError(f"{self.algorithm.name} made {t} rounds without finishing")
                 before = state.round
                 try:
                     state, t = self._complete_round(state, run, t, aborts, bar)
                 except NoParticipantsError as exc:
+                    if closing:
+                        raise
                     # Clients refuse (participation caps): the run ends with the last
                     # completed round's state; nothing of the refused round is used.
                     if state.centres is None or np.ndim(state.centres) != 2 or state.phase in ("init", "seed"):
@@ -440,18 +452,9 @@ class Federation:
                     warnings.warn(f"run {run} stopped after {state.round} rounds: {exc}", stacklevel=2)
                     break
                 bar.update(state.round - before)
+                if on_round is not None:
+                    on_round(state, t, closing, aborts)
         self.elapsed += time.perf_counter() - start
-        return state
-
-    def finish(self, state, run: int, first_round: int, aborts: list | None = None, bar=None):
-        close = getattr(self.algorithm, "close", None)
-        if close is None:
-            return state
-        state = close(state)
-        t = first_round
-        aborts = [] if aborts is None else aborts
-        while not self.algorithm.converged(state):
-            state, t = self._complete_round(state, run, t, aborts, bar)
         return state
 
     def _complete_round(self, state, run: int, t: int, aborts: list, bar=None):

@@ -40,6 +40,7 @@ _EXPORTS = {
     "create_node_key": "securefkm.flower.provision",
     "RemoteAuthority": "securefkm.flower.authority_client",
     "AuthorityService": "securefkm.flower.authority_service",
+    "read_result": "securefkm.flower.serverapp",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("securefkm.flower", _EXPORTS)

@@ -616,9 +616,15 @@ def encode(stage: str, direction: str, message: Any, *, fused: str | None = None
     """
     ctx = _Ctx(fused=fused)
     body = _schema(stage, direction).encode(message, "", ctx)
-    header = json.dumps({"arrays": [[a.dtype.str, list(a.shape)] for a in ctx.arrays], "body": body},
+    return frame(body, ctx.arrays)
+
+
+def frame(body, arrays, *, magic: bytes = MAGIC) -> bytes:
+    """``magic`` | header length | JSON header ``{"arrays": [[dtype, shape], ...], "body": body}``
+    | the arrays' raw bytes: the layout every securefkm file and message shares."""
+    header = json.dumps({"arrays": [[a.dtype.str, list(a.shape)] for a in arrays], "body": body},
                         separators=(",", ":"), allow_nan=True).encode()
-    return b"".join([MAGIC, struct.pack(">I", len(header)), header] + [a.tobytes() for a in ctx.arrays])
+    return b"".join([magic, struct.pack(">I", len(header)), header] + [np.asarray(a, order="C").tobytes() for a in arrays])
 
 
 def _no_duplicates(pairs):
@@ -641,15 +647,27 @@ def decode(stage: str, direction: str, data: Any, *, fused: str | None = None) -
 
 def _decode(stage, direction, data, fused):
     schema = _schema(stage, direction)
+    body, arrays = unframe(data)
+    ctx = _Ctx(arrays, fused=fused)
+    out = schema.decode(body, "", ctx)
+    if len(ctx.used) != len(arrays):
+        raise WireError(f"{len(arrays) - len(ctx.used)} array(s) sent but not part of the message")
+    return out
+
+
+def unframe(data, *, magic: bytes = MAGIC, max_bytes: int = MAX_MESSAGE_BYTES):
+    """``(body, arrays)`` of bytes laid out by :func:`frame`: the header's JSON (duplicate keys
+    refused) and the arrays rebuilt, for whitelisted dtypes only, after their declared shapes
+    were checked against the bytes present; :class:`WireError` for anything else."""
     if not isinstance(data, (bytes, bytearray)):
         raise WireError(f"expected bytes, got {_kind(data)}")
     data = bytes(data)
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(f"message of {len(data)} bytes, at most {MAX_MESSAGE_BYTES}")
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 4:
-        raise WireError("not a securefkm wire message (bad magic)")
-    (n,) = struct.unpack(">I", data[len(MAGIC) : len(MAGIC) + 4])
-    start = len(MAGIC) + 4
+    if len(data) > max_bytes:
+        raise WireError(f"message of {len(data)} bytes, at most {max_bytes}")
+    if not data.startswith(magic) or len(data) < len(magic) + 4:
+        raise WireError(f"not a {magic.decode(errors='replace').strip()} message (bad magic)")
+    (n,) = struct.unpack(">I", data[len(magic) : len(magic) + 4])
+    start = len(magic) + 4
     if start + n > len(data):
         raise WireError("truncated header")
     try:
@@ -677,8 +695,4 @@ def _decode(stage, direction, data, fused):
         offset += nbytes
     if offset != len(data):
         raise WireError(f"{len(data) - offset} trailing bytes after the arrays")
-    ctx = _Ctx(arrays, fused=fused)
-    out = schema.decode(header["body"], "", ctx)
-    if len(ctx.used) != len(arrays):
-        raise WireError(f"{len(arrays) - len(ctx.used)} array(s) sent but not part of the message")
-    return out
+    return header["body"], arrays

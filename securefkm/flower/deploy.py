@@ -33,7 +33,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import pickle
 import re
 import secrets
 import shutil
@@ -562,13 +561,15 @@ class LocalDeployment:
     # ---------------------------------------------------------------- runs
     def run(self, spec: RunSpec, *, n_features: int | None = None, num_nodes: int | None = None,
             stage_timeout: float = 60.0, suspect_timeout: float = 3.0, poll_interval: float = 0.05,
-            timeout: float = 600.0, progress_path=None, on_progress=None, checkpoint_path=None) -> DeploymentResult:
+            timeout: float = 600.0, progress_path=None, on_progress=None, checkpoint_path=None,
+            checkpoint_key=None) -> DeploymentResult:
         """One ``flwr run`` of ``spec`` on this deployment; returns the ServerApp's result.
 
         ``on_progress(event_dict)`` is called for each line of the progress log while the
         run is going on (the tests use it to kill a node in the middle of a round).
         ``checkpoint_path``: the ServerApp checkpoints every round there and, if the file
-        exists (a previous run crashed), resumes from it (:mod:`securefkm.flower.checkpoint`).
+        exists (a previous run crashed), resumes from it (:mod:`securefkm.flower.checkpoint`);
+        ``checkpoint_key``: the file of its HMAC key (default ``<checkpoint_path>.key``).
         """
         if not isinstance(spec, RunSpec):
             raise InputError("spec must be a securefkm.flower.spec.RunSpec.")
@@ -584,7 +585,7 @@ class LocalDeployment:
         run_dir.mkdir(parents=True, exist_ok=True)
         app_dir = run_dir / "app"
         shutil.copytree(APP_DIR, app_dir)
-        result_path = run_dir / "result.pkl"
+        result_path = run_dir / "result.bin"
         progress_path = Path(progress_path) if progress_path else run_dir / "progress.jsonl"
         config = {
             "spec": spec.to_json(),
@@ -597,6 +598,7 @@ class LocalDeployment:
             "result-path": str(result_path),
             "progress-path": str(progress_path),
             "checkpoint-path": "" if checkpoint_path is None else str(Path(checkpoint_path).resolve()),
+            "checkpoint-key": "" if checkpoint_key is None else str(Path(checkpoint_key).resolve()),
         }
         needs = spec.requirements()
         if needs.identity:
@@ -645,8 +647,12 @@ class LocalDeployment:
                 self.stop_authority()
         if not result_path.exists():
             raise DeploymentError(f"the ServerApp wrote no result; {self.log_tail(log_name, 40)}\n{self.log_tail('superlink.log', 40)}")
-        with open(result_path, "rb") as fh:
-            raw = pickle.load(fh)  # written by our own ServerApp
+        from .serverapp import read_result
+
+        try:
+            raw = read_result(result_path)  # a format that cannot run code
+        except InputError as exc:
+            raise DeploymentError(str(exc)) from None
         if not raw.get("ok"):
             raise DeploymentError(f"the ServerApp failed: {raw.get('error')}\n{raw.get('traceback', '')}")
         self._last_node_ids = [int(n) for n in raw["node_ids"]]

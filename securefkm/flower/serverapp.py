@@ -7,7 +7,8 @@ are connected, maps their sorted node ids to client ids ``0..n-1`` and runs the 
 A round attempt whose nodes drop below the aggregator's threshold aborts and is retried by
 the federation runtime (``max_aborted_rounds`` in the spec's params; docs/aborted-rounds.md).
 The result (centres, transcript, privacy spent, aborted attempts, per-stage timings, the
-errors clients reported) is pickled to the run config's ``result-path`` if one is given.
+errors clients reported) is written to the run config's ``result-path`` if one is given, in the
+checkpoint's code-free format (:mod:`securefkm.flower._state_codec`).
 
 Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 
@@ -19,7 +20,7 @@ Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 ``suspect-timeout``  extra seconds for a node that already missed a deadline
 ``node-wait-timeout`` seconds to wait for ``num-nodes`` nodes to connect
 ``poll-interval``    seconds between polls of the SuperLink for replies
-``result-path``      where to write the result pickle ("" = do not write)
+``result-path``      where to write the result file ("" = do not write)
 ``progress-path``    JSON-lines progress log ("" = none)
 ``directory``        provisioned node directory: a path or the JSON text ("" = none)
 ``authority-url``    address of the Paillier key authority service ("" = none)
@@ -28,6 +29,7 @@ Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
 ``authority-key``    its private key
 ``min-nodes``        fewest nodes that must identify (0 = 2 or Paillier min_clients)
 ``checkpoint-path``  atomic checkpoint after every round; resume from it ("" = none)
+``checkpoint-key``   the checkpoint's HMAC key file ("" = ``<checkpoint-path>.key``)
 ===================  ==========================================================
 
 Paillier and masking with ``sign_keys=True`` need provisioned node identities
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import time
 import traceback
 
@@ -204,18 +205,24 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
                    suspect_timeout: float = 3.0, node_wait_timeout: float = 120.0,
                    poll_interval: float = 0.05, progress_path: str | None = None,
                    directory=None, authority_url: str | None = None, authority_tls: dict | None = None,
-                   min_nodes: int | None = None, checkpoint_path: str | None = None) -> dict:
+                   min_nodes: int | None = None, checkpoint_path: str | None = None,
+                   checkpoint_key: str | None = None) -> dict:
     """Run the spec's fit over the Grid and return the result dict (see module docstring).
 
     A Paillier run holds one session of the key authority (fresh keys); it is ended --
     the authority destroys that private key -- when the run ends, however it ends.
     """
+    checkpoint = None
+    if checkpoint_path:  # a bad checkpoint is refused before any node is waited for
+        from .checkpoint import Checkpoint
+
+        checkpoint = Checkpoint(checkpoint_path, spec.to_json(), key_path=checkpoint_key)
     provisioning = server_provisioning(spec, directory, authority_url, authority_tls)
     try:
         return _run_federation(grid, spec, provisioning, n_nodes=n_nodes, n_features=n_features,
                                stage_timeout=stage_timeout, suspect_timeout=suspect_timeout,
                                node_wait_timeout=node_wait_timeout, poll_interval=poll_interval,
-                               progress_path=progress_path, min_nodes=min_nodes, checkpoint_path=checkpoint_path)
+                               progress_path=progress_path, min_nodes=min_nodes, checkpoint=checkpoint)
     finally:
         if provisioning is not None and provisioning.authority is not None:
             try:
@@ -225,7 +232,7 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
 
 
 def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_timeout, suspect_timeout,
-                    node_wait_timeout, poll_interval, progress_path, min_nodes, checkpoint_path) -> dict:
+                    node_wait_timeout, poll_interval, progress_path, min_nodes, checkpoint) -> dict:
     t0 = time.perf_counter()
     node_ids = wait_for_nodes(grid, n_nodes, node_wait_timeout)
     timings: list = []
@@ -251,13 +258,11 @@ def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_time
     est, federation = build_federation(spec, len(node_ids), n_features, transport, provisioning=provisioning,
                                        server_policy=policy)
     t_rounds = time.perf_counter()
-    if checkpoint_path:
-        from .checkpoint import Checkpoint, run_rounds
+    if checkpoint is not None:
+        from .checkpoint import run_rounds
 
-        checkpoint = Checkpoint(checkpoint_path, spec.to_json())
         states = run_rounds(federation, checkpoint)
     else:
-        checkpoint = None
         states = [federation.run(r) for r in range(est._n_runs())]
     best = states[est._select_run(states)] if len(states) > 1 else states[0]
     return {
@@ -282,10 +287,28 @@ def _run_federation(grid, spec, provisioning, *, n_nodes, n_features, stage_time
     }
 
 
+#: the result file's magic (the checkpoint's code-free format, no HMAC: the driver reads it)
+RESULT_MAGIC = b"SFKM-RESULT/1\n"
+
+
+def read_result(path) -> dict:
+    """The result dict a ServerApp wrote to its ``result-path`` (never unpickled)."""
+    from pathlib import Path
+
+    from ._state_codec import StateCodecError, loads
+
+    try:
+        return loads(Path(path).read_bytes(), magic=RESULT_MAGIC)
+    except StateCodecError as exc:
+        raise InputError(f"result file {str(path)!r} is not a securefkm ServerApp result ({exc}).") from None
+
+
 def _write_result(path: str, result: dict) -> None:
+    from ._state_codec import dumps
+
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as fh:
-        pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.write(dumps(result, magic=RESULT_MAGIC))
     os.replace(tmp, path)
 
 
@@ -309,6 +332,7 @@ def main(grid: Grid, context: Context) -> None:
             authority_tls={k: str(cfg.get(f"authority-{k}", "") or "") or None for k in ("ca", "cert", "key")},
             min_nodes=int(cfg["min-nodes"]) if int(cfg.get("min-nodes", 0) or 0) > 0 else None,
             checkpoint_path=str(cfg.get("checkpoint-path", "") or "") or None,
+            checkpoint_key=str(cfg.get("checkpoint-key", "") or "") or None,
         )
     except Exception as exc:
         log.error("securefkm run failed: %s: %s", type(exc).__name__, exc)
