@@ -813,3 +813,21 @@ def test_checkpoint_integrity(tmp_path, clients, task_identity):
     ckpt.write_bytes(good[:-1])
     with pytest.raises(InputError, match="fails its HMAC"):
         _fake_run(tmp_path / "c", clients, spec, checkpoint_path=str(ckpt), checkpoint_key=str(tmp_path / "moved.key"))
+
+
+def test_fake_grid_encoder_refusal_is_a_named_refusal(tmp_path, clients, task_identity):
+    """A node whose own encoder refuses its update (a value beyond the masking codec's range)
+    answers the update stage with a refusal naming why, as a simulated client does; the
+    server records it as that client's refusal and the others finish."""
+    from securefkm.federation.client import ENCODER_REFUSAL
+
+    big = tmp_path / "big.csv"
+    big.write_text("x0,x1\n" + "".join(f"{v},1.0\n" for v in (1.0, 2.0, 3.0e17, 4.0)))
+    spec = RunSpec("dwf", PARAMS, ["masking"], random_state=5)
+    result, order = _fake_run(tmp_path, clients[:3], spec, extra_csv=big)
+    bad = order.index(3)
+    for r in result["transcript"]:
+        assert r.aborted is None
+        why = r.stage("update").refused.get(bad)
+        assert why is not None and ENCODER_REFUSAL.strip() in why, why
+        assert set(r.contributors) == {0, 1, 2, 3} - {bad}

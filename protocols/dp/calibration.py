@@ -193,6 +193,8 @@ class Calibration:
         return w
 
     def _share_variance(self, sigma: float, step: float) -> float:
-        """Per-client lattice variance: sigma^2 / (step^2 min_clients), raised if needed so that
-        the KLS21 tau of the sum stays <= 1e-6 (more noise only strengthens the guarantee)."""
-        return max((sigma / step) ** 2 / self.min_clients, min_share_variance(self.min_clients))
+        """Per-client lattice variance: sigma^2 / (step^2 H), H the honest shares every released
+        sum holds (``_size_shares``), raised if needed so that the KLS21 tau of a sum of H
+        shares stays <= 1e-6 (more noise only strengthens the guarantee)."""
+        h = self._honest_shares or self.min_clients
+        return max((sigma / step) ** 2 / h, min_share_variance(h))

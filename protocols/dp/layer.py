@@ -112,10 +112,14 @@ curious server.
 (Kairouz, Liu & Steinke 2021, "The Distributed Discrete Gaussian Mechanism for Federated
 Learning with Secure Aggregation"). Each client rounds its sum-fields to the secure
 aggregator's fixed-point lattice (``codec.resolution``; integer fields to Z) and adds a
-discrete Gaussian share of variance ``sigma_f^2 / min_clients`` (raised, if needed, to the
+discrete Gaussian share of variance ``sigma_f^2 / H`` (raised, if needed, to the
 smallest lattice variance whose KLS21 tau below is <= 1e-6 -- e.g. ~1.8 lattice units^2 for
-4 clients on an integer count field); the sum over at least
-``min_clients`` survivors carries variance >= sigma_f^2. The server learns only the noised
+4 clients on an integer count field), where H = clients_per_round - ``missing_shares``: the
+shares a released sum may lack are those of dropped clients (at most clients_per_round -
+``min_clients``) and of surviving clients that add none (malicious, or colluding with the
+server); the default counts the aggregator's dropout allowance plus its declared colluders
+(``Aggregator.designed_corrupt``), so the sum over at least ``min_clients`` survivors, of
+whom that many add nothing, carries variance >= sigma_f^2. The server learns only the noised
 sum. Requires a secure aggregator (PairwiseMasking / Paillier) after this layer. Caveats:
 (i) a sum of discrete Gaussians is not exactly a discrete Gaussian; KLS21 (Thm 1) bound the
 gap by ``tau = 10 sum_{k=1}^{m-1} exp(-2 pi^2 s^2 k/(k+1))`` with s^2 the per-client
@@ -128,8 +132,8 @@ and the round is retried), and by default ``min_clients`` is the survivors the a
 designed for (PairwiseMasking: all but its ``dropout_fraction``). With an aggregator that
 does not honour it, the round is aborted *after* decoding if fewer survived (the server has
 then seen an under-noised sum; the accountant charges that round at the actual noise); (iii)
-colluding clients can subtract their own shares: with c colluders the noise falls to (m - c)/m of the
-variance. Does not protect against a server that lies about who was sampled to make
+clients that withhold or subtract their own shares beyond ``missing_shares`` lower the noise
+(the protection report states the assumption). Does not protect against a server that lies about who was sampled to make
 clients add too little noise beyond (ii).
 
 ``mode="local"`` -- *no trust in anyone*. Each client noises its own message with the full
@@ -229,7 +233,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     "rdp"; ``min_clients`` (distributed mode: survivors the noise is sized for; default
     the survivors the secure aggregator is designed for, ``Aggregator.designed_survivors``:
     with PairwiseMasking all but its ``dropout_fraction`` (10%) of clients_per_round, else
-    clients_per_round; the secure aggregator then refuses to decode a sum of fewer); ``noise_multiplier`` (skip calibration, still enforce
+    clients_per_round; the secure aggregator then refuses to decode a sum of fewer);
+    ``missing_shares`` (distributed mode: noise shares a released sum may lack, dropped
+    clients and surviving clients that add no noise; default clients_per_round - min_clients
+    plus ``Aggregator.designed_corrupt``, PairwiseMasking's 5% ``corrupt_fraction``; each share
+    is sized for the remaining clients); ``noise_multiplier`` (skip calibration, still enforce
     the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
     explicitly requested k-means++ seeding through un-noised; privacy_spent is then
     reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
@@ -266,6 +274,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         mode: str = "central",
         accountant: str = "prv",
         min_clients=None,
+        missing_shares=None,
         noise_multiplier=None,
         allow_plain_set_fields: bool = False,
         count_share: float | str | None = "auto",
@@ -316,6 +325,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self.clip = None if clip is None else check_float(clip, "clip", minimum=0.0, min_inclusive=False)
         self.bounds = check_bounds(bounds, "bounds")
         self.min_clients = None if min_clients is None else check_int(min_clients, "min_clients", minimum=1)
+        self.missing_shares = None if missing_shares is None else check_int(missing_shares, "missing_shares", minimum=0)
+        self._honest_shares = None  # distributed: the noise shares every released sum is sure to hold
+        self._colluders = 0  # of the missing shares, those of clients that survive but add no noise
         self.noise_multiplier = (
             None if noise_multiplier is None else check_float(noise_multiplier, "noise_multiplier", minimum=0.0, min_inclusive=False)
         )
@@ -451,6 +463,45 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
                 "no round could carry the calibrated noise. Lower min_clients or sample more clients."
             )
+        if self.mode == "distributed":
+            self._size_shares(info)
+
+    def _size_shares(self, info):
+        """The honest noise shares H every released sum holds, and the shares may be missing.
+
+        Of ``clients_per_round`` = n sampled clients, a released sum can lack the noise share
+        of ``n - min_clients`` clients that dropped (the aggregator decodes no fewer
+        survivors) and of the clients that survive but add no noise (malicious, or colluding
+        with the server: they know their own share). ``missing_shares`` M counts both;
+        default: the dropouts plus the aggregator's declared colluders
+        (``Aggregator.designed_corrupt``: PairwiseMasking's ``corrupt_fraction``, 5%). Each
+        share then has variance sigma^2 / H with H = n - M, so a sum over any survivors of
+        whom at most M - (n - min_clients) add nothing still carries >= sigma^2.
+        """
+        n = int(info.clients_per_round)
+        dropped = n - int(self.min_clients)
+        agg = self._aggregator
+        if self.missing_shares is None:
+            corrupt = int(agg.designed_corrupt(n)) if agg is not None else 0
+            missing = dropped + corrupt
+        else:
+            missing = int(self.missing_shares)
+            if missing < dropped:
+                raise ProtectionConfigError(
+                    f"GaussianDP missing_shares={missing} is below the {dropped} dropouts a round may "
+                    f"complete with (clients_per_round={n} less min_clients={self.min_clients}); a sum "
+                    f"missing them would carry less noise than calibrated: pass missing_shares >= {dropped}."
+                )
+        if missing >= n:
+            raise ProtectionConfigError(
+                f"GaussianDP: {missing} of clients_per_round={n} noise shares may be missing "
+                f"({dropped} dropouts + {missing - dropped} clients adding no noise), so no share is sure "
+                "to reach the sum: sample more clients per round, or lower missing_shares / the "
+                "aggregator's dropout_fraction and corrupt_fraction."
+            )
+        self._colluders = missing - dropped
+        self._honest_shares = n - missing
+        self._info_clients = n
 
     def _warn_about_trust_and_delta(self, info):
         """Fit-time warnings (issue 12): central noise with the server seeing plain updates, and a
@@ -702,7 +753,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             if agg.n_contributors < m:
                 # Under-noised sum already decoded: abort; the runtime sees that the aggregate
                 # was released and charges it through after_aborted_round at the actual noise.
-                factor = math.sqrt(agg.n_contributors / m)
+                factor = self._noise_factor(agg.n_contributors)
                 z_round = self._z_for(ctx.action, ctx)
                 raise RoundAbortedError(
                     f"GaussianDP(mode='distributed'): only {agg.n_contributors} clients survived, fewer than "
@@ -747,8 +798,25 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             return
         z = self._z_for(ctx.action, ctx)
         if self.mode == "distributed" and leaked.sums and leaked.n_contributors < self.min_clients:
-            z *= math.sqrt(leaked.n_contributors / self.min_clients)
+            z *= self._noise_factor(leaked.n_contributors)
         self._charge(leaked.contributors, z)
+
+    def _missing_statement(self) -> str:
+        missing = self._missing_total()
+        return (f"the noise of every released sum holds with up to {missing} of the "
+                f"{self._info_clients} sampled clients' noise shares missing ({missing - self._colluders} "
+                f"dropouts and {self._colluders} surviving clients that add no noise: malicious, or colluding "
+                f"with the server; each share is sized for the other {self._honest_shares}); more clients "
+                "that withhold their share lower the real epsilon (missing_shares=)")
+
+    def _missing_total(self) -> int:
+        return self._info_clients - self._honest_shares
+
+    def _noise_factor(self, n_contributors: int) -> float:
+        """Noise std of a sum of ``n_contributors`` survivors' shares (at most ``_colluders`` of
+        them adding nothing), relative to the calibrated sigma."""
+        honest = max(int(n_contributors) - self._colluders, 0)
+        return math.sqrt(honest / self._honest_shares) if self._honest_shares else 0.0
 
     def perturbs_client_messages(self) -> bool:
         return self.mode in ("local", "distributed")  # central: the server noises exact updates
@@ -759,9 +827,10 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             return (f"each client's update with that client's own Gaussian noise {eps} per record",
                     "no one: every message is noised before it leaves the client")
         if self.mode == "distributed":
+            assumed = (self._missing_statement() if self._honest_shares is not None else
+                       "the noise shares the fit is sized for")
             return (f"only the noisy sum {eps}: each client adds a share of the noise under the secure aggregator",
-                    "the secure aggregator's assumptions, and at least min_clients honest survivors per round "
-                    "(colluding clients can subtract their noise shares)")
+                    f"the secure aggregator's assumptions, and {assumed}")
         sees = ("every client's exact sum-fields in plain (no secure aggregator)" if not aggregator.secure
                 else "the exact sum of the clients' sum-fields (decoded by the secure aggregator)")
         return (f"{sees}; noise {eps} is added on the server and only what it releases afterwards is private",
@@ -788,6 +857,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             "accountant": self.accountant_name,
             "mode": self.mode,
             "min_clients": self.min_clients if self.mode == "distributed" else None,
+            "missing_shares": (None if self.mode != "distributed" or self._honest_shares is None
+                               else self._missing_statement()),
             "target": (self.epsilon, self.delta),
             "planned_compositions": self._planned,
             "max_client_rounds": max(self._counts.values(), default=0),

@@ -283,6 +283,10 @@ def handle_message(msg: Message, context: Context) -> Message:
             return Message(RecordDict({_wire.RECORD_KEY: ConfigRecord(reply)}), reply_to=msg)
         runtime = make_runtime(context, client_id, saved)
         answer = runtime.handle(stage, payload)
+        if stage == UPDATE_STAGE and runtime.refusal is not None:
+            # the client refused the round (its own encoder, or the run's floor): a refusal
+            # naming why, as in simulation, not a decline the server would read as "nothing to send"
+            raise ProtocolRefusal(runtime.refusal)
         fused = payload.then[0] if stage == UPDATE_STAGE and payload.then is not None else None
         reply.update(status="ok", data=_wire.encode(stage, "reply", answer, fused=fused))
         saved = {**saved, "client_id": client_id, "state": runtime.context.state, "session": runtime.session,
