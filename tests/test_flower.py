@@ -831,3 +831,40 @@ def test_fake_grid_encoder_refusal_is_a_named_refusal(tmp_path, clients, task_id
         why = r.stage("update").refused.get(bad)
         assert why is not None and ENCODER_REFUSAL.strip() in why, why
         assert set(r.contributors) == {0, 1, 2, 3} - {bad}
+
+
+def test_node_policy_pins_its_own_floor(tmp_path, clients, task_identity):
+    """A node operator's floor in the node config, checked against the run config the server
+    ships: too few clients per round, no DP or too large an epsilon, an insecure threshold."""
+    from securefkm.flower.clientapp import check_node_policy
+    from securefkm.flower.spec import PlaceholderTransport, build_federation
+    from securefkm.layers import ProtocolRefusal
+
+    def fed(protection, n=5, **params):
+        spec = RunSpec("dwf", {**PARAMS, **params}, protection)
+        return build_federation(spec, n, 2, PlaceholderTransport(n))[1]
+
+    masking = fed(["masking"])
+    check_node_policy({}, masking)
+    check_node_policy({"min-clients-per-round": 5}, masking)
+    with pytest.raises(ProtocolRefusal, match="samples 3 clients per round, below this node's min-clients-per-round=4"):
+        check_node_policy({"min-clients-per-round": "4"}, fed(["masking"], clients_per_round=3))
+    with pytest.raises(ProtocolRefusal, match="no differential privacy; this node requires epsilon <= 1"):
+        check_node_policy({"max-epsilon": 1.0}, masking)
+    dp = fed([{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "bounds": [-12, 12], "mode": "distributed"}, "masking"])
+    check_node_policy({"max-epsilon": 2.0}, dp)
+    with pytest.raises(ProtocolRefusal, match="target epsilon 2 exceeds this node's max-epsilon=1"):
+        check_node_policy({"max-epsilon": "1"}, dp)
+    weak = fed([{"name": "masking", "threshold": 2, "allow_insecure_threshold": True}])
+    with pytest.raises(ProtocolRefusal, match="below the secure floor.*allow-insecure-threshold=true"):
+        check_node_policy({}, weak)
+    check_node_policy({"allow-insecure-threshold": "true"}, weak)
+    with pytest.raises(InputError, match="node config 'max-epsilon'='x' is not a number"):
+        check_node_policy({"max-epsilon": "x"}, masking)
+    # end to end: the pinned node refuses every round, naming its floor; the others finish
+    spec = RunSpec("dwf", PARAMS, [], random_state=5)
+    result, order = _fake_run(tmp_path, clients, spec, node_configs=[{}, {}, {"min-clients-per-round": 9}])
+    pinned = order.index(2)
+    for r in result["transcript"]:
+        assert "min-clients-per-round=9" in r.stage("update").refused[pinned]
+        assert pinned not in r.contributors

@@ -195,12 +195,58 @@ def make_runtime(context: Context, client_id: int, saved: dict):
             raise ProtocolRefusal("this run needs node identities but the server skipped the identify stage")
         provisioning.bundle = saved.get("bundle")
     fed = _federation(str(cfg["spec"]), n_clients, n_features, provisioning)
+    check_node_policy(context.node_config, fed)
     runtime = ClientRuntime(
         client_id, X, fed.algorithm, fed.layers, fed.aggregator, fed.info, state=saved.get("state", {}),
         n_records=n_records,
     )
     runtime.session = saved.get("session")
     return runtime
+
+
+#: node config keys of the node operator's own floor, checked against what the server's run config declares
+NODE_POLICY_KEYS = ("min-clients-per-round", "max-epsilon", "allow-insecure-threshold")
+
+
+def check_node_policy(node_config, fed) -> None:
+    """Refuse a run whose declared facts fall below this node's own policy.
+
+    The run's floor that clients enforce (clients per round, the masking threshold) comes from
+    the run config, which the server ships. A node operator pins a floor of its own in the
+    node config: ``min-clients-per-round`` (refuse a run that samples fewer clients per round),
+    ``max-epsilon`` (refuse a run without differential privacy, or with a larger target
+    epsilon) and ``allow-insecure-threshold`` (default false: refuse a masking threshold
+    below the secure floor, ``PairwiseMasking(allow_insecure_threshold=True)``).
+    """
+    from protocols.dp import GaussianDP
+
+    def number(key, kind):
+        raw = node_config.get(key, 0)
+        try:
+            value = kind(raw)
+        except (TypeError, ValueError):
+            raise InputError(f"node config {key!r}={raw!r} is not a number; fix the SuperNode's --node-config.") from None
+        return value
+
+    floor = number("min-clients-per-round", int)
+    if floor and fed.info.clients_per_round < floor:
+        raise ProtocolRefusal(
+            f"the run samples {fed.info.clients_per_round} clients per round, below this node's "
+            f"min-clients-per-round={floor}"
+        )
+    max_eps = number("max-epsilon", float)
+    if max_eps:
+        dp = [layer for layer in fed.layers if isinstance(layer, GaussianDP)]
+        if not dp:
+            raise ProtocolRefusal(f"the run has no differential privacy; this node requires epsilon <= {max_eps:g}")
+        if dp[0].epsilon > max_eps:
+            raise ProtocolRefusal(f"the run's target epsilon {dp[0].epsilon:g} exceeds this node's max-epsilon={max_eps:g}")
+    allow = str(node_config.get("allow-insecure-threshold", "false")).strip().lower() in ("1", "true", "yes")
+    if not allow and any(getattr(layer, "allow_insecure_threshold", False) for layer in fed.layers):
+        raise ProtocolRefusal(
+            "the run's masking threshold is below the secure floor (allow_insecure_threshold=True); this "
+            "node refuses it unless its node config sets allow-insecure-threshold=true"
+        )
 
 
 def _needs_identity(spec_json: str) -> bool:
