@@ -6,7 +6,10 @@ malicious :class:`~securefkm.federation.ServerPolicy` (``Attack(...).evaluate(es
 dataset)``). Every attack returns a :class:`LeakageReport`; the dataset is used only to
 score the attack against the ground truth. ``audit_epsilon`` turns attack error rates into
 empirical epsilon lower bounds; ``attacks.bench`` runs the attack/defence benchmark.
-Names are imported lazily.
+``evaluate(attack, estimator, data)`` runs any of them against a fitted estimator with the
+right call; ``hold_out`` and ``membership_candidates`` prepare membership inference's
+candidate records. Names are imported lazily (``evaluate`` and its helpers import nothing
+heavy until called).
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ _EXPORTS = {
     "DPGame": "attacks.audit",
     "clopper_pearson": "attacks.audit",
     "run_benchmark": "attacks.bench",
+    "evaluate": "attacks.evaluate",
+    "membership_candidates": "attacks.evaluate",
+    "hold_out": "attacks.evaluate",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("attacks", _EXPORTS)
+
+# the function, bound now: the submodule of the same name would otherwise replace it as the
+# package's attribute once imported (attacks/evaluate.py imports nothing heavy at load)
+from .evaluate import evaluate, hold_out, membership_candidates  # noqa: E402

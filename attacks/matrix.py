@@ -194,18 +194,9 @@ def _load(spec: dict, seed: int):
 def _hold_out(clients, labels, seed, fraction=0.1):
     """Remove ~``fraction`` of the records (never a client's last) before any fit: they are
     the non-members of membership inference; the same data serve every attack."""
-    rng = np.random.default_rng(10_000 + seed)
-    out, out_y, held = [], [], []
-    for i, X in enumerate(clients):
-        X = np.asarray(X, dtype=np.float64)
-        take = rng.random(len(X)) < fraction
-        if take.all():
-            take[rng.integers(len(X))] = False
-        out.append(X[~take])
-        held.append(X[take])
-        if labels is not None:
-            out_y.append(np.asarray(labels[i])[~take])
-    return out, (out_y if labels is not None else None), np.vstack(held)
+    from .evaluate import split_held_out
+
+    return split_held_out(clients, labels, np.random.default_rng(10_000 + seed), fraction)
 
 
 def dataset_label(spec: dict) -> str:
@@ -338,11 +329,10 @@ def _attack(name, est, data, cell, held) -> dict:
     if name == "membership":
         # distance attack on the released centres: held-out records (removed before the fit)
         # against as many training records drawn at random
+        from .evaluate import membership_candidates
         from .membership import MembershipInference
 
-        pooled = data.pooled()
-        rng = np.random.default_rng(20_000 + seed)
-        members = pooled[rng.choice(len(pooled), size=min(len(held), len(pooled)), replace=False)]
+        members, held = membership_candidates(data, held, random_state=20_000 + seed)
         rep = MembershipInference("distance").evaluate(est, data, members, held)
         return {"membership_auc": rep.auc, "membership_advantage": rep.membership_advantage}
     if name in PASSIVE:

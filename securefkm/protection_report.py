@@ -97,8 +97,23 @@ class ProtectionReport(Mapping):
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        parts = [v.layer.split("(")[0] for v in self.views]
+        """One line: each layer with what the server sees under it, in a few words."""
+        parts = [f"{v.layer.split('(')[0]}: {_gist(v.sees)}" for v in self.views]
         spent = self.privacy_spent
-        tail = f", epsilon={spent[0]:.3g}" if spent is not None else ""
-        plain = ", set-fields in plain" if self.plain_set_fields else ""
-        return f"ProtectionReport({' + '.join(parts)}{plain}{tail})"
+        tail = f"; epsilon={spent[0]:.3g}" if spent is not None else ""
+        plain = "; set-fields in plain" if self.plain_set_fields else ""
+        return f"ProtectionReport({'; '.join(parts)}{plain}{tail})"
+
+
+def _gist(sees: str, width: int = 60) -> str:
+    """The head of a layer's ``sees`` statement (up to its first parenthesis, colon or
+    semicolon), with a warning kept when the statement carries one ("AND ...", INSECURE)."""
+    head = sees
+    for stop in (" (", ":", ";", ", and "):
+        head = head.split(stop, 1)[0]
+    head = head.strip().rstrip(",")
+    if len(head) > width:
+        head = head[: width - 3].rstrip() + "..."
+    if "INSECURE" in sees:
+        head += " [INSECURE threshold]"
+    return head

@@ -61,6 +61,13 @@ class RoundRecord:
     #: is a strike (``Federation(max_client_faults=...)``)
     faults: dict[int, str] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        end = f", aborted: {self.abort_cause or 'error'}" if self.aborted is not None else ""
+        faults = f", {len(self.faults)} faulty" if self.faults else ""
+        return (f"RoundRecord(run {self.run}, round {self.round}, {self.action!r}, attempt {self.attempt}: "
+                f"{len(self.sampled)} sampled, {len(self.contributors)} contributed, {len(self.dropped)} dropped, "
+                f"{len(self.stages)} stages{faults}{end})")
+
     def stage(self, name: str) -> StageRecord | None:
         for s in self.stages:
             if s.stage == name:
@@ -171,24 +178,166 @@ class Transcript:
                 out.append((r, r.plain_sums().get(client), r.items.get(client)))
         return out
 
-    def summary(self) -> str:
+    def __repr__(self) -> str:
+        n_runs = len(self.runs())
+        return (f"Transcript({len(self.rounds)} round{'s' if len(self.rounds) != 1 else ''}, "
+                f"{n_runs} run{'s' if n_runs != 1 else ''}, level={self.level!r}, "
+                f"{len(self.aborts)} aborted, {len(self.exclusions)} excluded)")
+
+    def summary(self, rounds: bool = True) -> str:
+        """What the server saw, as text.
+
+        The first line counts rounds, runs, client messages and aborted rounds and names the
+        protection. Then, with ``rounds=True``, one block per recorded round: its run, index,
+        action and attempt; the clients sampled, that contributed, dropped, refused, were
+        found faulty or excluded; the broadcast; per protocol stage the kind and per-field
+        shapes of the messages received (e.g. ``update: 3 clients, fields weights (3,), sums
+        (3, 2)``); the set-fields received in plain; the released aggregate's fields with
+        shapes. Last, the aborted rounds, the clients' faults and the exclusions.
+        """
         n_msgs = sum(len(s.received) for r in self.rounds for s in r.stages)
-        out = (
+        lines = [
             f"Transcript: {len(self.rounds)} rounds over {len(self.runs())} run(s), "
             f"{n_msgs} client messages, {len(self.aborts)} aborted round(s), protection="
             f"{list(self.meta.get('protection', ()))}"
-        )
+        ]
+        if rounds:
+            if not self.rounds:
+                lines.append(f"no round recorded (record={self.level!r})" if self.level == "none"
+                             else "no round recorded")
+            for r in self.rounds:
+                lines.extend(self._round_lines(r))
         if self.aborts:
             causes: dict[str, int] = {}
             for a in self.aborts:
                 causes[a.cause] = causes.get(a.cause, 0) + 1
-            out += "\naborted rounds (retried): " + ", ".join(f"{n} {c}" for c, n in sorted(causes.items()))
+            lines.append("aborted rounds (retried): " + ", ".join(f"{n} {c}" for c, n in sorted(causes.items())))
+            if rounds:
+                lines.extend("  " + a.describe() + (": " + a.message if a.message else "") for a in self.aborts)
         faulty: dict[int, int] = {}
         for r in self.rounds:
             for c in r.faults:
                 faulty[c] = faulty.get(c, 0) + 1
         if faulty:
-            out += "\nclient faults: " + ", ".join(f"client {c}: {n}" for c, n in sorted(faulty.items()))
+            lines.append("client faults: " + ", ".join(f"client {c}: {n}" for c, n in sorted(faulty.items())))
         if self.exclusions:
-            out += "\nexcluded clients: " + "; ".join(e.describe() for e in self.exclusions)
-        return out
+            lines.append("excluded clients: " + "; ".join(e.describe() for e in self.exclusions))
+        return "\n".join(lines)
+
+    def _round_lines(self, r: RoundRecord) -> list[str]:
+        head = f"run {r.run} round {r.round} {r.action} (attempt {r.attempt})"
+        if r.aborted is not None:
+            head += f": ABORTED ({r.abort_cause or 'error'})"
+        refused = sorted({c for s in r.stages for c in s.refused})
+        excluded = sorted(e.client for e in self.exclusions
+                          if (e.run, e.round, e.attempt) == (r.run, r.round, r.attempt))
+        lines = [head,
+                 f"  clients: sampled {_ids(r.sampled)}; contributed {_ids(r.contributors)}; "
+                 f"dropped {_ids(r.dropped)}; refused {_ids(refused)}; excluded {_ids(excluded)}"]
+        if r.faults:
+            lines.append("  faults: " + "; ".join(f"client {c}: {why}" for c, why in sorted(r.faults.items())))
+        if r.broadcasts:
+            lines.append("  broadcast: " + _broadcasts(r.broadcasts))
+        if self.level == "full":
+            for st in r.stages:
+                lost = "".join(f"; {what} {_ids(who)}" for what, who in (("dropped", st.dropped),
+                                                                           ("refused", st.refused)) if who)
+                lines.append(f"  {st.stage}: " + _grouped(st.received) + lost)
+            if r.items:
+                lines.append("  set-fields in plain: " + _grouped(r.items))
+        elif r.stages:
+            lines.append(f"  stages {', '.join(s.stage for s in r.stages)}: messages not kept "
+                         f"(record={self.level!r})")
+        if r.aggregate is not None:
+            lines.append("  released aggregate: " + _fields(r.aggregate))
+        elif r.aborted is None:
+            lines.append("  released aggregate: none")
+        return lines
+
+
+
+def _ids(clients) -> str:
+    """``"3 [0-2]"``: a count and the client ids as ranges (``"none"`` when empty)."""
+    ids = sorted(int(c) for c in clients)
+    if not ids:
+        return "none"
+    runs: list[str] = []
+    lo = prev = ids[0]
+    for c in [*ids[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        runs.append(str(lo) if lo == prev else f"{lo}, {prev}" if prev == lo + 1 else f"{lo}-{prev}")
+        if c is not None:
+            lo = prev = c
+    shown = runs if len(runs) <= 8 else [*runs[:6], "...", runs[-1]]
+    return f"{len(ids)} [{', '.join(shown)}]"
+
+
+def _shape(v) -> str:
+    """One value as the server received it: an array's shape (and dtype unless float64)."""
+    if isinstance(v, np.ndarray):
+        dt = "" if v.dtype == np.float64 else f" {v.dtype}"
+        return f"{tuple(v.shape)}{dt}"
+    if isinstance(v, (bytes, bytearray)):
+        return f"{len(v)} bytes"
+    if isinstance(v, (bool, int, float, np.number, np.bool_)):
+        return type(v).__name__
+    if isinstance(v, dict):
+        if all(isinstance(k, str) for k in v):
+            return "{" + ", ".join(f"{k} {_shape(x)}" for k, x in v.items()) + "}"
+        kinds = sorted({_kind(x) for x in v.values()})
+        return f"{len(v)} x {'/'.join(kinds) or 'nothing'}"
+    if isinstance(v, (list, tuple)):
+        kinds = sorted({_kind(x) for x in v})
+        return f"{len(v)} x {'/'.join(kinds) or 'nothing'}"
+    if v is None:
+        return "None"
+    return type(v).__name__
+
+
+def _kind(v) -> str:
+    if isinstance(v, np.ndarray):
+        return f"array{tuple(v.shape)}"
+    if isinstance(v, (bytes, bytearray)):
+        return "bytes"
+    return type(v).__name__
+
+
+def _fields(fields: dict) -> str:
+    if not fields:
+        return "no fields"
+    return "fields " + ", ".join(f"{k} {_shape(v)}" for k, v in fields.items())
+
+
+def _message(m) -> str:
+    """A message's kind and per-field shapes (a dict of named fields, an array, a ciphertext ...)."""
+    if isinstance(m, dict) and all(isinstance(k, str) for k in m):
+        return _fields(m)
+    if isinstance(m, np.ndarray):
+        return f"array {_shape(m)}"
+    return _shape(m)
+
+
+def _grouped(received: dict) -> str:
+    """Per-client messages grouped by identical description: ``"3 clients, fields a (2,)"``."""
+    if not received:
+        return "nothing received"
+    groups: dict[str, list] = {}
+    for c, m in received.items():
+        groups.setdefault(_message(m), []).append(c)
+    return "; ".join(f"{len(cs)} client{'s' if len(cs) != 1 else ''}"
+                     + (f" {_ids(cs).split(' ', 1)[1]}" if len(groups) > 1 else "") + f", {d}"
+                     for d, cs in groups.items())
+
+
+def _broadcasts(broadcasts: dict) -> str:
+    groups: dict[str, list] = {}
+    for c, b in broadcasts.items():
+        centres = getattr(b, "centres", None)
+        d = f"{getattr(b, 'action', '?')}, centres {_shape(np.asarray(centres)) if centres is not None else 'none'}"
+        groups.setdefault(d, []).append(c)
+    if len(groups) == 1:
+        (d, cs), = groups.items()
+        return f"{d} to {len(cs)} client{'s' if len(cs) != 1 else ''}"
+    return "; ".join(f"{d} to {_ids(cs)}" for d, cs in groups.items())

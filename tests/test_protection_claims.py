@@ -188,5 +188,5 @@ def test_central_dp_report_says_the_server_sees_updates(clients):
 def test_privacy_spent_is_none_without_dp(clients):
     est = _fit("dwf", "masking", lambda: [PairwiseMasking()], clients)
     assert est.privacy_spent_ is None
-    assert repr(est.protection_report_) == "ProtectionReport(PairwiseMasking)"
+    assert repr(est.protection_report_) == "ProtectionReport(PairwiseMasking: one masked vector per client)"
     assert "masked vector per client" in est.protection_report_["PairwiseMasking"]["server_sees"]
