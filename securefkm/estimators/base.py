@@ -300,23 +300,10 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
                 "lower n_clusters."
             )
         self._check_data(data)
-        from protocols.dp import check_seeded_noise
-
-        layers = resolve_protection(self.protection)
-        domain = self._declared_bounds(data.n_features)  # refuses two disagreeing declarations
-        check_seeded_noise(layers, self.random_state)  # seeded DP noise needs a seed
-        rng = check_random_state(self.random_state)
-        seed = int(rng.integers(2**63 - 1))
-        verbose = check_int(self.verbose, "verbose", minimum=0)
-        layers = clone_layers(self.protection)
-        for layer in layers:  # a GaussianDP without clip/bounds takes the estimator's init_bounds
-            if hasattr(layer, "declare_domain"):
-                layer.declare_domain(domain)  # refuses a fit with no domain declared anywhere
-        check_enough_clients(layers, data.n_clients, data.n_features, self.clients_per_round)
-        self.dp_plan_ = self._plan_dp(data, layers, seed) if max_rounds is None else None
-        algorithm = self._make_algorithm(data.n_features, data.n_clients)
+        layers, seed, domain, algorithm, planned = self._prepare(data, plan=max_rounds is None)
         if max_rounds is None:
-            max_rounds = self.dp_plan_.rounds if self.dp_plan_ is not None else self._max_rounds()
+            max_rounds = planned
+        verbose = check_int(self.verbose, "verbose", minimum=0)
         federation = Federation(
             algorithm,
             data.clients,
@@ -340,6 +327,31 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         federation.transcript.meta["init_bounds"] = domain
         self._warn_large_transcript(federation, algorithm, data.n_features)
         return federation, algorithm
+
+    def _prepare(self, data, plan: bool = True):
+        """``(layers, seed, domain, algorithm, max_rounds)`` of a fit on ``data``: the fit's own
+        copies of the layers (the declared domain handed to them, the DP plan applied), the
+        seed of its federation, the algorithm and the rounds (the DP plan's, else the
+        estimator's). ``data`` needs only its public facts (``n_samples``, ``n_features``,
+        ``n_clients``): a deployment plans from declared ones
+        (:func:`securefkm.flower.spec.build_federation`), exactly as a fit does. ``plan=False``:
+        no DP plan (the caller fixes the rounds)."""
+        from protocols.dp import check_seeded_noise
+
+        layers = resolve_protection(self.protection)
+        domain = self._declared_bounds(data.n_features)  # refuses two disagreeing declarations
+        check_seeded_noise(layers, self.random_state)  # seeded DP noise needs a seed
+        rng = check_random_state(self.random_state)
+        seed = int(rng.integers(2**63 - 1))
+        layers = clone_layers(self.protection)
+        for layer in layers:  # a GaussianDP without clip/bounds takes the estimator's init_bounds
+            if hasattr(layer, "declare_domain"):
+                layer.declare_domain(domain)  # refuses a fit with no domain declared anywhere
+        check_enough_clients(layers, data.n_clients, data.n_features, self.clients_per_round)
+        self.dp_plan_ = self._plan_dp(data, layers, seed) if plan else None
+        algorithm = self._make_algorithm(data.n_features, data.n_clients)
+        rounds = self.dp_plan_.rounds if self.dp_plan_ is not None else self._max_rounds()
+        return layers, seed, domain, algorithm, rounds
 
     def _record(self) -> str:
         """The transcript level Federation records at (it validates it): the default None

@@ -122,10 +122,16 @@ class WeightedFederatedKMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
 
-        factor = 1.0
-        if self.weighting == "equal":  # EWF averages one local centre per client: see rounds_plan_for_estimator
-            factor = data.n_clients / (2.0 * max(1, data.n_samples))
-        return plan_for_estimator(self, data, layers, seed) or rounds_plan_for_estimator(self, data, layers, factor)
+        planned = plan_for_estimator(self, data, layers, seed)
+        if planned is not None or self.weighting != "equal":
+            return planned or rounds_plan_for_estimator(self, data, layers)
+        from protocols.dp.planning import _budget_led_layer, _public_n
+
+        dp = _budget_led_layer(self, layers)
+        if dp is None:  # nothing to plan (reads no record count)
+            return None
+        # EWF averages one local centre per client: see rounds_plan_for_estimator
+        return rounds_plan_for_estimator(self, data, layers, data.n_clients / (2.0 * max(1, _public_n(dp, data))))
 
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import logging
 import re
 import secrets
 import shutil
@@ -51,6 +52,8 @@ import numpy as np
 from ..validation import check_array
 from ..exceptions import InputError, SecureFKMError
 from .spec import RunSpec
+
+log = logging.getLogger("securefkm.flower")
 
 #: the Flower app directory shipped inside the package (only a pyproject.toml)
 APP_DIR = Path(__file__).resolve().parent / "app"
@@ -573,6 +576,7 @@ class LocalDeployment:
         """
         if not isinstance(spec, RunSpec):
             raise InputError("spec must be a securefkm.flower.spec.RunSpec.")
+        spec = declare_records(spec, self.csv_paths)
         if self.superlink is None:
             raise DeploymentError("the deployment is not started; use `with LocalDeployment(...)` or .start().")
         if n_features is None:
@@ -682,6 +686,38 @@ def _clients_of(data) -> list[np.ndarray]:
     return [check_array(X, f"data client {i}") for i, X in enumerate(clients)]
 
 
+def declare_records(spec: RunSpec, paths) -> RunSpec:
+    """``spec`` with ``n_records`` declared on each ``GaussianDP`` that lacks it, counted from the
+    local CSVs ``paths`` (a local deployment has them; its DP plan then equals the in-process
+    fit's, which reads the same count). Unreadable CSVs count 0 (that node reports its error)."""
+    from ..specs import parse_layer, parse_protection
+
+    protection = spec.protection
+    if isinstance(protection, str):
+        protection = parse_protection(protection)
+    entries = [parse_layer(p, param_seps=":,") if isinstance(p, str) and (":" in p or "=" in p) else p
+               for p in protection]
+    missing = [i for i, p in enumerate(entries)
+               if (p == "dp" or (isinstance(p, dict) and p.get("name") == "dp" and p.get("n_records") is None))]
+    if not missing:
+        return spec
+    from .clientapp import read_client_csv
+
+    total = 0
+    for path in paths:
+        try:
+            total += read_client_csv(str(path)).shape[0]
+        except InputError:
+            continue
+    if total == 0:
+        return spec
+    for i in missing:
+        entries[i] = {"name": "dp", **({} if entries[i] == "dp" else entries[i]), "n_records": total}
+        log.info("GaussianDP plans from n_records=%d, counted from the %d client CSVs (declared public)",
+                 total, len(paths))
+    return RunSpec(spec.algorithm, dict(spec.params), entries, spec.random_state)
+
+
 def _preflight(spec: RunSpec, data, paths) -> None:
     """Raise the spec's configuration errors here, before any process starts (the ServerApp
     would raise the same error after the deployment came up)."""
@@ -745,6 +781,12 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
             if not paths:
                 raise InputError(f"csv_dir {str(csv_dir)!r} holds no *.csv files; put one CSV per client there.")
         _preflight(spec, data, paths)
+        declared = declare_records(spec, paths)
+        if declared is not spec:
+            n = next(p["n_records"] for p in declared.protection if isinstance(p, dict) and p.get("name") == "dp")
+            say(f"DP plans its rounds from n_records={n}, counted from the client CSVs (declared public, as an "
+                "in-process fit declares it)")
+            spec = declared
         nodes = f"{len(paths)} SuperNode{'s' if len(paths) != 1 else ''}"
         say(f"starting a SuperLink and {nodes} on 127.0.0.1 (one per client CSV)")
         with LocalDeployment(paths, workdir=workdir / "flower", secure=secure) as dep:

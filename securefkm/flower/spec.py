@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..validation import check_int, check_random_state
+from ..validation import check_int
 from ..exceptions import InputError
 
 #: estimator parameters that a deployment sets itself
@@ -148,7 +148,7 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
     key authority of Paillier / masking ``sign_keys`` with the deployment's before ``setup``;
     a spec that needs it and gets none is refused with the missing pieces named.
     """
-    from ..federation import Federation, clone_layers
+    from ..federation import Federation
 
     n_clients = check_int(n_clients, "num-nodes", minimum=1)
     n_features = check_int(n_features, "n-features", minimum=1)
@@ -173,15 +173,14 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
             f"crypto={est.crypto!r} is refused over Flower: the ideal functionality trusts one process "
             "with every client's input, which a deployment must never do; drop crypto (default 'real')."
         )
-    seed = int(check_random_state(est.random_state).integers(2**63 - 1))
-    algorithm = est._make_algorithm(n_features, n_clients)
+    layers, seed, _, algorithm, max_rounds = est._prepare(DeclaredFacts(n_clients, n_features, _declared_records(est)))
     federation = Federation(
         algorithm,
         None,
-        protection=clone_layers(est.protection),
+        protection=layers,
         clients_per_round=est.clients_per_round,
         dropout_rate=None,
-        max_rounds=est._max_rounds(),  # None: the estimator's default (no data here to plan DP rounds from)
+        max_rounds=max_rounds,  # the DP plan's, from the declared record count, as a fit plans
         n_runs=est._n_runs(),
         random_state=seed,
         verbose=est.verbose if verbose is None else verbose,
@@ -190,6 +189,39 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
         n_features=n_features,
     )
     return est, federation
+
+
+class DeclaredFacts:
+    """The public facts of a deployment's data that a fit's plan reads: the number of
+    clients (nodes), of features, and of records (declared: ``GaussianDP(n_records=...)``;
+    no node's data is read). A plan that needs the record count and has none is refused."""
+
+    clients = None
+
+    def __init__(self, n_clients: int, n_features: int, n_records: int | None):
+        self.n_clients, self.n_features, self._n_records = int(n_clients), int(n_features), n_records
+
+    @property
+    def n_samples(self) -> int:
+        if self._n_records is None:
+            raise InputError(
+                "this spec's GaussianDP plans its rounds and noise from the number of records, which a "
+                "deployment does not read from the nodes: declare it, GaussianDP(n_records=N) (a dict spec "
+                "{'name': 'dp', ..., 'n_records': N}, CLI 'dp:...:n_records=N'); `securefkm deploy` and "
+                "deploy() count the CSVs' records for you. Or fix the rounds with max_rounds=."
+            )
+        return int(self._n_records)
+
+
+def _declared_records(est):
+    from protocols.dp import GaussianDP
+
+    from ..estimators.base import resolve_protection
+
+    for layer in resolve_protection(est.protection):
+        if isinstance(layer, GaussianDP) and layer.n_records is not None:
+            return int(layer.n_records)
+    return None
 
 
 class PlaceholderTransport:
