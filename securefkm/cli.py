@@ -256,7 +256,7 @@ def fit_summary(algorithm, data, centres, *, n_iter, privacy_spent, report=None,
     if report is not None and hasattr(report, "summary"):
         lines.append(report.summary())
     if transcript is not None:
-        lines.append(transcript.summary())
+        lines.append(transcript.summary(rounds=False))
     return lines
 
 

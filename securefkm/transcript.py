@@ -60,6 +60,10 @@ class RoundRecord:
     #: (the server session's and the transport's faults), client -> one-line reason; each
     #: is a strike (``Federation(max_client_faults=...)``)
     faults: dict[int, str] = field(default_factory=dict)
+    #: clients left out of this attempt by a check that cannot tell their fault from the
+    #: server's (e.g. two clients advertising one public key: a leaked key or collusion),
+    #: client -> reason; no strike
+    unattributed: dict[int, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         end = f", aborted: {self.abort_cause or 'error'}" if self.aborted is not None else ""
@@ -236,6 +240,9 @@ class Transcript:
                  f"dropped {_ids(r.dropped)}; refused {_ids(refused)}; excluded {_ids(excluded)}"]
         if r.faults:
             lines.append("  faults: " + "; ".join(f"client {c}: {why}" for c, why in sorted(r.faults.items())))
+        if r.unattributed:
+            lines.append("  left out, unattributed (no strike): "
+                         + "; ".join(f"client {c}: {why}" for c, why in sorted(r.unattributed.items())))
         if r.broadcasts:
             lines.append("  broadcast: " + _broadcasts(r.broadcasts))
         if self.level == "full":

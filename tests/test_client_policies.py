@@ -359,3 +359,29 @@ def test_exclusions_below_the_run_floor_stop_the_run_with_a_clear_error():
     assert floor > 6
     with pytest.raises(NoParticipantsError, match=rf"client 1, client 2\), leaving 6 to sample, fewer than the {floor}"):
         fed.run_round(state, round=1)
+
+
+class _LeftOutServer(_PlainServer):
+    def result(self):
+        self.unattributed = {1: "stage 'advertise': advertised client 3's public key (a leaked key or collusion)"}
+        return super().result()
+
+
+class _LeftOut(PlainSum):
+    def server_session(self, ctx):
+        return _LeftOutServer(ctx)
+
+
+def test_unattributed_clients_are_recorded_without_a_strike():
+    """A client a check leaves out without blaming it (the server session's ``unattributed``)
+    is named in the round's record with the reason, and is never struck or excluded."""
+    fed = _sum_fed(4, aggregator=_LeftOut())
+    state = fed.algorithm.init(4, 3, None)
+    for t in range(3):
+        fed.run_round(state, round=t)
+    for record in fed.transcript:
+        assert record.unattributed == {1: "stage 'advertise': advertised client 3's public key (a leaked key or "
+                                          "collusion)"}
+        assert record.faults == {}
+    assert fed.strikes == {} and fed.excluded == {}
+    assert "left out, unattributed (no strike): client 1: stage 'advertise'" in fed.transcript.summary()

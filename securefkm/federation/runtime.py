@@ -657,6 +657,9 @@ class Federation:
         checks, and the transport's, undecodable messages), record them in ``record.faults``,
         give each faulty client a strike and exclude a client from the rest of the fit at
         ``max_client_faults`` strikes (``transcript.exclusions``)."""
+        unattributed = getattr(server, "unattributed", None) or {}
+        if unattributed:
+            record.unattributed = {int(c): str(why) for c, why in sorted(unattributed.items())}
         faults = dict(getattr(self.transport, "faults", None) or {})
         for c, why in (getattr(server, "faults", None) or {}).items():
             faults.setdefault(c, why)
