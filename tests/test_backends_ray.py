@@ -43,7 +43,10 @@ def cluster():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1)
-    ray.init(address=c.address, log_to_driver=False)
+    # the workers import the test helpers (client policies are pickled into the actors)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
     c.wait_for_nodes()
     yield c
     ray.shutdown()
@@ -88,3 +91,30 @@ def test_killed_actor_drops_its_clients_or_aborts_naming_them(cluster):
         assert time.monotonic() - start < 60
         record = list(fed.transcript)[-1]
         assert not record.aggregate and record.centres_after is None
+
+
+def test_client_policies_act_on_ray_as_in_process(cluster):
+    """Malicious clients (malformed, poisoning, refusing) on Ray actors: the same centres,
+    released transcript, faults, exclusions and aborts as in process."""
+    import warnings
+
+    from _client_policies import Poison, Refuse, Replace
+
+    from protocols import PairwiseMasking
+
+    policies = {1: Replace("masked_input", b"x", rounds={0, 2}), 6: Poison(2.0), 10: Refuse("unmask")}
+
+    def run(backend):
+        est = make_estimator("dwf", n_clusters=3, random_state=0, init_bounds=(-2.0, 7.0), backend=backend,
+                             protection=[PairwiseMasking()], n_workers=2, max_rounds=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(make_clients(), client_policies=policies)
+        t = est.transcript_
+        return (est.cluster_centers_.tobytes(), [r.faults for r in t],
+                [(e.client, e.round, e.attempt) for e in t.exclusions], [a.describe() for a in t.aborts],
+                [{k: v.tobytes() for k, v in (r.aggregate or {}).items()} for r in t])
+
+    local = run("local")
+    assert any(local[1]), "the case must produce faults to compare"
+    assert run("ray") == local
