@@ -2,6 +2,7 @@
 
     securefkm demo                      one DWF fit unprotected and protected, side by side, no server
     securefkm run DIR --algorithm dwf   cluster a directory of client CSV files (one per client)
+    securefkm algorithms                which protections and DP modes each algorithm runs under
     securefkm bench quality|speed|protocols|attacks|scaling [--quick]
     securefkm deploy ...                the same run between real processes over Flower
     securefkm provision node-key|directory|local   node identity keys and the public directory
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     _add_common(p, default_protection=None)  # None: the recommended stack; [] = none
 
+    sub.add_parser("algorithms", help="which protections and DP modes each algorithm runs under (read from the code)")
     p = sub.add_parser("run", help="cluster a directory of client CSV files (one file per client)")
     p.add_argument("directory", help="directory with one CSV per client (optional header row)")
     p.add_argument("--algorithm", default="dwf", choices=sorted(ALGORITHM_HELP),
@@ -344,6 +346,10 @@ def _main(args) -> int:
                      protection=protection, verbose=0 if args.quiet else 1)
         elif args.command == "run":
             _run(args)
+        elif args.command == "algorithms":
+            from .capabilities import to_markdown
+
+            print(to_markdown(), end="")
         elif args.command == "bench":
             from .bench import main as bench_main
 
