@@ -3,7 +3,8 @@
 Passive attacks read only a :class:`~securefkm.transcript.Transcript`
 (``Attack(...).evaluate(transcript, dataset)``); active attacks act only through a
 malicious :class:`~securefkm.federation.ServerPolicy` (``Attack(...).evaluate(estimator,
-dataset)``). Every attack returns a :class:`LeakageReport`; the dataset is used only to
+dataset)``); poisoning attacks (:class:`Poisoning`) act through malicious clients
+(:class:`~securefkm.federation.ClientPolicy`) and report how far they moved the centres. Every attack returns a :class:`LeakageReport`; the dataset is used only to
 score the attack against the ground truth. ``audit_epsilon`` turns attack error rates into
 empirical epsilon lower bounds; ``attacks.bench`` runs the attack/defence benchmark.
 ``evaluate(attack, estimator, data)`` runs any of them against a fitted estimator with the
@@ -28,6 +29,9 @@ _EXPORTS = {
     "Sybil": "attacks.active",
     "FuzzyEquationSolver": "attacks.fuzzy",
     "MembershipInference": "attacks.membership",
+    "Poisoning": "attacks.poisoning",
+    "PoisoningPolicy": "attacks.poisoning",
+    "PoisoningReport": "attacks.poisoning",
     "membership_metrics": "attacks.membership",
     "dp_roc_violation": "attacks.membership",
     "audit_epsilon": "attacks.audit",

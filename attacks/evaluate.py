@@ -26,10 +26,12 @@ def _kinds():
     from .fuzzy import FuzzyEquationSolver
     from .membership import MembershipInference
     from .passive import AggregateDifferencing, Differencing, SmallClusterDisclosure
+    from .poisoning import Poisoning
 
-    # ModelInconsistency, ActiveAggregateDifferencing and Sybil subclass CraftedCentroids
-    return (SmallClusterDisclosure, Differencing, AggregateDifferencing, FuzzyEquationSolver), (CraftedCentroids,), \
-        MembershipInference
+    # ModelInconsistency, ActiveAggregateDifferencing and Sybil subclass CraftedCentroids; Poisoning
+    # refits with malicious clients, called the same way
+    return (SmallClusterDisclosure, Differencing, AggregateDifferencing, FuzzyEquationSolver), \
+        (CraftedCentroids, Poisoning), MembershipInference
 
 
 def _check_fitted(estimator):

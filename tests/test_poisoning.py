@@ -1,0 +1,110 @@
+"""Poisoning attacks through malicious clients: what they do to the fit, under every protection."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_blobs
+
+import attacks
+from attacks.poisoning import KINDS, Poisoning, PoisoningPolicy
+from securefkm.exceptions import InputError
+from securefkm.registry import make_estimator
+
+BOX = (-2.0, 2.0)
+
+
+@pytest.fixture(scope="module")
+def clients():
+    X, y = make_blobs(1200, centers=4, cluster_std=0.4, random_state=3)
+    X = X / np.abs(X).max() * 1.9
+    return np.array_split(X[np.argsort(y, kind="stable")], 30)  # non-IID: a few blobs per client
+
+
+def _start(clients):
+    """A good start (scikit-learn's k-means on the pooled records): the honest fit stays at the
+    optimum, so every loss of utility is the attack's."""
+    from sklearn.cluster import KMeans
+
+    return KMeans(4, n_init=10, random_state=0).fit(np.vstack(clients)).cluster_centers_
+
+
+def _fit(clients, protection=(), **kw):
+    est = make_estimator("dwf", n_clusters=4, init=_start(clients), init_bounds=BOX, random_state=0, max_rounds=8,
+                         protection=list(protection), crypto="ideal", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return est.fit(clients)
+
+
+@pytest.mark.parametrize("kind, at_least", [("count-inflation", 0.3), ("sum-scaling", 50.0), ("inconsistent", 1.0),
+                                            ("adaptive", 0.05)])
+def test_every_attack_moves_the_centres_and_nothing_detects_it(clients, kind, at_least):
+    honest = _fit(clients)
+    report = Poisoning(kind, 1, random_state=1).evaluate(honest, clients)
+    assert report.displacement_max >= at_least
+    assert report.utility < 1.0
+    assert report.detected == () and report.excluded == ()  # no defence today: nothing is noticed
+    assert kind in report.summary() and str(list(report.malicious)) in report.summary()
+
+
+def test_the_same_damage_through_secure_aggregation(clients):
+    """The lie is applied before the client-side layers: masking carries it into the sum as it
+    carries an honest update (the released centres agree to the codec's resolution)."""
+    plain = Poisoning("adaptive", 2, random_state=1).evaluate(_fit(clients), clients)
+    masked = Poisoning("adaptive", 2, random_state=1).evaluate(_fit(clients, ["masking"]), clients)
+    np.testing.assert_allclose(masked.poisoned_centres, plain.poisoned_centres, atol=1e-6)
+    assert masked.malicious == plain.malicious
+
+
+def test_adaptive_attack_stays_inside_every_range_check(clients):
+    """What a validating aggregator could check: whole counts in [0, n_i] summing to n_i, and
+    each cluster's sum within count x the declared box. The adaptive lie passes all of them."""
+    seen = []
+
+    class Checked(PoisoningPolicy):
+        def update(self, update, ctx):
+            out = super().update(update, ctx)
+            if "weights" in out.sums:
+                seen.append((ctx.client.context.n_records, out.sums["weights"], out.sums["weighted_centres"]))
+            return out
+
+    est = make_estimator("dwf", n_clusters=4, init=_start(clients), init_bounds=BOX, random_state=0, max_rounds=5,
+                         crypto="ideal")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(clients, client_policies={3: Checked("adaptive", box=BOX)})
+    assert len(seen) >= 2
+    for n, counts, sums in seen:
+        assert np.all(counts == np.round(counts)) and np.all(counts >= 0) and counts.sum() == n
+        for c, s in zip(counts, sums):
+            assert np.all(s >= c * BOX[0] - 1e-9) and np.all(s <= c * BOX[1] + 1e-9)
+
+
+def test_a_coalition_moves_the_centres_further(clients):
+    honest = _fit(clients)
+    one = Poisoning("adaptive", 1, random_state=2).evaluate(honest, clients)
+    five = Poisoning("adaptive", 5, random_state=2).evaluate(honest, clients)
+    assert len(five.malicious) == 5 and set(one.malicious) <= set(range(30))
+    assert five.displacement_max > one.displacement_max
+    assert five.utility < one.utility
+
+
+def test_evaluate_entry_point_and_errors(clients):
+    honest = _fit(clients)
+    direct = Poisoning("count-inflation", clients=[4]).evaluate(honest, clients)
+    via = attacks.evaluate(Poisoning("count-inflation", clients=[4]), honest, clients)
+    assert via.malicious == direct.malicious == (4,)
+    np.testing.assert_array_equal(via.poisoned_centres, direct.poisoned_centres)
+    with pytest.raises(InputError, match="kind='bogus': choose one of"):
+        Poisoning("bogus")
+    with pytest.raises(InputError, match="n_malicious=30 leaves no honest client among 30"):
+        Poisoning("adaptive", 30).evaluate(honest, clients)
+    with pytest.raises(InputError, match=r"clients=\[40\]: ids \[40\] are outside 0..29"):
+        Poisoning("adaptive", clients=[40]).evaluate(honest, clients)
+    no_box = make_estimator("dwf", n_clusters=4, random_state=0, max_rounds=3).fit(clients)
+    with pytest.raises(InputError, match="needs the declared box"):
+        Poisoning("adaptive").evaluate(no_box, clients)
+    assert set(KINDS) == {"count-inflation", "sum-scaling", "inconsistent", "adaptive"}
