@@ -1,10 +1,18 @@
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from sklearn.datasets import make_blobs
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# the development benchmarks (benchmarks/ at the repository root, not installed) import from
+# the checkout, whether pytest runs as `python -m pytest` (root on sys.path) or as `pytest`
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Helpers of securefkm.bench.deployment_secagg (no deployment is started here; the CPU
+"""Helpers of benchmarks.deployment_secagg (no deployment is started here; the CPU
 accounting test starts two short Python processes)."""
 
 import pytest
@@ -8,7 +8,7 @@ try:
 except ImportError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-from securefkm.bench import deployment_secagg as ds
+from benchmarks import deployment_secagg as ds
 
 
 def test_configurations_match_holders_and_threshold():
@@ -63,14 +63,14 @@ def test_flower_error_bound():
 
 
 def test_polling_bench_helpers():
-    """securefkm.bench.deployment_polling: settings parse (bad ones name the fix) and the
+    """benchmarks.deployment_polling: settings parse (bad ones name the fix) and the
     /proc/stat busy fraction is a fraction that sees a busy core."""
     import argparse
     import os
     import threading
     import time
 
-    from securefkm.bench import deployment_polling as dp
+    from benchmarks import deployment_polling as dp
 
     assert dp.parse_setting("memory:0.5") == ("memory", 0.5)
     assert dp.parse_setting("file:0.1") == ("file", 0.1)
@@ -119,7 +119,7 @@ def test_tree_cpu_counts_live_and_finished_children():
     import sys
     import time
 
-    from securefkm.bench import _tree_cpu
+    from benchmarks import _tree_cpu
 
     if not _tree_cpu.available():
         pytest.skip("Linux /proc only")
@@ -145,7 +145,7 @@ def test_tree_cpu_counts_live_and_finished_children():
 
 
 def test_cpu_sampler_interpolates_between_samples():
-    from securefkm.bench._tree_cpu import CpuSampler
+    from benchmarks._tree_cpu import CpuSampler
 
     s = CpuSampler()
     s.times, s.cpu = [0.0, 1.0, 3.0], [10.0, 12.0, 16.0]
@@ -153,18 +153,18 @@ def test_cpu_sampler_interpolates_between_samples():
 
 
 def test_cli_part_deployment_runs_the_comparison_only_when_named(monkeypatch):
-    """`securefkm bench protocols --part deployment` runs this benchmark (4 repeats, one with
+    """`python -m benchmarks protocols --part deployment` runs this benchmark (4 repeats, one with
     --quick); `--part all` does not start a deployment."""
     import argparse
 
-    from securefkm import bench
+    import benchmarks as bench
 
     calls = []
     monkeypatch.setattr(ds, "run", lambda **kw: calls.append(kw))
     bench.main(argparse.Namespace(bench="protocols", part="deployment", quick=False))
     bench.main(argparse.Namespace(bench="protocols", part="deployment", quick=True))
     assert calls == [{"rounds": 4, "repeats": 4}, {"rounds": 2, "repeats": 1}]
-    from securefkm.bench import (
+    from benchmarks import (
         protocols_dp,
         protocols_masking,
         protocols_paillier,

@@ -2,7 +2,7 @@
 
 import os
 
-from securefkm.bench.scaling import _cpu_seconds, backends
+from benchmarks.scaling import _cpu_seconds, backends
 
 
 def test_cpu_seconds_of_this_process_and_of_a_missing_one():

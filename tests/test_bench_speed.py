@@ -1,4 +1,4 @@
-"""Smoke tests of ``securefkm bench speed`` on tiny inputs: its tables must keep running (the
+"""Smoke tests of ``python -m benchmarks speed`` on tiny inputs: its tables must keep running (the
 timings themselves are the benchmark's business, not the tests')."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from securefkm.bench import speed
+from benchmarks import speed
 
 
 def test_side_by_side_alternates_warm_batches(monkeypatch):
@@ -57,7 +57,7 @@ def test_masked_round_as_a_user_gets_it(monkeypatch):
 def test_speed_diagnostics_run(monkeypatch):
     """The measurements docs/benchmarks.md quotes to explain the tables keep running."""
     from securefkm.algorithms import _cellsums
-    from securefkm.bench import speed_diagnostics as diag
+    from benchmarks import speed_diagnostics as diag
 
     assert diag.spin(1).startswith("spin:")
     assert "first block of the caller" in diag.timeline(1)
@@ -82,10 +82,10 @@ def test_speed_diagnostics_run(monkeypatch):
 
 
 def test_speed_diagnostics_by_name(monkeypatch, capsys):
-    """``python -m securefkm.bench.speed_diagnostics NAME ...`` runs each named diagnostic
+    """``python -m benchmarks.speed_diagnostics NAME ...`` runs each named diagnostic
     at its quoted sizes (the parametrised ones too); an unknown name is refused with the
     list of names."""
-    from securefkm.bench import speed_diagnostics as diag
+    from benchmarks import speed_diagnostics as diag
 
     monkeypatch.setattr(diag, "RUNS", {**diag.RUNS, "framework": [lambda: diag.framework(3000, 3, 4, 10, 1)]})
     diag.run(["framework", "x25519"])

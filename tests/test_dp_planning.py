@@ -18,8 +18,8 @@ from protocols.dp.planning import (
     spread_start,
 )
 from protocols.dp.radius import VOLUME_FACTOR, auto_radius, volume_radius
-from securefkm.bench import dp_fastlloyd as fl
-from securefkm.bench.protocols_dp import loss, reference_loss
+from benchmarks import dp_fastlloyd as fl
+from benchmarks.protocols_dp import loss, reference_loss
 from securefkm.estimators.dwf import WeightedFederatedKMeans
 
 warnings.simplefilter("ignore", UserWarning)

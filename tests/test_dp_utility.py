@@ -1,6 +1,6 @@
 """Utility of record-level DP federated k-means at epsilon = 1 on the DWF 5-blob set and digits.
 
-Configuration of ``securefkm bench protocols --part dp`` (securefkm/bench/protocols_dp.py):
+Configuration of ``python -m benchmarks protocols --part dp`` (benchmarks/protocols_dp.py):
 private seeding + DP Lloyd round(s) under GaussianDP(1, 1e-5, bounds=centred declared box,
 count_share="auto", round_weights={"init.private": 0.5}, shrink="vector").
 
@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import pytest
 
-from securefkm.bench import protocols_dp as bench
+from benchmarks import protocols_dp as bench
 from securefkm.estimators.base import UnprotectedInitWarning
 
 pytest.importorskip("opacus")

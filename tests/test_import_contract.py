@@ -78,13 +78,18 @@ def test_securefkm_imports_attacks_only_lazily_from_its_commands():
             if name.split(".")[0] != "attacks":
                 continue
             where = p.relative_to(ROOT).as_posix()
-            command = where in ("securefkm/cli.py", "securefkm/demo.py") or where.startswith("securefkm/bench/")
+            command = where in ("securefkm/cli.py", "securefkm/demo.py")
             if top or not command:
                 bad.append(f"{p.relative_to(ROOT)}:{line}: {name}")
     assert not bad, "\n".join(bad)
 
 
 def test_installed_packages_never_import_the_benchmarks():
+    """The development benchmarks (top-level ``benchmarks/``, run from a checkout, not in the
+    wheel) import the library, never the reverse: no module of securefkm, protocols or
+    attacks imports ``benchmarks``, at the top or inside a function."""
+    assert (ROOT / "benchmarks" / "__init__.py").is_file() and "benchmarks" not in PACKAGES
+    assert not list((ROOT / "securefkm" / "bench").glob("*.py")), "the benchmarks live in benchmarks/, not in the package"
     bad = [f"{p.relative_to(ROOT)}:{line}: {name}"
            for pkg in PACKAGES for p in _modules(pkg) for line, name, _ in _imports(p)
            if name.split(".")[0] == "benchmarks"]
@@ -96,8 +101,9 @@ def test_the_contract_sees_a_violation(tmp_path):
     probe = tmp_path / "securefkm" / "estimators" / "probe.py"
     probe.parent.mkdir(parents=True)
     probe.write_text("from securefkm.algorithms import _kmeans\nfrom ..algorithms._fcm import x\n"
-                     "def f():\n    import attacks.passive\n")
+                     "def f():\n    import attacks.passive\n    from benchmarks import speed\n")
     found = {name: top for _, name, top in _imports(probe, tmp_path)}
+    assert found["benchmarks"] is False and "benchmarks.speed" in found
     assert _private("securefkm.algorithms._kmeans") and "securefkm.algorithms._kmeans" in found
     assert "securefkm.algorithms._fcm" in found and _private("securefkm.algorithms._fcm")
     assert found["attacks.passive"] is False and not _private("securefkm.kernels")

@@ -606,7 +606,7 @@ def test_sessions_opened_together_agree_each_pair_once_with_the_same_bytes(tampe
         msgs = _crossed(msgs, a, b, min(sessions[a].neigh), min(sessions[b].neigh))
     alone = [pickle.loads(pickle.dumps(s)) for s in sessions]
     assert all("_pairs" not in s.__dict__ for s in alone) and all("_pairs" in s.__dict__ for s in sessions)
-    from securefkm.bench.speed import _count_crypto
+    from benchmarks.speed import _count_crypto
 
     def share(group):
         return lambda: [s.respond("share", msgs[s.me]) for s in group]

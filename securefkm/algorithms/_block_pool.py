@@ -78,7 +78,7 @@ def _run_shared(pool: ThreadPoolExecutor, fn, blocks: list, helpers: int = 1) ->
 
     The caller is already running, a pool thread has to be woken: between two rounds the
     pool's threads sleep while the server does its part, and the pool thread starts its
-    first block about 0.1 ms after the caller (``python -m securefkm.bench.speed_diagnostics``;
+    first block about 0.1 ms after the caller (``python -m benchmarks.speed_diagnostics``;
     scikit-learn's OpenMP threads spin instead). With the caller working from the start (and
     larger distance products, since replaced by :data:`._cellsums.PRODUCT_ROWS`) the DWF round at 100k x 16 went
     from 2.3 to 1.8 x scikit-learn's Lloyd iteration (docs/benchmarks.md). One task per

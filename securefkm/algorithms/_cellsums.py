@@ -66,7 +66,7 @@ PRODUCT_MIN_ROWS = 256
 #: ``k`` rows (:func:`._cellsums_jit.fused`): the same additions, vectorised. At 10,000
 #: clients of 1M x 32 (k=50) the pooled kernel call took 94.3 and 96.8 ms with them against
 #: 98.8 and 104.0 ms adding in place; at 100k x 16 (k=20, 100 clients) faster in four runs
-#: of five, 2.55-3.19 ms against 2.61-2.77 ms (``python -m securefkm.bench.speed_diagnostics local_runs``;
+#: of five, 2.55-3.19 ms against 2.61-2.77 ms (``python -m benchmarks.speed_diagnostics local_runs``;
 #: docs/benchmarks.md); False adds every record in place (the diagnostic's comparison)
 LOCAL_RUNS = True
 

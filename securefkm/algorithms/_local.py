@@ -6,7 +6,7 @@ implementations of exactly the same floating-point operations, so they give the 
   c-means): a few numpy calls per feature, seeding step or Lloyd iteration;
 * compiled loops (numba, :mod:`._local_jit`): 0.27 ms for a 100-record client with k=50,
   against 7.2 ms in numpy and 3.1-4.2 ms for scikit-learn's ``KMeans(n_init=1)``
-  (``python -m securefkm.bench.speed_diagnostics local_kmeans``).
+  (``python -m benchmarks.speed_diagnostics local_kmeans``).
 
 The operations: a squared distance is ``sum_t (x_t - c_t) ** 2`` added feature by feature
 (exact up to rounding: no cancellation, unlike the ``||x||^2 - 2 x.c + ||c||^2`` expansion,

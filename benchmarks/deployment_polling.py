@@ -1,6 +1,6 @@
 """What an idle local deployment costs, and what that does to its rounds.
 
-    python -m securefkm.bench.deployment_polling --clients 10 --rounds 3 \
+    python -m benchmarks.deployment_polling --clients 10 --rounds 3 \
         --settings file:0.1 memory:0.1 memory:0.25 memory:0.5 memory:1.0
 
 For each setting ``STATE:POLL`` (``STATE`` = ``file``: the SuperLink's SQLite database in
@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from ..flower.deploy import LocalDeployment, write_client_csvs
-from ..flower.spec import RunSpec
+from securefkm.flower.deploy import LocalDeployment, write_client_csvs
+from securefkm.flower.spec import RunSpec
 from .deployment import PROTECTIONS, make_clients
 
 

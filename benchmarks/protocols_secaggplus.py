@@ -1,6 +1,6 @@
 """PairwiseMasking against Flower 1.41's SecAgg+ on the same n and vector length.
 
-Run: ``python -m securefkm.bench.protocols_secaggplus`` (or call :func:`run`). Results and
+Run: ``python -m benchmarks.protocols_secaggplus`` (or call :func:`run`). Results and
 the commands are recorded in docs/protocols/pairwise-masking.md ("Against Flower's SecAgg+").
 
 What is timed, side by side in one run (same machine, same load, back to back):
@@ -314,7 +314,7 @@ def scale(ns=(1000, 10_000), length: int = 1000, drop: float = 0.1, timeout: flo
         f"all clients in one process; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     out(f"{'n':>6} {'k':>4} {'t':>4} {'wall s':>8} {'cpu s':>8} {'server s':>9} {'unmask s':>9} {'peak RSS MB':>12}")
     for n in ns:
-        cmd = [sys.executable, "-m", "securefkm.bench.protocols_secaggplus", "--scale-child", str(n), str(length), str(drop)]
+        cmd = [sys.executable, "-m", "benchmarks.protocols_secaggplus", "--scale-child", str(n), str(length), str(drop)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             so, se = proc.communicate(timeout=timeout)
@@ -337,7 +337,7 @@ def scale(ns=(1000, 10_000), length: int = 1000, drop: float = 0.1, timeout: flo
 def _scale_child(argv) -> None:
     import resource
 
-    from securefkm.bench.protocols_masking import simulate_round
+    from benchmarks.protocols_masking import simulate_round
 
     n, length, drop = int(argv[0]), int(argv[1]), float(argv[2])
     r = simulate_round(n, length, "sparse", drop=drop)
@@ -369,7 +369,7 @@ def flower_round(
 ) -> dict:
     """Flower SecAgg+ round times, in a child process (Ray and Flower's logging stay there)."""
     with tempfile.TemporaryDirectory(prefix="flwr-home-") as home:
-        cmd = [sys.executable, "-m", "securefkm.bench.protocols_secaggplus", "--child", mode, str(n), str(length),
+        cmd = [sys.executable, "-m", "benchmarks.protocols_secaggplus", "--child", mode, str(n), str(length),
                str(num_shares), str(threshold), str(num_rounds), str(cpus_per_client)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=_flower_env(home), start_new_session=True)

@@ -1,4 +1,4 @@
-"""``securefkm bench scaling``: the worker backends against one process (issue 15).
+"""``python -m benchmarks scaling``: the worker backends against one process (issue 15).
 
 Every figure comes from this one run; speedups are ratios of medians of rounds timed side by
 side with the backends alternated (A B C, then C B A, ...). Three tables:
@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from ..federation.workers import peak_rss_mib
+from securefkm.federation.workers import peak_rss_mib
 
 K, D = 5, 2
 BOX = (-6.0, 6.0)
@@ -42,8 +42,8 @@ def make_clients(n_clients: int, per_client: int = 100, seed: int = 0) -> list[n
 def _federation(clients, backend: str, n_workers: int | None, crypto: str = "real", max_rounds: int = 50):
     from protocols import PairwiseMasking
 
-    from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
-    from ..federation import Federation
+    from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+    from securefkm.federation import Federation
 
     algo = WeightedFederatedKMeansAlgorithm(K, init="uniform", init_bounds=BOX, tol=0.0)
     return Federation(algo, clients, protection=[PairwiseMasking()], max_rounds=max_rounds, random_state=0,

@@ -1,4 +1,4 @@
-"""``securefkm bench quality`` (DWF part): the layout of Table 1 of Holzer et al. 2023.
+"""``python -m benchmarks quality`` (DWF part): the layout of Table 1 of Holzer et al. 2023.
 
 k-means (central, pooled data), EWF, DWF and k-FED; the synthetic 5-blob set (k=5) and
 scikit-learn's digits (k=20, standing in for MNIST, which cannot be downloaded here);
@@ -15,10 +15,10 @@ import time
 import numpy as np
 from sklearn.cluster import KMeans
 
-from .. import metrics
-from ..datasets import load_dataset
-from ..registry import make_estimator
-from ..sweep import run_sweep
+from securefkm import metrics
+from securefkm.datasets import load_dataset
+from securefkm.registry import make_estimator
+from securefkm.sweep import run_sweep
 
 METHODS = ("k-means", "EWF", "DWF", "k-FED")
 

@@ -1,4 +1,4 @@
-"""``securefkm bench quality --part triebe``: Triebe & Rajagopal's 1-D setting.
+"""``python -m benchmarks quality --part triebe``: Triebe & Rajagopal's 1-D setting.
 
 Davies-Bouldin index (lower is better) of mini-batch federated k-means on
 ``triebe_1d(random_state=seed)`` (50 clients x 10 points), mean over seeds, for several
@@ -12,8 +12,8 @@ import numpy as np
 from sklearn.cluster import KMeans
 from sklearn.metrics import davies_bouldin_score
 
-from ..datasets import triebe_1d
-from ..estimators.minibatch import MiniBatchFederatedKMeans
+from securefkm.datasets import triebe_1d
+from securefkm.estimators.minibatch import MiniBatchFederatedKMeans
 
 CONFIGS = {
     'init="random" (one client\'s records)': {"init": "random"},

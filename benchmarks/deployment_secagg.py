@@ -1,12 +1,12 @@
 """PairwiseMasking over Flower against Flower's own SecAgg+, on the same local deployment.
 
-    python -m securefkm.bench.deployment_secagg --clients 10 --length 10000 --rounds 3 \
+    python -m benchmarks.deployment_secagg --clients 10 --length 10000 --rounds 3 \
         --client-processes warm cold [--repeats 4]
 
 One :class:`~securefkm.flower.deploy.LocalDeployment` (SuperLink + one SuperNode per client on
 127.0.0.1) per ClientApp process mode; on it, back to back, for each configuration:
 
-* **Flower SecAgg+**: the Flower app in ``securefkm/bench/_flower_secaggplus_app``
+* **Flower SecAgg+**: the Flower app in ``benchmarks/_flower_secaggplus_app``
   (``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares, reconstruction_threshold))``
   with ``FedAvg``; ``ClientApp(client_fn, mods=[secaggplus_mod])`` around a ``NumPyClient``
   returning a fixed float32 vector of length ``L``), launched with
@@ -33,7 +33,7 @@ the round used is the median of the others. Printed: seconds per round and secur
 with the configurations reversed, ...), so drift of the deployment over time favours neither
 side, and pools the steady rounds. On Linux each round is also charged the CPU seconds of all
 the deployment's processes during it (SuperLink, SuperNodes, SuperExecs, ClientApp and
-ServerApp processes; :mod:`securefkm.bench._tree_cpu`): on a shared machine other jobs move
+ServerApp processes; :mod:`benchmarks._tree_cpu`): on a shared machine other jobs move
 the wall time of a round but not that CPU time, so ``CPU ours / F`` is the steadier ratio.
 
 Configurations (``n`` nodes): ``sparse`` -- ours ``graph="sparse", neighbours=k`` against
@@ -59,8 +59,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..flower.deploy import LocalDeployment, write_client_csvs
-from ..flower.spec import RunSpec
+from securefkm.flower.deploy import LocalDeployment, write_client_csvs
+from securefkm.flower.spec import RunSpec
 
 #: the Flower app directory of Flower's own SecAgg+ (only a pyproject.toml)
 FLOWER_APP_DIR = Path(__file__).resolve().parent / "_flower_secaggplus_app"
@@ -266,7 +266,7 @@ def run(n: int = 10, length: int = 10_000, rounds: int = 3, records: int = 50, n
     Repeats alternate the order (ABBA: Flower then ours over the configurations, then ours then
     Flower in reverse), so a deployment that drifts over time favours neither side. Each row
     pools the steady rounds of all repeats (median) and, on Linux, the CPU seconds per round of
-    every process of the deployment (:mod:`securefkm.bench._tree_cpu`), which other jobs on a
+    every process of the deployment (:mod:`benchmarks._tree_cpu`), which other jobs on a
     shared machine do not inflate.
     """
     import flwr

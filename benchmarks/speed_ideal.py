@@ -1,9 +1,9 @@
-"""The ideal functionality against the real protocol and a plain round (part of ``securefkm bench speed``).
+"""The ideal functionality against the real protocol and a plain round (part of ``python -m benchmarks speed``).
 
 One in-process DWF training round (100 records per client, k = 5, 2-D, full participation,
 transcript on) at 100 and 1,000 clients, under: no protection; PairwiseMasking (real, and
 ideal); GaussianDP(distributed) + PairwiseMasking (real, and ideal); Paillier (ideal; its
-real round is in ``bench protocols --part paillier``). Rounds of the configurations
+real round is in ``python -m benchmarks protocols --part paillier``). Rounds of the configurations
 alternate (A B C ... A B C ...) and each figure is the median of its repeats, so the machine's
 drift falls on every configuration alike. Printed: milliseconds per round and the ratios
 ideal / plain (target: at most 3) and real / ideal.
@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
-from ..federation import Federation
+from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from securefkm.federation import Federation
 
 BOX = (-6.0, 6.0)
 

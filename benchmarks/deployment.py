@@ -1,6 +1,6 @@
 """Per-round overhead of a local Flower deployment against the in-process runtime.
 
-    python -m securefkm.bench.deployment --clients 10 --rounds 3 --protection none masking \
+    python -m benchmarks.deployment --clients 10 --rounds 3 --protection none masking \
         --client-processes warm cold
 
 For each protection it fits the same DWF spec (same seed, same client arrays) once in
@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from ..flower.deploy import LocalDeployment, write_client_csvs
-from ..flower.spec import RunSpec
+from securefkm.flower.deploy import LocalDeployment, write_client_csvs
+from securefkm.flower.spec import RunSpec
 
 PROTECTIONS = {
     "none": [],

@@ -1,4 +1,4 @@
-"""Utility of record-level DP federated k-means (``securefkm bench protocols --part dp``).
+"""Utility of record-level DP federated k-means (``python -m benchmarks protocols --part dp``).
 
 For each privacy budget (epsilon, delta=1e-5) and each seed, on
 
@@ -70,14 +70,14 @@ TARGETS = {"blobs": 1.10, "digits": 1.5}  # at epsilon = 1
 
 
 def load(name: str, seed: int):
-    from ..datasets import load_dataset
+    from securefkm.datasets import load_dataset
 
     registry, k, box = DATASETS[name]
     return load_dataset(registry, split="non-iid", n_clients=100, random_state=seed), k, box
 
 
 def loss(X: np.ndarray, centres: np.ndarray) -> float:
-    from .. import metrics
+    from securefkm import metrics
 
     return metrics.sse(X, centres)
 
@@ -93,7 +93,7 @@ def dp_fit(data, k: int, box, epsilon: float, seed: int, rounds: int | None = No
     """DP DWF k-means as configured above; returns (centres in data space, privacy_spent_)."""
     from protocols.dp import GaussianDP
 
-    from ..estimators.dwf import WeightedFederatedKMeans
+    from securefkm.estimators.dwf import WeightedFederatedKMeans
 
     d = data.n_features
     low = np.broadcast_to(np.asarray(box[0], dtype=np.float64), (d,))
@@ -196,7 +196,7 @@ def default_fit(clients, k: int, box, epsilon: float, delta: float, seed: int, m
     Returns (centres, privacy_spent_, plan)."""
     from protocols.dp import GaussianDP
 
-    from ..estimators.dwf import WeightedFederatedKMeans
+    from securefkm.estimators.dwf import WeightedFederatedKMeans
 
     d = clients[0].shape[1]
     low = np.broadcast_to(np.asarray(box[0], dtype=np.float64), (d,))
@@ -221,7 +221,7 @@ def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None,
 
     Part 1 (issue 20): FastLloyd's accuracy setting (iris, wine, breast cancer min-max scaled to
     [-1, 1] over 2 clients, delta = 1/(N ln N)): FastLloyd's mechanism
-    (:mod:`securefkm.bench.dp_fastlloyd`), diffprivlib's KMeans and the library's defaults in
+    (:mod:`benchmarks.dp_fastlloyd`), diffprivlib's KMeans and the library's defaults in
     central and distributed (+ PairwiseMasking) mode. Part 2: the blobs and digits rows (non-IID
     over 100 clients, delta 1e-5): the defaults in both modes, the earlier tuned configuration
     (:func:`dp_fit`) and diffprivlib. Seeds 0..seeds-1 (30 by default; tuning used 100-123 and
@@ -408,7 +408,7 @@ def dwf_target(out=print, fits: int = 5, n_clients: int = 100, epsilon: float = 
     bounds=box, mode="distributed"), PairwiseMasking()]`` on ``n_clients`` clients of the
     10,100-record 2-D blob set (real cryptography). Prints the wall time of the fits together and
     each loss / best central k-means (best of 10 scikit-learn KMeans)."""
-    from ..datasets import load_dataset
+    from securefkm.datasets import load_dataset
 
     _, k, box = DATASETS["blobs"]
     ratios, spent, secs = [], [], []
@@ -433,7 +433,7 @@ def dwf_target(out=print, fits: int = 5, n_clients: int = 100, epsilon: float = 
     return {"seconds": secs, "ratios": ratios, "spent": spent}
 
 
-if __name__ == "__main__":  # python -m securefkm.bench.protocols_dp [grid|target] (grid = --part dp)
+if __name__ == "__main__":  # python -m benchmarks.protocols_dp [grid|target] (grid = --part dp)
     import sys
 
     dwf_target() if sys.argv[1:] == ["target"] else run(quick="--quick" in sys.argv)

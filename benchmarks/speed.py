@@ -1,4 +1,4 @@
-"""``securefkm bench speed``: the cost of in-process rounds against scikit-learn, and of the
+"""``python -m benchmarks speed``: the cost of in-process rounds against scikit-learn, and of the
 real-crypto masked round against the plain round and against its own cryptography.
 
 Every figure is a ratio of two timings taken side by side in this one run (A and B
@@ -43,11 +43,11 @@ from contextlib import contextmanager
 import numpy as np
 from sklearn.cluster import KMeans
 
-from .._kernel_threads import kernel_threads
-from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
-from ..algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
-from ..algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
-from ..federation import Federation
+from securefkm._kernel_threads import kernel_threads
+from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from securefkm.algorithms.fuzzy import FederatedFuzzyCMeansAlgorithm
+from securefkm.algorithms.minibatch import MiniBatchFederatedKMeansAlgorithm
+from securefkm.federation import Federation
 
 ALGORITHMS = {
     "DWF": lambda k, C: WeightedFederatedKMeansAlgorithm(k, init=C, tol=0.0),
@@ -136,7 +136,7 @@ def side_by_side(fns: dict, repeats: int, batch: int = 1) -> dict:
 def traced_peak(fn) -> int:
     """Peak bytes allocated (tracemalloc) while ``fn`` runs, above what existed before; the
     pooled kernel's threads are stopped first, so their scratch buffers are counted."""
-    from ..kernels import shutdown_pools
+    from securefkm.kernels import shutdown_pools
 
     shutdown_pools()
     tracemalloc.start()
@@ -376,7 +376,7 @@ def _uptime() -> str:
 
 def _kernel_form() -> str:
     """How this process runs the pooled k-means kernel's large calls (``_cellsums.use_pooled``)."""
-    from ..algorithms import _cellsums
+    from securefkm.algorithms import _cellsums
 
     if _cellsums.use_pooled(_cellsums.JIT_MIN_WORK):
         return "numba's threads over the clients' pieces, numpy's OpenBLAS on one thread in each"
@@ -385,7 +385,7 @@ def _kernel_form() -> str:
 
 def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", "masked")):
     """Print the tables of ``parts`` ("rounds": table 1; "masked": tables 2 and 3)."""
-    out(f"securefkm bench speed: medians of {repeats} alternated repeats (table 1: each a batch of back-to-back "
+    out(f"benchmarks.speed: medians of {repeats} alternated repeats (table 1: each a batch of back-to-back "
         f"calls after an untimed one), {kernel_threads()} CPUs, same threads "
         f"for both sides (scikit-learn's OpenMP threads; ours: {_kernel_form()}); {_uptime()}\n")
     rows = _rounds_table(repeats, out) if "rounds" in parts else []
@@ -396,7 +396,7 @@ def run(repeats: int = 10, out=print, big_masked: bool = True, parts=("rounds", 
 
 
 def _rounds_table(repeats, out):
-    from ..datasets import load_dataset
+    from securefkm.datasets import load_dataset
 
     rng = np.random.default_rng(1)
     blobs = load_dataset("dwf-blobs", split="iid", n_clients=100, random_state=0).pooled()

@@ -1,6 +1,6 @@
 """Load on loopback: N SuperNodes, pairwise masking, one node killed in every round.
 
-    python -m securefkm.bench.deployment_load --nodes 20 --rounds 5 [--insecure]
+    python -m benchmarks.deployment_load --nodes 20 --rounds 5 [--insecure]
 
 Starts a secure local deployment (run CA, SuperLink TLS + SuperNode authentication), fits
 DWF with ``PairwiseMasking`` for ``--rounds`` training rounds, and in round ``r`` SIGKILLs
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..flower.deploy import LocalDeployment, descendants, write_client_csvs
-from ..flower.spec import RunSpec
+from securefkm.flower.deploy import LocalDeployment, descendants, write_client_csvs
+from securefkm.flower.spec import RunSpec
 
 # (substring of the command line, role); first match wins. Warm ClientApp processes are forked
 # from the node's fork server and carry its command line (securefkm.flower._superexec).

@@ -1,5 +1,5 @@
-"""Where the time of ``securefkm bench speed``'s rounds goes: the measurements that
-docs/benchmarks.md quotes to explain its tables (``python -m securefkm.bench.speed_diagnostics``;
+"""Where the time of ``python -m benchmarks speed``'s rounds goes: the measurements that
+docs/benchmarks.md quotes to explain its tables (``python -m benchmarks.speed_diagnostics``;
 about a minute). Each prints one line; none is a target.
 
 * ``spin``: CPU time the process spends in the 50 ms after a scikit-learn Lloyd kernel call,
@@ -36,7 +36,7 @@ about a minute). Each prints one line; none is a target.
   client) in process and with its clients in worker processes, alternated, and the time a
   pool of workers takes to start: what :data:`~securefkm.federation.workers.AUTO_MIN_CLIENTS`
   (where ``backend="auto"`` starts using workers) rests on.
-  ``python -m securefkm.bench.speed_diagnostics auto_backend`` runs it alone.
+  ``python -m benchmarks.speed_diagnostics auto_backend`` runs it alone.
 * ``masked_stages``: a 1,000-client masked DWF round with the default backend, stage by
   stage: the driver's wall time for each exchange against the busiest worker's time
   answering it, the driver's own work, and what the agreements alone cost the busiest worker.
@@ -52,7 +52,7 @@ import time
 
 import numpy as np
 
-from ..algorithms import _kmeans, dwf
+from securefkm.algorithms import _kmeans, dwf
 from .speed import _Round, _SklearnKernel, _split, _timed, side_by_side
 
 
@@ -60,7 +60,7 @@ from .speed import _Round, _SklearnKernel, _split, _timed, side_by_side
 def _kernel_form(pooled: bool):
     """The pooled kernel in its parallel-loop form (True) or its thread-pool form (False)
     while the block runs; the setting is put back after it."""
-    from ..algorithms import _cellsums
+    from securefkm.algorithms import _cellsums
 
     saved, _cellsums.POOLED = _cellsums.POOLED, pooled
     try:
@@ -139,11 +139,11 @@ def framework(n: int, d: int, k: int, n_clients: int, repeats: int) -> str:
 
 def _kernel_variants(n: int, d: int, k: int, n_clients: int, repeats: int, variants: dict) -> dict:
     """Median ms of the pooled kernel call under each variant ({name: {``_cellsums``
-    attribute: value}}), alternated as the bench alternates (:func:`~securefkm.bench.speed.side_by_side`:
+    attribute: value}}), alternated as the bench alternates (:func:`~benchmarks.speed.side_by_side`:
     each sample the mean of 5 calls after an untimed one and after idling, as the parallel
     loop's OpenMP threads spin for about 9 ms after a call: ``spin``); the attributes are
     put back afterwards."""
-    from ..algorithms import _cellsums
+    from securefkm.algorithms import _cellsums
 
     X = np.random.default_rng(1).normal(size=(n, d))
     _, clients, C = _split(X, k, n_clients, 0)
@@ -230,7 +230,7 @@ def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds:
     import gc
     import tracemalloc
 
-    from ..federation import Federation
+    from securefkm.federation import Federation
 
     rng = np.random.default_rng(0)
     clients = [rng.normal(size=(20, d)) for _ in range(n_clients)]
@@ -264,7 +264,7 @@ def local_kmeans(n_clients: int = 200, n: int = 100, d: int = 32, k: int = 50, r
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
-    from ..algorithms import _local
+    from securefkm.algorithms import _local
 
     X = np.random.default_rng(1).normal(size=(n_clients * n, d))
     clients = np.array_split(X, n_clients)
@@ -422,7 +422,7 @@ def run(names=None, out=print) -> None:
             out(diagnostic())
 
 
-if __name__ == "__main__":  # python -m securefkm.bench.speed_diagnostics [name ...]
+if __name__ == "__main__":  # python -m benchmarks.speed_diagnostics [name ...]
     import sys
 
     run(sys.argv[1:])

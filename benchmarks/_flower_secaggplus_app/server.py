@@ -15,7 +15,7 @@ import traceback
 
 from flwr.serverapp import ServerApp
 
-from ..protocols_secaggplus import secaggplus_server_main
+from benchmarks.protocols_secaggplus import secaggplus_server_main
 
 app = ServerApp()
 

@@ -8,7 +8,7 @@
   true K = 2, for the central baseline and P = 2, 5, 10 IID clients. Reported over all
   sets and, as in the paper, over the sets whose index at K = 2 is below 1.3.
 
-Run ``python -m securefkm.bench.quality_fuzzy [--quick]``; prints markdown tables.
+Run ``python -m benchmarks.quality_fuzzy [--quick]``; prints markdown tables.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from ..algorithms._fcm import fuzzy_cmeans
-from ..datasets import g2, stallmann_motivational
-from ..estimators.fuzzy import FederatedFuzzyCMeans, local_fuzzy_db_scores
-from ..metrics_fuzzy import fuzzy_davies_bouldin, knowledge_gap
+from securefkm.algorithms._fcm import fuzzy_cmeans
+from securefkm.datasets import g2, stallmann_motivational
+from securefkm.estimators.fuzzy import FederatedFuzzyCMeans, local_fuzzy_db_scores
+from securefkm.metrics_fuzzy import fuzzy_davies_bouldin, knowledge_gap
 
 MU = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.5, 0.5]])
 

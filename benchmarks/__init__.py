@@ -1,9 +1,27 @@
-"""Benchmarks behind ``securefkm bench``. Not run in CI; their commands and outputs are in docs/."""
+"""The development benchmarks of securefkm: run from a source checkout, not installed.
+
+    python -m benchmarks quality|speed|protocols|scaling [options]   (python -m benchmarks -h)
+    python -m benchmarks.<module> [options]                          (e.g. benchmarks.protocols_dp)
+
+Not run in CI; their commands and outputs are in docs/benchmarks.md. A benchmark imports the
+library, never the reverse (tests/test_import_contract.py). The attack/defence benchmark is a
+library feature: ``securefkm bench attacks`` (attacks/bench.py).
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+#: the checkout's root: put on PYTHONPATH so child processes (sweep workers, Ray tasks, the
+#: Flower SuperNodes and app processes, the benchmarks' own subprocesses) import ``benchmarks`` too
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+
 
 def main(args) -> None:
+    """Run the benchmark named by ``args.bench`` (the namespace ``python -m benchmarks`` parses)."""
     if args.bench == "speed":
         from .speed import run
 
@@ -51,12 +69,8 @@ def main(args) -> None:
         from .scaling import run
 
         run(sizes=(1_000,) if args.quick else (1_000, 10_000), with_scale=not args.quick, with_growth=not args.quick)
-    elif args.bench == "attacks":
-        from attacks.bench import cli_run
-
-        cli_run(quick=args.quick, out=args.out, seeds=args.seeds, jobs=args.jobs, backend=args.backend,
-                datasets=args.datasets, algorithms=args.algorithms, stacks=args.stacks, no_large=args.no_large,
-                crypto=args.crypto)
+    else:
+        raise ValueError(f"unknown benchmark {args.bench!r}: quality, speed, protocols or scaling")
 
 
 def _accepts_quick(fn) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 
-from ..protocols_secaggplus import fixed_vector_client
+from benchmarks.protocols_secaggplus import fixed_vector_client
 
 
 def client_fn(context):

@@ -1,4 +1,4 @@
-"""Benchmark of the Paillier aggregator's packing (``securefkm bench protocols --part paillier``).
+"""Benchmark of the Paillier aggregator's packing (``python -m benchmarks protocols --part paillier``).
 
 Measures, in one process on this machine, the client's encryption cost per encoded value:
 

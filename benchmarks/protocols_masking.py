@@ -1,7 +1,7 @@
 """Benchmark of pairwise masking (protocols.masking): masking cost vs raw keystream,
 server unmasking with 10% dropouts, and full simulated secure rounds (sparse graph).
 
-Run: ``python -m securefkm.bench.protocols_masking`` (or ``securefkm bench protocols
+Run: ``python -m benchmarks.protocols_masking`` (or ``python -m benchmarks protocols
 --part masking``). Results and the command are recorded in docs/protocols/pairwise-masking.md.
 
 Three tables:

@@ -27,7 +27,7 @@ def available() -> bool:
 
 def descendants_cpu_seconds(root: int | None = None) -> float:
     """CPU seconds used so far by every process below ``root`` (default: this process)."""
-    from ..flower.deploy import descendants, proc_stats
+    from securefkm.flower.deploy import descendants, proc_stats
 
     root = os.getpid() if root is None else int(root)
     stats = proc_stats()
