@@ -921,3 +921,26 @@ def test_fake_grid_dp_plan_needs_the_record_count(tmp_path, clients, task_identi
                                                "masking"]), paths)
     assert text.protection[0] == {"name": "dp", "epsilon": 1, "delta": 1e-5, "bounds": [-12, 12],
                                   "mode": "distributed", "n_records": 240}
+
+
+def test_run_config_is_one_typed_record():
+    """The ServerApp's run config keys, types and defaults are written once (RunConfig), and
+    the Flower app's pyproject.toml carries the same defaults; a mistyped key is named."""
+    import dataclasses
+    import tomllib
+
+    from securefkm.flower.deploy import APP_DIR
+    from securefkm.flower.run_config import RunConfig
+
+    shipped = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    fields = {RunConfig.key(f.name): f for f in dataclasses.fields(RunConfig)}
+    assert set(shipped) == set(fields)
+    for key, f in fields.items():
+        if f.default is not dataclasses.MISSING:
+            assert shipped[key] == f.default, key
+    cfg = RunConfig.from_flower(shipped)
+    assert cfg.to_flower() == shipped and cfg.or_none("checkpoint_path") is None and cfg.or_none("min_nodes") is None
+    with pytest.raises(InputError, match="run config 'num-nodes'='three' is not an int"):
+        RunConfig.from_flower({**shipped, "num-nodes": "three"})
+    with pytest.raises(InputError, match="run config 'spec' is missing"):
+        RunConfig.from_flower({"num-nodes": 3})

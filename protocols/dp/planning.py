@@ -216,10 +216,10 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     is not Lloyd's: EWF's averaged local centres (one row per client, sensitivity the box's
     diameter, twice the half-diagonal) carry the noise of Lloyd sums over ``clients / 2``
     records per cluster, i.e. the factor ``clients / (2 n)`` with n the round's records."""
-    dp = _budget_led_layer(est, layers)
+    dp = budget_led_layer(est, layers)
     if dp is None:
         return None
-    n = _public_n(dp, data)
+    n = public_n(dp, data)
     # a round sums the records of the clients it samples: fewer records, relatively more noise
     per_round = max(1, round(n * _client_fraction(est, data) * records_per_cluster_factor))
     e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, per_round, dp.accountant_name)
@@ -228,7 +228,7 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     return p
 
 
-def _budget_led_layer(est, layers):
+def budget_led_layer(est, layers):
     """The stack's one GaussianDP layer when ``max_rounds`` is unset and the layer leaves its
     per-round noise to the budget (no ``noise_multiplier``, ``round_weights`` or
     ``last_round_weights``), else None."""
@@ -252,7 +252,8 @@ def _client_fraction(est, data) -> float:
     return min(1.0, float(c))
 
 
-def _public_n(dp, data) -> int:
+def public_n(dp, data) -> int:
+    """The number of records the plan treats as public: the declared ``n_records``, else the data's."""
     return int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
 
 
@@ -267,7 +268,7 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     distributed Lloyd rounds (None: read DWF's options; the set-valued algorithms' secure modes
     under DP pass True, their rounds being record-level Lloyd sums).
     """
-    dp = _budget_led_layer(est, layers)
+    dp = budget_led_layer(est, layers)
     if exact_lloyd is None:
         exact_lloyd = (est.max_local_steps == 1 and est.weighting == "dynamic" and est.learning_rate == 1.0
                        and est.momentum == 0.0)
@@ -278,7 +279,7 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
         or not exact_lloyd
     ):
         return None
-    n = _public_n(dp, data)
+    n = public_n(dp, data)
     low, high = dp.bounds
     p = plan(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, low, high, n, seed,
              accountant=dp.accountant_name)

@@ -125,13 +125,13 @@ class WeightedFederatedKMeans(FederatedClusterer):
         planned = plan_for_estimator(self, data, layers, seed)
         if planned is not None or self.weighting != "equal":
             return planned or rounds_plan_for_estimator(self, data, layers)
-        from protocols.dp.planning import _budget_led_layer, _public_n
+        from protocols.dp.planning import budget_led_layer, public_n
 
-        dp = _budget_led_layer(self, layers)
+        dp = budget_led_layer(self, layers)
         if dp is None:  # nothing to plan (reads no record count)
             return None
         # EWF averages one local centre per client: see rounds_plan_for_estimator
-        return rounds_plan_for_estimator(self, data, layers, data.n_clients / (2.0 * max(1, _public_n(dp, data))))
+        return rounds_plan_for_estimator(self, data, layers, data.n_clients / (2.0 * max(1, public_n(dp, data))))
 
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)

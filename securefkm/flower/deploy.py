@@ -591,30 +591,34 @@ class LocalDeployment:
         shutil.copytree(APP_DIR, app_dir)
         result_path = run_dir / "result.bin"
         progress_path = Path(progress_path) if progress_path else run_dir / "progress.jsonl"
-        config = {
-            "spec": spec.to_json(),
-            "num-nodes": int(num_nodes),
-            "n-features": int(n_features),
-            "stage-timeout": float(stage_timeout),
-            "suspect-timeout": float(suspect_timeout),
-            "node-wait-timeout": float(min(timeout, 120.0)),
-            "poll-interval": float(poll_interval),
-            "result-path": str(result_path),
-            "progress-path": str(progress_path),
-            "checkpoint-path": "" if checkpoint_path is None else str(Path(checkpoint_path).resolve()),
-            "checkpoint-key": "" if checkpoint_key is None else str(Path(checkpoint_key).resolve()),
-        }
+        from .run_config import RunConfig
+
+        extra: dict = {}
         needs = spec.requirements()
         if needs.identity:
             if self.pki is None:
                 raise DeploymentError("this spec needs node identities; start the deployment with provision=True.")
-            config["directory"] = str(self.pki.directory_path)
+            extra["directory"] = str(self.pki.directory_path)
         if needs.authority:
             paillier = next((p for p in spec.protection if p == "paillier" or (isinstance(p, dict) and p.get("name") == "paillier")), {})
             paillier = paillier if isinstance(paillier, dict) else {}
-            config["authority-url"] = self.start_authority(key_size=int(paillier.get("key_size", 2048)),
-                                                           min_clients=int(paillier.get("min_clients", 2)))
-            config.update(self.authority_run_config())
+            extra["authority_url"] = self.start_authority(key_size=int(paillier.get("key_size", 2048)),
+                                                          min_clients=int(paillier.get("min_clients", 2)))
+            extra.update({k.replace("-", "_"): v for k, v in self.authority_run_config().items()})
+        config = RunConfig(
+            spec=spec.to_json(),
+            num_nodes=int(num_nodes),
+            n_features=int(n_features),
+            stage_timeout=float(stage_timeout),
+            suspect_timeout=float(suspect_timeout),
+            node_wait_timeout=float(min(timeout, 120.0)),
+            poll_interval=float(poll_interval),
+            result_path=str(result_path),
+            progress_path=str(progress_path),
+            checkpoint_path="" if checkpoint_path is None else str(Path(checkpoint_path).resolve()),
+            checkpoint_key="" if checkpoint_key is None else str(Path(checkpoint_key).resolve()),
+            **extra,
+        ).to_flower()
         cfg_path = run_dir / "run_config.toml"
         cfg_path.write_text("".join(
             f"{k} = {_toml_str(v) if isinstance(v, str) else repr(v)}\n" for k, v in config.items()

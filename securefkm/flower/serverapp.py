@@ -10,27 +10,8 @@ The result (centres, transcript, privacy spent, aborted attempts, per-stage timi
 errors clients reported) is written to the run config's ``result-path`` if one is given, in the
 checkpoint's code-free format (:mod:`securefkm.flower._state_codec`).
 
-Run config keys (defaults in ``securefkm/flower/app/pyproject.toml``):
-
-===================  ==========================================================
-``spec``             JSON :class:`~securefkm.flower.spec.RunSpec`
-``num-nodes``        number of SuperNodes (= clients) to wait for
-``n-features``       number of columns of every client's CSV
-``stage-timeout``    seconds per protocol stage before silent clients drop
-``suspect-timeout``  extra seconds for a node that already missed a deadline
-``node-wait-timeout`` seconds to wait for ``num-nodes`` nodes to connect
-``poll-interval``    seconds between polls of the SuperLink for replies
-``result-path``      where to write the result file ("" = do not write)
-``progress-path``    JSON-lines progress log ("" = none)
-``directory``        provisioned node directory: a path or the JSON text ("" = none)
-``authority-url``    address of the Paillier key authority service ("" = none)
-``authority-ca``     CA that signed the authority's TLS certificate (https)
-``authority-cert``   the ServerApp's client certificate the authority admits
-``authority-key``    its private key
-``min-nodes``        fewest nodes that must identify (0 = 2 or Paillier min_clients)
-``checkpoint-path``  atomic checkpoint after every round; resume from it ("" = none)
-``checkpoint-key``   the checkpoint's HMAC key file ("" = ``<checkpoint-path>.key``)
-===================  ==========================================================
+Run config keys: :class:`~securefkm.flower.run_config.RunConfig` (each field is a key, with
+'-' for '_'; its defaults are those of ``securefkm/flower/app/pyproject.toml``).
 
 Paillier and masking with ``sign_keys=True`` need provisioned node identities
 (:mod:`securefkm.flower.provision`): the ServerApp first runs one ``identify`` exchange in
@@ -314,25 +295,27 @@ def _write_result(path: str, result: dict) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = context.run_config
-    result_path = str(cfg.get("result-path", "") or "")
+    from .run_config import RunConfig
+
+    result_path = str(context.run_config.get("result-path", "") or "")
     try:
+        cfg = RunConfig.from_flower(context.run_config)
         result = run_federation(
             grid,
-            RunSpec.from_json(str(cfg["spec"])),
-            n_nodes=int(cfg["num-nodes"]),
-            n_features=int(cfg["n-features"]),
-            stage_timeout=float(cfg.get("stage-timeout", 60.0)),
-            suspect_timeout=float(cfg.get("suspect-timeout", 3.0)),
-            node_wait_timeout=float(cfg.get("node-wait-timeout", 120.0)),
-            poll_interval=float(cfg.get("poll-interval", 0.05)),
-            progress_path=str(cfg.get("progress-path", "") or "") or None,
-            directory=str(cfg.get("directory", "") or "") or None,
-            authority_url=str(cfg.get("authority-url", "") or "") or None,
-            authority_tls={k: str(cfg.get(f"authority-{k}", "") or "") or None for k in ("ca", "cert", "key")},
-            min_nodes=int(cfg["min-nodes"]) if int(cfg.get("min-nodes", 0) or 0) > 0 else None,
-            checkpoint_path=str(cfg.get("checkpoint-path", "") or "") or None,
-            checkpoint_key=str(cfg.get("checkpoint-key", "") or "") or None,
+            RunSpec.from_json(cfg.spec),
+            n_nodes=cfg.num_nodes,
+            n_features=cfg.n_features,
+            stage_timeout=cfg.stage_timeout,
+            suspect_timeout=cfg.suspect_timeout,
+            node_wait_timeout=cfg.node_wait_timeout,
+            poll_interval=cfg.poll_interval,
+            progress_path=cfg.or_none("progress_path"),
+            directory=cfg.or_none("directory"),
+            authority_url=cfg.or_none("authority_url"),
+            authority_tls={k: cfg.or_none(f"authority_{k}") for k in ("ca", "cert", "key")},
+            min_nodes=cfg.or_none("min_nodes"),
+            checkpoint_path=cfg.or_none("checkpoint_path"),
+            checkpoint_key=cfg.or_none("checkpoint_key"),
         )
     except Exception as exc:
         log.error("securefkm run failed: %s: %s", type(exc).__name__, exc)
