@@ -46,7 +46,8 @@ from .matrix import ATTACKS, default_algorithms, default_stacks, dp_layers
 KEY = ("dataset", "algorithm", "stack", "attack", "seed")
 COLUMNS = KEY + (
     "status", "records_recovered", "n_records", "fraction_recovered", "clients_exposed", "precision", "rounds_used",
-    "detected", "membership_auc", "membership_advantage", "audit_epsilon", "claimed_epsilon",
+    "detected", "membership_auc", "membership_advantage", "poison_displacement", "poison_utility", "poison_ari",
+    "poison_detected", "audit_epsilon", "claimed_epsilon",
     "utility", "ari", "inertia", "central_inertia", "central_ari", "epsilon", "delta",
     "fit_seconds", "attack_seconds",
 )
@@ -115,7 +116,7 @@ def quick_config(out: str = "bench-attacks", seeds: int | None = None) -> BenchC
         "dp(eps=1)+masking": [matrix.dp_spec(1.0), "masking"],
     }
     attacks = ["small-cluster", "differencing", "aggregate-differencing", "fuzzy-equations", "crafted-centroids",
-               "model-inconsistency", "membership"]
+               "model-inconsistency", "membership", "poisoning"]
     return BenchConfig(stacks=stacks, attacks=attacks, seeds=list(range(seeds or 1)), out=out, max_rounds=10,
                        active_rounds=40, audit_trials=20000)
 

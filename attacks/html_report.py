@@ -24,7 +24,8 @@ import numpy as np
 
 GROUP = ("dataset", "algorithm", "stack", "attack")
 NUMERIC = ("records_recovered", "fraction_recovered", "clients_exposed", "precision", "membership_auc",
-           "membership_advantage", "audit_epsilon", "claimed_epsilon", "utility", "ari", "epsilon")
+           "membership_advantage", "poison_displacement", "poison_utility", "poison_ari", "poison_detected",
+           "audit_epsilon", "claimed_epsilon", "utility", "ari", "epsilon")
 AUDIT = "dp-audit"
 
 

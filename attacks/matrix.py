@@ -27,7 +27,9 @@ from securefkm.exceptions import InputError, NoParticipantsError, ProtectionConf
 
 PASSIVE = ("small-cluster", "differencing", "aggregate-differencing", "fuzzy-equations")
 ACTIVE = ("crafted-centroids", "model-inconsistency", "active-aggregate-differencing", "sybil")
-ATTACKS = PASSIVE + ACTIVE + ("membership",)
+#: malicious clients against the fit (attacks.poisoning): the adaptive attack, 10% of the clients
+POISONING = ("poisoning",)
+ATTACKS = PASSIVE + ACTIVE + ("membership",) + POISONING
 CRISP = ("dwf", "ewf", "minibatch")
 FUZZY = ("fcm", "fcm-fedavg")
 #: algorithms whose plain mode sends set-fields; "<name>+secure" is their sum-only mode
@@ -63,6 +65,7 @@ def default_stacks(epsilons=(1.0,)) -> dict:
         stacks[f"dp-local(eps={e:g})"] = [dp_spec(e, "local")]
         stacks[f"dp-central(eps={e:g})"] = [dp_spec(e, "central")]
         stacks[f"dp(eps={e:g})+masking"] = [dp_spec(e), "masking"]
+        stacks[f"dp(eps={e:g})+paillier"] = [dp_spec(e), "paillier"]
     stacks["recommended"] = recommended_stack()
     return stacks
 
@@ -117,6 +120,13 @@ def applicability(attack: str, algorithm: str, specs, k: int) -> str | None:
     """None when ``attack`` applies to (algorithm, stack, k), else the reason it does not."""
     base, params = split_algorithm(algorithm)
     secure = _secure_aggregator(specs)
+    if attack == "poisoning":
+        if base == "ewf":
+            return "EWF sends per-cell means without counts; the poisoning attacks rewrite (count, sum) pairs"
+        if base in SET_VALUED and not params.get("secure_mode"):
+            return ("the plain mode sends local centres and sizes (set-fields); the poisoning attacks rewrite "
+                    "(count, sum) pairs, which its secure mode sends")
+        return None
     if attack == "fuzzy-equations" and base not in FUZZY:
         return "the fuzzy equation solver reads fuzzy c-means memberships"
     if attack in ACTIVE and base == "ewf":
@@ -314,7 +324,7 @@ def fit_cell(cell: dict) -> list[dict]:
         elif fit_status == STATUS_OK:
             t1 = time.perf_counter()
             try:
-                row.update(_attack(attack, est, data, cell, held))
+                row.update(_attack(attack, est, data, cell, held, box))
             except Exception as exc:  # noqa: BLE001 - one broken attack must not stop the table
                 row["status"] = f"error: {type(exc).__name__}: {exc}"[:400]
             row["attack_seconds"] = time.perf_counter() - t1
@@ -322,10 +332,19 @@ def fit_cell(cell: dict) -> list[dict]:
     return rows
 
 
-def _attack(name, est, data, cell, held) -> dict:
+def _attack(name, est, data, cell, held, box=None) -> dict:
     from . import active, passive
 
     seed = cell["seed"]
+    if name == "poisoning":
+        # the strongest in-range attack (passes every range check), 10% of the clients
+        from .poisoning import Poisoning
+
+        m = max(1, len(data.clients) // 10)
+        rep = Poisoning("adaptive", m, box=box, random_state=30_000 + seed).evaluate(est, data)
+        caught = set(rep.detected) | set(rep.excluded) | set(rep.refused)
+        return {"poison_displacement": rep.displacement_max, "poison_utility": rep.utility, "poison_ari": rep.ari,
+                "poison_detected": len(caught & set(rep.malicious)) / len(rep.malicious)}
     if name == "membership":
         # distance attack on the released centres: held-out records (removed before the fit)
         # against as many training records drawn at random
