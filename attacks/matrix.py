@@ -53,7 +53,7 @@ def dp_spec(epsilon: float, mode: str = "distributed") -> dict:
 
 
 def default_stacks(epsilons=(1.0,)) -> dict:
-    """Every stack a user would pick (issue 16), in order of strength; DP stacks per epsilon."""
+    """Every stack a user would pick, in order of strength; DP stacks per epsilon."""
     stacks = {
         "none": [],
         "min-cluster(2)": [{"name": "min-cluster", "p": 2}],

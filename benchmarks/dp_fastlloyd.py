@@ -24,9 +24,9 @@ T = clip(floor(0.016 N^2 / (k^3 eta^2 (1 + sqrt(4d))^2 s^2)), 2, 7) with eta = D
 paper's rule for the number of iterations). The start is data independent: k points uniform in
 the box, at least 2 p apart, p halved until they fit (diffprivlib's KMeans start, p = 1 first).
 
-The setting (issue 20): iris, wine and breast cancer from scikit-learn, every feature min-max
-scaled to [-1, 1], records shuffled (by the seed) over 2 clients, delta = 1/(N ln N),
-k = 3 / 3 / 2.
+The setting (FastLloyd's accuracy experiments): iris, wine and breast cancer from
+scikit-learn, every feature min-max scaled to [-1, 1], records shuffled (by the seed) over 2
+clients, delta = 1/(N ln N), k = 3 / 3 / 2.
 """
 
 from __future__ import annotations

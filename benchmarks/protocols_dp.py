@@ -219,7 +219,7 @@ def _spent_ok(spent, epsilon, delta) -> bool:
 def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None, grid_epsilons=None) -> dict:
     """Run the benchmark, print the markdown tables and return the raw numbers.
 
-    Part 1 (issue 20): FastLloyd's accuracy setting (iris, wine, breast cancer min-max scaled to
+    Part 1: FastLloyd's accuracy setting (iris, wine, breast cancer min-max scaled to
     [-1, 1] over 2 clients, delta = 1/(N ln N)): FastLloyd's mechanism
     (:mod:`benchmarks.dp_fastlloyd`), diffprivlib's KMeans and the library's defaults in
     central and distributed (+ PairwiseMasking) mode. Part 2: the blobs and digits rows (non-IID
@@ -307,7 +307,7 @@ def run(quick: bool = False, out=print, seeds: int | None = None, epsilons=None,
 
 
 def seeded_grid(cells, seeds=range(1000, 1030), modes=("central", "distributed"), out=print) -> dict:
-    """Tuning aid for the DP plan (issue 20): the defaults in FastLloyd's setting with
+    """Tuning aid for the DP plan: the defaults in FastLloyd's setting with
     ``GaussianDP(rng="seeded")`` (noise keyed by the seed, so variants of the plan can be
     compared on the same noise) and ``crypto="ideal"``, and FastLloyd on the same seeds.
 
@@ -341,7 +341,7 @@ def seeded_grid(cells, seeds=range(1000, 1030), modes=("central", "distributed")
     return out_all
 
 
-#: off-table shapes of issue 20 item 3: (n, k, d, cluster_std, make_blobs random_state)
+#: shapes outside FastLloyd's data sets, on which the plan's rules were tuned: (n, k, d, cluster_std, make_blobs random_state)
 OFF_TABLE_SHAPES = (
     (300, 4, 2, 1.0, 100), (200, 3, 2, 1.5, 101), (500, 5, 3, 1.0, 102), (1000, 8, 6, 2.0, 103),
     (400, 3, 10, 3.0, 104), (2000, 10, 16, 3.0, 105), (3000, 6, 5, 1.5, 106),
@@ -350,8 +350,8 @@ OFF_TABLE_SHAPES = (
 )
 
 
-#: shapes and seeds never used for tuning (held out): a check of the rule's generality, run
-#: after the seventh revision was tuned on OFF_TABLE_SHAPES with seeds 1000-1039
+#: shapes and seeds never used for tuning (held out): a check of the rule's generality (the
+#: rules were tuned on OFF_TABLE_SHAPES with seeds 1000-1039)
 HELD_OUT_SHAPES = (
     (600, 3, 2, 1.2, 11), (350, 5, 2, 1.0, 12), (800, 4, 3, 1.5, 13), (1500, 7, 2, 1.0, 14),
     (250, 2, 2, 1.5, 15), (2000, 5, 4, 2.0, 16), (150, 3, 2, 0.8, 17),
@@ -371,7 +371,7 @@ def held_out_grid(out=print) -> dict:
 
 
 def off_table_grid(shapes=OFF_TABLE_SHAPES, epsilons=(0.25, 0.5, 1.0), seeds=range(1000, 1040), out=print) -> dict:
-    """The defaults against FastLloyd on data shapes outside the issue-20 grid (its item 3):
+    """The defaults against FastLloyd on data shapes outside FastLloyd's grid:
     ``make_blobs(n, n_features=d, centers=k, cluster_std=std, random_state=rs)`` min-max scaled
     to [-1, 1], shuffled by the seed over 2 clients, delta = 1/(N ln N) -- FastLloyd's setting,
     as :func:`seeded_grid` (seeded noise, ``crypto="ideal"``). Prints mean ± s.e. per shape,

@@ -1,4 +1,4 @@
-"""``python -m benchmarks scaling``: the worker backends against one process (issue 15).
+"""``python -m benchmarks scaling``: the worker backends against one process.
 
 Every figure comes from this one run; speedups are ratios of medians of rounds timed side by
 side with the backends alternated (A B C, then C B A, ...). Three tables:

@@ -10,7 +10,7 @@ noise, ratios are not. Three tables:
    (sampling, every client's update -- vectorised across clients by
    :func:`securefkm.algorithms._kmeans.per_client_cell_sums` --, plain aggregation, the full
    transcript) of DWF, mini-batch and federated fuzzy c-means (fedavg) on the pooled data
-   split over 100 or 10,000 clients. Targets (issue 14): DWF <= 1.5 at 100k x 16 (k=20) and
+   split over 100 or 10,000 clients. Targets: DWF <= 1.5 at 100k x 16 (k=20) and
    1M x 32 (k=50) with 100 clients, <= 2.5 at 1M x 32 with 10,000 clients; the round's peak
    memory (tracemalloc, on top of the clients' data) at most the pooled data's size, i.e.
    data + round <= 2x the data.
@@ -179,8 +179,8 @@ def _unit_costs(repeats: int = 7, calls: int = 1000) -> dict:
     """Median wall and CPU seconds of one X25519 key generation, agreement and key derivation
     (:func:`~protocols.masking.keys.kdf` of a 32-byte key with info as long as a mask seed's),
     each timed over ``repeats`` bursts of ``calls`` calls. (Bursts of 1,000 agreements have
-    the median of bursts of 300 and a third of their spread here: 31.01 against 31.00 us,
-    standard deviation 0.69 against 1.79 us over 12 alternated bursts, 2026-11-28.)"""
+    the median of bursts of 300 and a third of their spread: 31.01 against 31.00 us, standard
+    deviation 0.69 against 1.79 us over 12 alternated bursts.)"""
     from protocols.masking import keys
 
     sk = keys.load_x25519(keys.x25519_keypair()[0])

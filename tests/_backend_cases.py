@@ -61,7 +61,7 @@ CASES = {
         "dwf", {}, lambda: [Paillier(authority=KeyAuthority(*keypair(), min_clients=3, allow_weak_key=True),
                                      min_clients=3)], {1: [2]}, False),
     "dwf-masking-threshold-abort": (
-        # the aborted round is retried (issue 19): both backends abort it and then agree
+        # the aborted round is retried: both backends abort it and then agree
         "dwf", {}, lambda: [PairwiseMasking()], {2: {"unmask": [0, 1, 2, 3, 4, 5, 6]}}, False),
     "dwf-dp-seeded-masking": (  # one data domain: DP's bounds also serve the start
         "dwf", {"init_bounds": (-5.0, 10.0)}, lambda: [GaussianDP(2.0, 1e-5, bounds=(-5.0, 10.0), mode="distributed", rng="seeded", min_clients=8),

@@ -1,4 +1,4 @@
-"""The attack/defence benchmark: quick mode's guards (issue 16), every cell present in the CSV
+"""The attack/defence benchmark: quick mode's guards, every cell present in the CSV
 and the HTML report, resume from the cache, parallel output equal to serial."""
 
 import csv

@@ -1,5 +1,5 @@
-"""GaussianDP(rng="seeded"): DP noise as a deterministic function of the fit's seeds (issue 13
-part 2), in central, distributed and local mode; rng="system" stays fresh OS randomness."""
+"""GaussianDP(rng="seeded"): DP noise as a deterministic function of the fit's seeds, in
+central, distributed and local mode; rng="system" stays fresh OS randomness."""
 
 from __future__ import annotations
 

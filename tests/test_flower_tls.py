@@ -1,4 +1,4 @@
-"""The key authority over TLS with client certificates, and its per-run sessions (issue 18).
+"""The key authority over TLS with client certificates, and its per-run sessions.
 
 Fast: no Flower processes. Certificates are made with ``cryptography`` (securefkm.flower.tls);
 the service runs in a thread of this process with small test-only Paillier keys.

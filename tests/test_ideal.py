@@ -128,7 +128,7 @@ def test_ideal_equals_real_over_the_matrix(algo, clients, keypair):
             for key in ("error", "centres", "privacy", "released", "aborts"):
                 assert real[key] == ideal[key], (algo, agg, dropout, key)
             assert not any(r[-1] for r in ideal["released"]), "the ideal server saw a plain client sum"
-            # an aborted round is retried (issue 19): count fits that had an aborted attempt
+            # an aborted round is retried: count fits that had an aborted attempt
             outcomes["aborted" if real["error"] or real["aborts"] else "completed"] += 1
     # the matrix exercised both outcomes
     assert outcomes["completed"] >= 5 and outcomes["aborted"] >= 1, outcomes

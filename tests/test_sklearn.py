@@ -1,5 +1,5 @@
 """scikit-learn surface beyond check_estimator: pooled data with groups, pipelines and
-group-aware splitting, text protection specs, one data domain, refused input (issues 17, 12)."""
+group-aware splitting, text protection specs, one data domain, refused input."""
 
 from __future__ import annotations
 

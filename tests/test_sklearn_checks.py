@@ -1,4 +1,4 @@
-"""scikit-learn's estimator checks for the five estimators (issue 17, item 2).
+"""scikit-learn's estimator checks for the five estimators.
 
 The instances use few rounds so the ~50 checks per estimator stay fast; a pooled array
 without ``groups`` is one client (documented in securefkm.estimators.base). The only checks

@@ -1,4 +1,4 @@
-"""``securefkm demo``: unprotected vs the recommended stack, side by side (issue 17, item 5)."""
+"""``securefkm demo``: unprotected vs the recommended stack, side by side."""
 
 from __future__ import annotations
 

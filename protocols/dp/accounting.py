@@ -24,8 +24,8 @@ mu = sqrt(T) / z (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.
 So ``"prv"`` evaluates a history whose every round has q = 1 -- heterogeneous noise
 multipliers included, mu^2 = sum_i n_i / z_i^2 -- with this closed form instead of the numerical
 composition: the same privacy curve without the PRV's discretisation error, whose upper end
-costs 1% (epsilon 1) to 9% (epsilon 0.1) more noise at the same target (issue 20, fifth
-revision), and without importing torch. The noise calibration inverts it exactly
+costs 1% (epsilon 1) to 9% (epsilon 0.1) more noise at the same target, and without importing
+torch. The noise calibration inverts it exactly
 (:func:`gdp_mu`). Histories with a subsampled round use opacus's PRV accountant as before.
 """
 

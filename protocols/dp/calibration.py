@@ -25,12 +25,12 @@ def auto_count_share(d: int) -> float:
     The mean S_j / n_j has error about (e_S - e_n mu_j) / n_j, mu_j the mean relative to the point
     the sums are centred on (the box centre, or the broadcast centre in a radius round), of expected
     squared norm z^2 (d R^2 / (1 - c) + ||mu_j||^2 / c) / n_j^2, minimised at
-    c / (1 - c) = ||mu_j|| / (R sqrt(d)). The worst case ||mu_j|| = R gives 1 / (1 + sqrt(d)) (the
-    rule before issue 20's fifth revision); a cluster mean is typically well inside the ball its
-    records are bounded by, and rho = 1/2 is FastLloyd's split (Diaa et al. 2025: count and sum
-    sigmas in the ratio (4d)^(1/4) / r). Tuning seeds 1000-1099 (docs/protocols/dp-utility.md,
-    fifth revision): better or level in every cell of the issue-20 grid, digits 1.467 -> 1.412.
-    Uses only d (public)."""
+    c / (1 - c) = ||mu_j|| / (R sqrt(d)). The worst case ||mu_j|| = R gives 1 / (1 + sqrt(d)); a
+    cluster mean is typically well inside the ball its records are bounded by, and rho = 1/2 is
+    FastLloyd's split (Diaa et al. 2025: count and sum sigmas in the ratio (4d)^(1/4) / r). On
+    the tuning seeds 1000-1099 of FastLloyd's grid, rho = 1/2 is better than or level with the
+    worst case in every cell, and digits (eps 1) goes from 1.467 to 1.412 (the current figures:
+    docs/protocols/dp-utility.md). Uses only d (public)."""
     return 1.0 / (1.0 + math.sqrt(d) / MEAN_OFFSET_FRACTION)
 
 

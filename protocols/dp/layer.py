@@ -504,7 +504,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._info_clients = n
 
     def _warn_about_trust_and_delta(self, info):
-        """Fit-time warnings (issue 12): central noise with the server seeing plain updates, and a
+        """Fit-time warnings: central noise with the server seeing plain updates, and a
         delta that allows releasing a record (checked when the record count is known: in simulation)."""
         if self.mode == "central" and not getattr(self, "_secure_aggregator", False):
             warnings.warn(

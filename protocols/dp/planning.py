@@ -1,58 +1,50 @@
 """DP-aware defaults: the plan a k-means estimator runs when the user gives nothing but
-``GaussianDP(epsilon, delta, bounds=box)`` (issue 20, issue 14 part 3).
+``GaussianDP(epsilon, delta, bounds=box)``.
 
 Everything here is a function of public quantities: k, d, epsilon, delta, the declared box,
 the seed, and the number of records n. n is *declared public* by the plan (the estimator
 knows it in simulation; ``GaussianDP.report()["plan"]["records_declared_public"]`` says so);
 pass ``GaussianDP(n_records=...)`` to declare another, e.g. a rounded public figure.
 
-The rule
---------
+The rule, and why
+-----------------
+The current figures, the tuning protocol (paired, seeded noise on seeds 1000-1099 of
+FastLloyd's grid and 1000-1039 of ``benchmarks.protocols_dp.off_table_grid``) and the
+commands that reproduce them are in docs/protocols/dp-utility.md; the deltas quoted below are
+paired loss-ratio differences on those tuning seeds.
+
+*Noise level*: e = z_1 sqrt(d) k / (n sqrt(1 - c)), the expected norm of one cluster mean's
+noise relative to the box's half-diagonal when the whole budget is spent on one Lloyd round
+(z_1 the noise multiplier of one release at (epsilon, delta), c = 1/(1 + 2 sqrt(d)) the count
+share of :func:`protocols.dp.calibration.auto_count_share`, n/k records per cluster). Every
+rule below reads e.
+
+*Rounds*: R = 1 when e > E1 = 0.7, otherwise R = 1 + ceil(log2(E1 / e) / 2) within [2, 6]:
+each extra round multiplies every round's noise by sqrt(R), so each quartering of e buys one
+more round. E1 was read off forced R = 1, 2, 3 on seeds 1000-1019 of FastLloyd's grid.
+
 *Start*: when e >= E_p = 0.1, k data-independent points spread over the inner half of the box
 (greedy maximin over 64 k uniform candidates, from the seed) -- no seeding round, so the whole
 budget goes to Lloyd rounds; the first round's Voronoi cells around well-separated points near
 the box centre cut the data into k groups as random hyperplanes through the centre would.
 When e < E_p, a private seeding round (``init="private"``: noisy counts and sums of grid or
-hyperplane buckets, :mod:`securefkm.kernels`; in d <= 3 a grid of clip(0.3 / e, 4, 16)
-cells per cluster, the estimator handing e to the round) weighted R, i.e. given as much of
-mu^2 as R weight-1 Lloyd rounds (``round_weights={"init.private": R}``; with the final
-round's weight below, R of 3R - 2): with that little
-noise a data-dependent start is worth one more release, and a
-few Lloyd rounds from data-independent points stay in local optima of well-separated data
-(tuning seeds 1000+, paired, private minus spread: 5-blob sets of 10,000 and 100,000 records
-at eps 1 (e = 0.0035 / 0.00035) -0.35 and -0.23, spread start 1.35 / 1.23 times the optimum;
-breast cancer eps 1 (e = 0.062) -0.08 / -0.14 central / distributed; about even at e = 0.03 and
-0.11; worse at iris eps 1 (e = 0.12, +0.07) and wine eps 1 (0.18, +0.05 / +0.10)). Half the
-budget rather than an equal share per release (1 / (R + 1)): the DWF 5-blob set over 100 clients,
-central, seeds 1000-1029, eps 1 / 0.5: 1.001 / 1.018 against 1.007 / 1.048; breast cancer eps 1
-unchanged (-0.003 / +0.016 +- 0.03).
-
-*Noise level*: e = z_1 sqrt(d) k / (n sqrt(1 - c)), the expected norm of one cluster mean's
-noise relative to the box's half-diagonal when the whole budget is spent on one Lloyd round
-(z_1 the noise multiplier of one release at (epsilon, delta), c = 1/(1 + 2 sqrt(d)) the count
-share of :func:`protocols.dp.calibration.auto_count_share`, n/k records per cluster).
-
-*Rounds*: R = 1 when e > E1 = 0.7 (one noisy round: each extra round multiplies every round's
-noise by sqrt(R)); otherwise R = 1 + ceil(log2(E1 / e) / 2) within [2, 6] -- each quartering of
-e buys one more round. E1 was read off forced R = 1, 2, 3 on seeds 1000-1019 of the issue-20
-grid with the step shrinkage below (0.25 before it, seeds 100-123; the benchmark reports
-seeds 0-29).
+hyperplane buckets, :mod:`securefkm.kernels`; in d <= 3 a grid of clip(0.3 / e, 4, 16) cells
+per cluster) weighted R, i.e. given as much of mu^2 as the R weight-1 Lloyd rounds
+(``round_weights={"init.private": R}``): with that little noise a few Lloyd rounds from
+data-independent points stay in local optima of well-separated data, and a data-dependent
+start is worth one more release (private minus spread start: 5-blob sets of 10,000 and 100,000
+records at eps 1: -0.35 and -0.23; worse above E_p, e.g. iris eps 1, e = 0.12: +0.07). Half the
+budget rather than an equal share per release: on the DWF 5-blob set at eps 1 / 0.5, 1.001 /
+1.018 against 1.007 / 1.048.
 
 *Final round*: with R >= 3 the last Lloyd round gets weight R - 1 (``last_round_weights=
-{"train": R - 1}``), the earlier ones weight 1: the final round -- whose noise is what stays in
-the returned centres -- gets as much of the budget as the R - 1 rounds before it together,
-which only have to bring the centres near the optimum. A round's noise variance is
-proportional to W / w (W the schedule's total weight, w its own): from a spread start W goes
-from R to 2R - 2, so the final round's variance falls from R to 2 and the earlier rounds' rises
-by (2R - 2) / R; from a private start (seeding weight R) from 2R to 3R - 2, the final round's
-falls from 2R to (3R - 2) / (R - 1). Two-round plans (e >= 0.19, where the first round's noise
-decides the cells) keep equal weights: a heavier second round measured worse there (300
-records, k = 4, eps 0.25: 3.37 / 3.18 -> 3.30 / 3.49 central / distributed at weight 2).
-Chosen on ``protocols_dp.off_table_grid``, tuning seeds 1000-1039 (weights 2, 3, R - 1, R,
-2 (R - 1) measured; docs/protocols/dp-utility.md, issue 20, seventh revision): cells lost to
-FastLloyd in at least one mode 8 of 36 -> 3 of 36; e.g. 400 records, k = 2, eps 1 (R = 4):
-1.047 / 1.044 -> 1.020 / 1.019 (FastLloyd 1.022, whose T = 4 equal rounds weigh 4 where
-the old plan's seeding and rounds weighed 8).
+{"train": R - 1}``), the earlier ones weight 1: the final round's noise is what stays in the
+returned centres, the rounds before it only have to bring the centres near the optimum. A
+round's noise variance is proportional to W / w (W the schedule's total weight, w its own):
+from a spread start the final round's variance falls from R to 2 and the earlier rounds' rises
+by (2R - 2) / R. Two-round plans (e >= 0.19, where the first round's noise decides the cells)
+keep equal weights: a heavier second round measured worse there. The weight R - 1 was chosen
+on ``off_table_grid`` among 2, 3, R - 1, R and 2 (R - 1).
 
 *Radius*: Lloyd rounds after the first clip every record to FastLloyd's radius
 r = diag * 0.8 / (2 k^(1/d)) around its nearest centre, capped at 1.25 times the radius of the
@@ -60,16 +52,12 @@ d-ball of volume vol(box) / k (binds from d = 6 on), and noise the sums relative
 (sensitivity r instead of the half-diagonal; :mod:`protocols.dp.radius`).
 
 *Low-count rows in 2-D* (R >= 3, free): in d <= 2 the step shrinkage below is off, and a
-cluster whose noisy count is below one count sigma got a mean that is noise over a count near
-0 -- projected onto a face or corner of the box, where the centre stayed without records (200
-records, k = 3, eps 0.5, tuning seeds 1000-1007: 4 of 8 fits ended with such a centre). Such
-rows are now moved next to the clusters with the largest noisy counts (half the radius from their mean,
+cluster whose noisy count is below one count sigma gets a mean that is noise over a count near
+0, projected onto a face or corner of the box where the centre would stay without records. Such
+rows move next to the clusters with the largest noisy counts (half the radius from their mean,
 towards the row's old centre; :meth:`protocols.dp.postprocessing.PostProcessing._relocated`),
-so that the next round splits those. Two-round plans (e >= 0.19) keep their rows: there the
-count noise is of the order of a cluster's count and relocating measured worse (250 records,
-k = 5, eps 0.25: 5.14 / 5.19 -> 5.81 / 6.57). Measured on ``off_table_grid``, seeds 1000-1039:
-2-D cells lost to FastLloyd in at least one mode 3 -> 1 of 21 (e.g. 300, 4, eps 0.5: 2.45 /
-2.17 -> 1.99 / 1.56 against 2.06; 250, 5, eps 1: 2.10 / 2.03 -> 1.62 / 1.85 against 2.82).
+so that the next round splits those. Two-round plans keep their rows: there the count noise is
+of the order of a cluster's count and relocating measured worse.
 
 *Post-processing* (``shrink="step"``, free): every noisy cluster mean is shrunk towards its
 broadcast centre by a plug-in empirical-Bayes factor on the step, and a cluster whose noisy
@@ -79,11 +67,9 @@ when e > E_s = 0.35 (``first_round_prior == "start"``; with the rounds rule, onl
 plans): then the hierarchical factors are 0 or small for most clusters and the k centres would
 collapse onto the overall mean, so the first round also shrinks each step towards its start
 point, and a start point whose noisy count is below one count sigma moves to the overall mean
-(it drew no records). Measured on tuning seeds (issue 20, third revision, in
-docs/protocols/dp-utility.md), the start prior won at iris eps 0.25 (e = 0.40: -0.60 +- 0.12
-central) and breast cancer eps 0.1 (e = 0.50: -0.12 +- 0.04), and lost at low noise (iris and
-breast cancer at eps 1, R = 3: +0.13 to +0.24; iris and wine at eps 0.5, e = 0.22 and 0.32:
-+0.03 to +0.15, within about one s.e.); E_s = 0.35 separates them.
+(it drew no records). The start prior wins at high noise (iris eps 0.25, e = 0.40: -0.60 +- 0.12
+central) and loses at low noise (iris and breast cancer at eps 1: +0.13 to +0.24); E_s = 0.35
+separates them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 #: a relocated low-count row is put this fraction of the plan's radius from the cluster it joins
-#: (:meth:`PostProcessing._relocated`; 0.25 and 1 measured, 0.5 kept: issue 20, seventh revision)
+#: (:meth:`PostProcessing._relocated`; chosen over 0.25 and 1 on the tuning seeds of
+#: docs/protocols/dp-utility.md, "Tuning protocol")
 RELOCATION_STEP = 0.5
 
 
@@ -92,10 +93,10 @@ class PostProcessing:
         stronger plug-in factor (d instead of d - 2) of the step shrinkage: it put every
         noise-dominated row exactly on the target, so in the first round of a plan several centres
         coincided on the overall mean and the next round's cells were cut by the noise (iris at
-        eps 0.5: 10% of the tuning seeds above 3 times the optimum; issue 20, fifth revision).
+        eps 0.5: 10% of the tuning seeds above 3 times the optimum).
         Only released values and the public sigmas are read: no privacy cost, nothing charged.
 
-        ``"step"`` (the DP plan's choice since issue 20's second revision): each row's *step*
+        ``"step"`` (the DP plan's choice): each row's *step*
         m_j - c_j from its broadcast centre c_j (public: the round's input) is shrunk by the same
         plug-in factor max(0, 1 - d v_j / ||m_j - c_j||^2), v_j = sigma_sum^2 / n_j^2, and a row
         whose noisy count is below one count-noise sigma keeps c_j -- the prior of a Lloyd step is

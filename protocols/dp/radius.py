@@ -14,20 +14,20 @@ box check applies to the records as given, before clipping. The noisy mean
 c_j + T'_j / N'_j is projected onto the ball B(c_j, r) (every record's x' lies in it, so the true
 mean does: post-processing that can only move the estimate closer).
 
-Clipping, not FastLloyd's dropping of the records beyond r (the library's rule until issue 20's
-fifth revision): a cluster that lies beyond r of every centre was left out of every sum and
-never found (iris at eps 1: setosa stayed without a centre in 2% of the tuning seeds); a clipped
-record still pulls its centre towards it by r. The centre becomes an M-estimate of location
-(the clipped offsets sum to zero at a fixed point, as Huber's estimator with threshold r)
-instead of the truncated mean. Tuning seeds 1000-1099 of the issue-20 grid: better in every
-cell with a radius round (iris eps 0.25 -0.36 / -0.32, eps 0.5 -0.18 / -0.11, central /
-distributed; docs/protocols/dp-utility.md).
+Clipping, not FastLloyd's dropping of the records beyond r: with dropping, a cluster that lies
+beyond r of every centre is left out of every sum and never found (iris at eps 1: setosa without
+a centre in 2% of the tuning seeds); a clipped record still pulls its centre towards it by r.
+The centre becomes an M-estimate of location (the clipped offsets sum to zero at a fixed point,
+as Huber's estimator with threshold r) instead of the truncated mean. On the tuning seeds
+1000-1099 of FastLloyd's grid clipping is better than dropping in every cell with a radius
+round (iris eps 0.25 -0.36 / -0.32, eps 0.5 -0.18 / -0.11, central / distributed; the current
+figures: docs/protocols/dp-utility.md).
 
 The first Lloyd round of a run (``ctx.round == 0``, or the round right after a seeding round)
-uses the box centre as before: the start is not yet near the data. ``radius="auto"`` uses
+centres its sums on the box centre: the start is not yet near the data. ``radius="auto"`` uses
 FastLloyd's fraction of the box diagonal, r = diag * alpha / (2 k^(1/d)) with alpha = 0.8, capped
-at 1.25 times the radius of the d-ball whose volume is 1/k of the box's (issue 20, third
-revision), and only when it is below the half-diagonal (otherwise the box-centre translation is
+at 1.25 times the radius of the d-ball whose volume is 1/k of the box's, and only when it is
+below the half-diagonal (otherwise the box-centre translation is
 at least as tight).
 
 Why the cap: k evenly spread centres cut the box into cells of volume vol(box) / k, and

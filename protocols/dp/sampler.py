@@ -8,7 +8,7 @@ Gaussian for Differential Privacy" (NeurIPS 2020; arXiv:2004.00010):
   the negative zero rejected. U + t V is a geometric count, P(|X| >= g) = exp(-g/t); for
   t < 2^40 it is drawn as m A + B with m = max(1, t >> 16) instead (A geometric of scale
   t/m from one uniform, B nearly uniform on {0..m-1}): the same law in about one pass instead
-  of five (since 2026-11-26; seeded draws of earlier versions differ).
+  of five.
 * Algorithm 3 -- discrete Gaussian N_Z(0, sigma^2): Y ~ DLap(t) with t = floor(sigma) + 1,
   accepted with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).
 
@@ -40,8 +40,9 @@ share of a round, each with its own variance and byte source -- in one vectorise
 loops of Algorithms 2-3 run over all pending draws at once, and each request reads its own
 source in exactly the order a request drawn on its own would, so a seeded request gives the
 same numbers alone or in any batch. ``python -m protocols.dp.sampler`` prints timings.
-(Before 2026-11-25 the coins were Algorithm 1's chains: the same law, another use of the
-stream, so seeded draws of that version differ from today's.)
+Seeded draws are a function of the byte source *and* of this use of it (the one-pass
+geometric count, one uniform per coin): the same law drawn another way, e.g. with Algorithm 1's
+chains, gives other numbers from the same seed.
 """
 
 from __future__ import annotations
