@@ -112,3 +112,31 @@ def test_dp_text_spec_without_bounds_takes_init_bounds(clients):
                          protection="dp:epsilon=1:delta=1e-5:mode=distributed,masking")
     est.fit(clients)
     assert est.privacy_spent_[0] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["minibatch", "fcm-fedavg", "fcm"])
+def test_rounds_only_plans_start_from_the_spread_points(name, clients):
+    """Under bounds with the start left to the defaults and a noise level e >= E_p (here epsilon
+    0.2 on 240 records), mini-batch and the fuzzy estimators start from the plan's
+    data-independent spread points (no private seeding round spends budget), as DWF's plan
+    does; below E_p (epsilon 1) they keep the private seeding round; an explicit init is kept."""
+    noisy = [GaussianDP(0.2, 1e-5, bounds=BOX)]
+    est = make_estimator(name, n_clusters=3, random_state=0, protection=noisy, crypto="ideal", **_params(name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(clients)
+    assert est.dp_plan_.noise_level >= 0.1 and est.dp_plan_.start is not None and est.dp_plan_.describe()["start"].startswith("spread")
+    assert not any(r.action.startswith("init.") for r in est.transcript_)
+    quiet = make_estimator(name, n_clusters=3, random_state=0, protection=STACKS["central"](), crypto="ideal",
+                           **_params(name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet.fit(clients)
+    assert quiet.dp_plan_.noise_level < 0.1 and quiet.dp_plan_.start is None
+    given = np.array([[-1.0, -1.0], [1.0, 1.0], [1.0, -1.0]])
+    est = make_estimator(name, n_clusters=3, random_state=0, protection=[GaussianDP(0.2, 1e-5, bounds=BOX)],
+                         crypto="ideal", init=given, **_params(name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(clients)
+    assert est.dp_plan_.start is None

@@ -186,7 +186,8 @@ def noise_level(k: int, d: int, epsilon: float, delta: float, n_records: int, ac
     return z1 * math.sqrt(d) * k / (max(n_records, 1) * math.sqrt(1.0 - c)), z1
 
 
-def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: float = 1.0) -> DPPlan | None:
+def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: float = 1.0,
+                              spread_seed=None) -> DPPlan | None:
     """Rounds for the budget when the full plan does not apply (e.g. ``GaussianDP(clip=...)``
     without ``bounds``, an explicit ``init``, or non-default DWF steps): the same rule for R
     from the noise level e (the clip ball's radius takes the half-diagonal's place), the
@@ -201,7 +202,11 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     ``records_per_cluster_factor`` rescales the records a round sums for a round whose noise
     is not Lloyd's: EWF's averaged local centres (one row per client, sensitivity the box's
     diameter, twice the half-diagonal) carry the noise of Lloyd sums over ``clients / 2``
-    records per cluster, i.e. the factor ``clients / (2 n)`` with n the round's records."""
+    records per cluster, i.e. the factor ``clients / (2 n)`` with n the round's records.
+
+    ``spread_seed``: for an estimator whose start is left to the defaults (``init`` "auto"
+    or None) under ``bounds``, the plan also starts from the spread points of the full plan
+    when e >= E_p (no private seeding round spends budget), as DWF's plan does."""
     dp = budget_led_layer(est, layers)
     if dp is None:
         return None
@@ -209,7 +214,13 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     # a round sums the records of the clients it samples: fewer records, relatively more noise
     per_round = max(1, round(n * _client_fraction(est, data) * records_per_cluster_factor))
     e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, per_round, dp.accountant_name)
-    p = DPPlan(lloyd_rounds(e), None, e, z1, n)
+    start = None
+    init = getattr(est, "init", None)
+    if (spread_seed is not None and dp.bounds is not None and e >= NOISE_PRIVATE_START
+            and (init is None or (isinstance(init, str) and init == "auto"))):
+        low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (data.n_features,)) for b in dp.bounds)
+        start = spread_start(int(est.n_clusters), low, high, spread_seed)
+    p = DPPlan(lloyd_rounds(e), start, e, z1, n)
     dp.plan = p.describe()
     return p
 

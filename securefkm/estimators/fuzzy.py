@@ -168,7 +168,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             return None
         from protocols.dp.planning import rounds_plan_for_estimator
 
-        return rounds_plan_for_estimator(self, data, layers)
+        return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 
     def _make_algorithm(self, n_features, n_clients):
         if check_int(self.n_clusters, "n_clusters", minimum=1) < 2:
@@ -180,6 +180,9 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="k-means++", default_protected="private",
         )
+        plan = getattr(self, "dp_plan_", None)
+        if plan is not None and plan.start is not None:  # the DP plan's data-independent start
+            init = plan.start
         record_level = record_level_dp(self)
         algorithm = FederatedFuzzyCMeansAlgorithm(
             self.n_clusters,

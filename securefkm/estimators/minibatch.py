@@ -114,13 +114,16 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         from protocols.dp.planning import rounds_plan_for_estimator
 
-        return rounds_plan_for_estimator(self, data, layers)
+        return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(
             self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="random", default_protected="private",
         )
+        plan = getattr(self, "dp_plan_", None)
+        if plan is not None and plan.start is not None:  # the DP plan's data-independent start
+            init = plan.start
         return MiniBatchFederatedKMeansAlgorithm(
             self.n_clusters,
             local_epochs=self.local_epochs,
