@@ -334,6 +334,8 @@ def summary_markdown(summary, attacks, stacks=None) -> str:
                 cells.append("n/a" if s is None or s["status"].startswith("not applicable") else "error")
             elif at == "membership":
                 cells.append(f"AUC {s['membership_auc_mean']:.2f}")
+            elif at == "poisoning":  # how far the malicious clients moved a centre, and the utility left
+                cells.append(f"move {s['poison_displacement_mean']:.3g}, utility {s['poison_utility_mean']:.2f}")
             else:
                 cells.append(f"{s['records_recovered_mean']:.3g}")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {_f(u['utility_mean'])} | {_f(u['ari_mean'], digits=2)} | "
