@@ -83,7 +83,9 @@ def stack_order(stacks: dict) -> list[str]:
     """Stacks without DP in configuration order (none first), then DP stacks from the
     largest epsilon (weakest) to the smallest; ties keep configuration order."""
     def eps(specs):
-        e = [float(s["epsilon"]) for s in specs if isinstance(s, dict) and s.get("name") == "dp"]
+        from securefkm.specs import layer_specs
+
+        e = [float(s["epsilon"]) for s in layer_specs(specs) if s.name == "dp"]
         return min(e) if e else None
 
     plain = [k for k, v in stacks.items() if eps(v) is None]

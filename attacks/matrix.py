@@ -78,7 +78,9 @@ def recommended_stack(epsilon: float = 1.0) -> list:
 
 
 def _names(specs) -> set:
-    return {s if isinstance(s, str) else s.get("name") for s in specs}
+    from securefkm.specs import layer_specs
+
+    return {s.name for s in layer_specs(specs)}
 
 
 def _secure_aggregator(specs) -> bool:
@@ -86,11 +88,15 @@ def _secure_aggregator(specs) -> bool:
 
 
 def _unbound(specs) -> bool:
-    return any(isinstance(s, dict) and s.get("name") == "masking" and s.get("bind_broadcast") is False for s in specs)
+    from securefkm.specs import layer_specs
+
+    return any(s.name == "masking" and s.get("bind_broadcast") is False for s in layer_specs(specs))
 
 
 def dp_layers(specs) -> list[dict]:
-    return [s for s in specs if isinstance(s, dict) and s.get("name") == "dp"]
+    from securefkm.specs import layer_specs
+
+    return [dict(s) for s in layer_specs(specs) if s.name == "dp"]
 
 
 # ------------------------------------------------------------------ algorithms
@@ -219,9 +225,12 @@ def with_box(specs, box) -> list:
     """A dp spec without ``bounds``/``clip`` gets the dataset's declared box, and seeded noise
     (``rng="seeded"``: the same cell gives the same release, so cached and parallel results
     equal a serial run) where this tree's GaussianDP offers it."""
+    from securefkm.specs import LayerSpec
+
     out = []
     for s in specs:
-        if isinstance(s, dict) and s.get("name") == "dp":
+        if LayerSpec.of(s).name == "dp":
+            s = dict(LayerSpec.of(s))
             if "bounds" not in s and "clip" not in s:
                 s = {**s, "bounds": list(box)}
             if "rng" not in s and _dp_takes_rng():

@@ -64,3 +64,47 @@ def parse_protection(text: str) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise InputError(f"protection {text!r} is not a valid JSON list ({exc}).") from None
     return [parse_layer(part) for part in split_top(text, ",")]
+
+
+class LayerSpec(dict):
+    """One protection layer spec in its one normal form: a dict ``{"name": ..., **params}``.
+
+    :meth:`of` takes any spelling the library accepts for a layer spec -- a bare name
+    (``"masking"``), a text spec (``"dp:epsilon=1:delta=1e-5"``) or a dict -- so code that
+    asks "is this the DP layer, and what is its epsilon?" asks ``spec.name == "dp"`` and
+    ``spec.get("epsilon")`` once instead of testing every spelling. It is a dict, so it
+    serialises (JSON, a RunSpec) and builds layers (:func:`securefkm.registry.make_protection`)
+    exactly as the dict it normalises.
+    """
+
+    @classmethod
+    def of(cls, spec) -> LayerSpec:
+        if isinstance(spec, LayerSpec):
+            return spec
+        if isinstance(spec, str):
+            text = spec.strip()
+            return cls(parse_layer(text, param_seps=":,") if (":" in text or "=" in text) else {"name": text})
+        if isinstance(spec, dict):
+            if not isinstance(spec.get("name"), str):
+                raise InputError(f"a layer spec dict needs a 'name', got {spec!r} (e.g. {{'name': 'masking'}}).")
+            return cls(spec)
+        raise InputError(f"a layer spec is a name, a text spec or a dict, got {type(spec).__name__}.")
+
+    @property
+    def name(self) -> str:
+        return self["name"]
+
+
+def layer_specs(protection) -> list[LayerSpec]:
+    """Every layer spec of ``protection`` (one text stack, or a list of specs) in normal form;
+    layer objects are not specs and are refused (use them directly)."""
+    if protection is None:
+        return []
+    if isinstance(protection, str):
+        return [LayerSpec(p) for p in parse_protection(protection)]
+    return [LayerSpec.of(p) for p in protection]
+
+
+def find_layer(protection, name: str) -> LayerSpec | None:
+    """The first spec of layer ``name`` in ``protection``, or None."""
+    return next((s for s in layer_specs(protection) if s.name == name), None)

@@ -600,8 +600,9 @@ class LocalDeployment:
                 raise DeploymentError("this spec needs node identities; start the deployment with provision=True.")
             extra["directory"] = str(self.pki.directory_path)
         if needs.authority:
-            paillier = next((p for p in spec.protection if p == "paillier" or (isinstance(p, dict) and p.get("name") == "paillier")), {})
-            paillier = paillier if isinstance(paillier, dict) else {}
+            from ..specs import find_layer
+
+            paillier = find_layer(spec.protection, "paillier") or {}
             extra["authority_url"] = self.start_authority(key_size=int(paillier.get("key_size", 2048)),
                                                           min_clients=int(paillier.get("min_clients", 2)))
             extra.update({k.replace("-", "_"): v for k, v in self.authority_run_config().items()})
@@ -694,15 +695,10 @@ def declare_records(spec: RunSpec, paths) -> RunSpec:
     """``spec`` with ``n_records`` declared on each ``GaussianDP`` that lacks it, counted from the
     local CSVs ``paths`` (a local deployment has them; its DP plan then equals the in-process
     fit's, which reads the same count). Unreadable CSVs count 0 (that node reports its error)."""
-    from ..specs import parse_layer, parse_protection
+    from ..specs import layer_specs
 
-    protection = spec.protection
-    if isinstance(protection, str):
-        protection = parse_protection(protection)
-    entries = [parse_layer(p, param_seps=":,") if isinstance(p, str) and (":" in p or "=" in p) else p
-               for p in protection]
-    missing = [i for i, p in enumerate(entries)
-               if (p == "dp" or (isinstance(p, dict) and p.get("name") == "dp" and p.get("n_records") is None))]
+    entries = layer_specs(spec.protection)
+    missing = [i for i, p in enumerate(entries) if p.name == "dp" and p.get("n_records") is None]
     if not missing:
         return spec
     from .clientapp import read_client_csv
@@ -716,10 +712,10 @@ def declare_records(spec: RunSpec, paths) -> RunSpec:
     if total == 0:
         return spec
     for i in missing:
-        entries[i] = {"name": "dp", **({} if entries[i] == "dp" else entries[i]), "n_records": total}
+        entries[i] = {**entries[i], "n_records": total}
         log.info("GaussianDP plans from n_records=%d, counted from the %d client CSVs (declared public)",
                  total, len(paths))
-    return RunSpec(spec.algorithm, dict(spec.params), entries, spec.random_state)
+    return RunSpec(spec.algorithm, dict(spec.params), [dict(e) for e in entries], spec.random_state)
 
 
 def _preflight(spec: RunSpec, data, paths) -> None:
@@ -787,7 +783,9 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
         _preflight(spec, data, paths)
         declared = declare_records(spec, paths)
         if declared is not spec:
-            n = next(p["n_records"] for p in declared.protection if isinstance(p, dict) and p.get("name") == "dp")
+            from ..specs import find_layer
+
+            n = find_layer(declared.protection, "dp")["n_records"]
             say(f"DP plans its rounds from n_records={n}, counted from the client CSVs (declared public, as an "
                 "in-process fit declares it)")
             spec = declared

@@ -141,11 +141,10 @@ class LeftOutPolicy(ServerPolicy):
 
 def default_min_nodes(spec: RunSpec) -> int:
     """The fewest identified nodes a run starts with: 2, or Paillier's ``min_clients`` if larger."""
-    need = 2
-    for layer in spec.protection or []:
-        if isinstance(layer, dict) and layer.get("name") == "paillier":
-            need = max(need, int(layer.get("min_clients", 2)))
-    return need
+    from ..specs import find_layer
+
+    paillier = find_layer(spec.protection, "paillier")
+    return max(2, int(paillier.get("min_clients", 2))) if paillier is not None else 2
 
 
 def server_provisioning(spec: RunSpec, directory, authority_url, tls: dict | None = None):
