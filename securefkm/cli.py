@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(a)
     for moved in MOVED_BENCHMARKS:  # hidden: named only to say where they went
         # (prefix_chars without "-": every option of the old command is taken as text, and refused in _bench)
-        bsub.add_parser(moved, add_help=False, prefix_chars="+").add_argument("rest", nargs="*")
+        bsub.add_parser(moved, add_help=False, prefix_chars="+").add_argument(
+            "rest", nargs="*", help=f"moved: python -m benchmarks {moved} ... (from a source checkout)")
 
     d = sub.add_parser("deploy", help="run over Flower: a local SuperLink and one SuperNode per client CSV")
     d.add_argument("directory", nargs="?", default=None, help="directory of client CSVs (default: demo data)")
