@@ -123,11 +123,6 @@ class PoisoningReport:
     refused: tuple[int, ...] = ()  #: clients whose message a check or their own encoder refused
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def detected_fraction(self) -> float:
-        return len(set(self.detected) | set(self.excluded) | set(self.refused) & set(self.malicious)) / max(
-            1, len(self.malicious))
-
     def summary(self) -> str:
         return (f"poisoning {self.kind!r} by {len(self.malicious)} client(s) {list(self.malicious)}: centres moved "
                 f"up to {self.displacement_max:.4g} (mean {self.displacement_mean:.4g}), utility {self.utility:.3f}, "

@@ -166,10 +166,6 @@ class AggregatedUpdate:
         return len(self.contributors)
 
 
-def zeros_like_specs(specs: tuple[FieldSpec, ...]) -> dict[str, np.ndarray]:
-    return {s.name: np.zeros(s.shape) for s in specs}
-
-
 def check_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> None:
     """Raise if a client's sum-fields do not match the declared layout (an algorithm bug)."""
     if len(sums) == len(specs):
@@ -220,31 +216,4 @@ def stack_sums(sums_list: list[dict], specs: tuple[FieldSpec, ...]) -> dict[str,
         if arr.shape != (m, *s.shape):
             return None
         out[s.name] = arr
-    return out
-
-
-def flatten_sums(sums: dict[str, np.ndarray], specs: tuple[FieldSpec, ...]) -> np.ndarray:
-    """Concatenate sum-fields into one float64 vector in the declared order."""
-    if not specs:
-        return np.zeros(0)
-    return np.concatenate([np.asarray(sums[s.name], dtype=np.float64).ravel() for s in specs])
-
-
-def unflatten_sums(vector: np.ndarray, specs: tuple[FieldSpec, ...]) -> dict[str, np.ndarray]:
-    """Inverse of :func:`flatten_sums`."""
-    out, offset = {}, 0
-    for s in specs:
-        out[s.name] = np.asarray(vector[offset : offset + s.size]).reshape(s.shape)
-        offset += s.size
-    if offset != len(vector):
-        raise InputError(f"vector of length {len(vector)} does not match fields of total size {offset}.")
-    return out
-
-
-def field_slices(specs: tuple[FieldSpec, ...]) -> dict[str, slice]:
-    """Position of each field in the flattened vector."""
-    out, offset = {}, 0
-    for s in specs:
-        out[s.name] = slice(offset, offset + s.size)
-        offset += s.size
     return out

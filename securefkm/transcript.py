@@ -174,14 +174,6 @@ class Transcript:
     def runs(self) -> list[int]:
         return sorted({r.run for r in self.rounds})
 
-    def client_view(self, client: int) -> list[tuple[RoundRecord, dict[str, np.ndarray] | None, dict | None]]:
-        """Rounds in which ``client`` took part: (record, its plain sum-fields, its set-fields)."""
-        out = []
-        for r in self.rounds:
-            if client in r.sampled:
-                out.append((r, r.plain_sums().get(client), r.items.get(client)))
-        return out
-
     def __repr__(self) -> str:
         n_runs = len(self.runs())
         return (f"Transcript({len(self.rounds)} round{'s' if len(self.rounds) != 1 else ''}, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -166,14 +166,6 @@ def check_centres(init, n_clusters: int, n_features: int, name: str = "init") ->
             f"({n_clusters}, {n_features})."
         )
     return arr
-
-
-def as_sequence(value) -> Sequence:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return value
-    return (value,)
 
 
 def check_bounds(bounds, name: str = "init_bounds", n_features: int | None = None):

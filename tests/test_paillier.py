@@ -27,7 +27,7 @@ from securefkm.algorithms.base import Algorithm, AlgorithmState
 from securefkm.exceptions import InputError, RoundAbortedError
 from securefkm.federation.runtime import Federation
 from securefkm.layers import ClientContext, ProtocolRefusal, RoundContext, RunInfo
-from securefkm.messages import Broadcast, FieldSpec, Update, flatten_sums
+from securefkm.messages import Broadcast, FieldSpec, Update
 
 CODEC = FixedPointCodec(frac_bits=24)
 
@@ -494,7 +494,7 @@ def test_flatten_order_matches_codec():  # packing relies on the codec's flatten
     specs = SumAlgorithm().sum_fields(None)
     sums = SumAlgorithm().local_sums(make_clients(1)[0], 0)
     enc = CODEC.encode_signed(sums, specs, 1)
-    flat = flatten_sums(sums, specs)
+    flat = np.concatenate([np.asarray(sums[s.name], dtype=np.float64).ravel() for s in specs])
     np.testing.assert_allclose(enc[:3], flat[:3])
 
 

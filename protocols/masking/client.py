@@ -35,7 +35,6 @@ from .graph import RoundPlan, ints_within
 from .prg import MaskExpander
 
 _SHARE_LEN = 6 + 4 * shamir.n_limbs(32)  # one share of a 32-byte secret
-_SECRET_LIMBS = 2 * shamir.n_limbs(32)  # the limbs of the two secrets a client shares
 
 # (tuple, frozenset of it) of the last survivor / dropout lists read: see _id_set
 _ID_SET_MEMO: list[tuple[tuple, frozenset]] = []

@@ -218,8 +218,3 @@ def layout_for_key(n: int, value_bits: int, max_clients: int) -> SlotLayout:
     return SlotLayout(
         value_bits=value_bits, max_clients=max_clients, plaintext_bits=int(n).bit_length() - 1
     )
-
-
-def to_uint64(sums: Sequence[int]) -> np.ndarray:
-    """Exact signed sums -> their two's-complement ``uint64`` form (what the codec decodes)."""
-    return np.array([int(s) % (1 << 64) for s in sums], dtype=np.uint64)

@@ -160,10 +160,6 @@ class ClientRuntime:
         self.session, self.refusal = None, None
         return UpdateReply(declined=f"{layer.name} declined")
 
-    def open_session(self, update, ctx: RoundContext) -> UpdateReply:
-        """Hand the (layered) update's sum-fields to the aggregator; reply with its set-fields."""
-        return open_sessions([self], [update], ctx)[0]
-
     def _input_sent(self, ctx: RoundContext | None) -> None:
         for layer in self.layers:
             layer.client_input_sent(self.context, ctx)
