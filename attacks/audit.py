@@ -81,7 +81,6 @@ from scipy import stats
 from securefkm.validation import check_random_state
 from securefkm.exceptions import InputError
 
-from .report import LeakageReport
 
 METHODS = ("clopper-pearson", "gdp", "one-run")
 BROKEN = (None, "no_count_noise", "no_clipping")
@@ -183,20 +182,6 @@ def gdp_mu_to_epsilon(mu: float, delta: float) -> float:
     return gdp_epsilon(float(mu), delta)
 
 
-def epsilon_to_gdp_mu(epsilon: float, delta: float) -> float:
-    """Inverse of :func:`gdp_mu_to_epsilon`: the mu whose (epsilon, delta) curve passes there."""
-    from scipy.optimize import brentq
-
-    from protocols.dp.accounting import gdp_delta
-
-    if epsilon < 0:
-        raise InputError(f"epsilon must be >= 0, got {epsilon}.")
-    lo, hi = 1e-8, 1.0
-    while gdp_delta(hi, epsilon) < delta:
-        hi *= 2
-    return float(brentq(lambda m: gdp_delta(m, epsilon) - delta, lo, hi, xtol=1e-12))
-
-
 # ---------------------------------------------------------------- one run (Steinke et al. 2023)
 def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     """P-value of v correct guesses out of r under (epsilon, delta)-DP (Steinke et al. 2023, App. D).
@@ -278,17 +263,6 @@ class AuditResult:
         if self.claimed_epsilon is None:
             return None
         return bool(self.epsilon_lower_bound > self.claimed_epsilon)
-
-    def to_report(self, attack: str = "dp-audit") -> LeakageReport:
-        """A :class:`LeakageReport` carrying the bound (and the ROC facts in ``extra``)."""
-        return LeakageReport(
-            attack=f"{attack}:{self.method}",
-            epsilon_lower_bound=float(self.epsilon_lower_bound),
-            membership_advantage=self.details.get("advantage"),
-            auc=self.details.get("auc"),
-            extra={"alpha": self.alpha, "delta": self.delta, "claimed_epsilon": self.claimed_epsilon,
-                   **{k: v for k, v in self.details.items() if k not in ("advantage", "auc")}},
-        )
 
 
 def _split(a, frac, rng):
