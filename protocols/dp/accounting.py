@@ -40,6 +40,8 @@ import numpy as np
 from securefkm.validation import check_float, check_int
 from securefkm.exceptions import InputError
 
+from . import epsilon_cache
+
 ACCOUNTANTS = ("prv", "rdp")
 _MAX_Z = 1e6
 
@@ -62,17 +64,6 @@ def _check_common(rounds, sample_rate, delta):
     return rounds, sample_rate, delta
 
 
-def _disk_cache_path():
-    """Where computed epsilons are kept across processes (``SECUREFKM_CACHE_DIR``, default
-    ``~/.cache/securefkm``): a deployed client starts a fresh process per message and would
-    otherwise import torch and re-run the same calibration every time."""
-    import os
-    from pathlib import Path
-
-    root = os.environ.get("SECUREFKM_CACHE_DIR") or Path.home() / ".cache" / "securefkm"
-    return Path(root) / "dp-epsilons.json"
-
-
 def _cache_key(history: tuple, delta: float, accountant: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -85,32 +76,14 @@ def _cache_key(history: tuple, delta: float, accountant: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _epsilon_history(history: tuple, delta: float, accountant: str) -> float:
-    """Epsilon of ``history`` from opacus, memoised on disk (a pure function of its inputs and
-    the opacus version; a corrupt or unwritable cache is ignored)."""
-    import json
-    import os
-
+    """Epsilon of ``history`` from opacus, memoised across processes by
+    :mod:`protocols.dp.epsilon_cache` (a pure function of its inputs and the opacus version)."""
     key = _cache_key(history, delta, accountant)
-    path = _disk_cache_path()
-    try:
-        cached = json.loads(path.read_text()).get(key)
-    except (OSError, ValueError):
-        cached = None
-    if isinstance(cached, (int, float)):
-        return float(cached)
+    cached = epsilon_cache.lookup(key)
+    if cached is not None:
+        return cached
     eps = _epsilon_history_opacus(history, delta, accountant)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            table = json.loads(path.read_text())
-        except (OSError, ValueError):
-            table = {}
-        table[key] = eps
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table))
-        os.replace(tmp, path)  # atomic: concurrent client processes never read a half file
-    except OSError:
-        pass
+    epsilon_cache.store(key, eps)
     return eps
 
 
