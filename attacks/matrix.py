@@ -87,12 +87,6 @@ def _secure_aggregator(specs) -> bool:
     return bool(_names(specs) & {"masking", "paillier"})
 
 
-def _unbound(specs) -> bool:
-    from securefkm.specs import layer_specs
-
-    return any(s.name == "masking" and s.get("bind_broadcast") is False for s in layer_specs(specs))
-
-
 def dp_layers(specs) -> list[dict]:
     from securefkm.specs import layer_specs
 

@@ -130,15 +130,6 @@ class Float(Type):
     encode = decode = lambda self, value, path, ctx: self._check(value, path)
 
 
-class Bool(Type):
-    def _check(self, value, path):
-        if not isinstance(value, (bool, np.bool_)):
-            _fail(path, f"expected a bool, got {_kind(value)}")
-        return bool(value)
-
-    encode = decode = lambda self, value, path, ctx: self._check(value, path)
-
-
 class Str(Type):
     def __init__(self, max_len: int = _MAX_STR, choices: tuple[str, ...] | None = None):
         self.max_len, self.choices = max_len, choices

@@ -204,10 +204,6 @@ def make_runtime(context: Context, client_id: int, saved: dict):
     return runtime
 
 
-#: node config keys of the node operator's own floor, checked against what the server's run config declares
-NODE_POLICY_KEYS = ("min-clients-per-round", "max-epsilon", "allow-insecure-threshold")
-
-
 def check_node_policy(node_config, fed) -> None:
     """Refuse a run whose declared facts fall below this node's own policy.
 
