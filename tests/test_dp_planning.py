@@ -535,3 +535,30 @@ def test_2d_plan_leaves_no_centre_without_records():
         assert len(np.unique(((X[:, None] - C[None]) ** 2).sum(axis=2).argmin(axis=1))) == 3
         ratios.append(loss(X, C) / ref)
     assert np.mean(ratios) < 2.0
+
+
+def test_a_plan_is_applied_by_a_validated_copy_of_the_layer():
+    """Planning swaps the fit's DP layer for ``layer.with_plan(...)``, built through the
+    constructor's checks; the user's layer and the fit's original copy are never changed."""
+    import numpy as np
+    import pytest
+
+    from protocols.dp import GaussianDP
+    from securefkm.estimators.dwf import WeightedFederatedKMeans
+    from securefkm.exceptions import InputError
+
+    user = GaussianDP(1.0, 1e-5, bounds=(-2.0, 2.0))
+    rng = np.random.default_rng(0)
+    clients = [np.clip(rng.normal(size=(50, 2)), -2, 2) for _ in range(4)]
+    est = WeightedFederatedKMeans(3, protection=[user], crypto="ideal", random_state=0)
+    fed, _ = est.make_federation(clients)
+    planned = fed.layers[0]
+    assert planned is not user and planned.plan == est.dp_plan_.describe()
+    assert (planned.radius, planned.shrink) == ("auto", "step") and (user.radius, user.shrink) == (None, None)
+    assert user.plan is None and repr(planned) == repr(user)
+    copy = user.with_plan({"rounds": 2}, shrink="step")
+    assert copy.shrink == "step" and copy.epsilon == user.epsilon and user.shrink is None
+    with pytest.raises(InputError, match="shrink"):
+        user.with_plan({}, shrink="bogus")
+    with pytest.raises(InputError, match="not epsilon"):
+        user.with_plan({}, epsilon=3.0)

@@ -360,6 +360,27 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._schedule = None
 
     # ------------------------------------------------------------------ hooks
+    def with_plan(self, plan: dict, **settings) -> GaussianDP:
+        """A copy of this layer with a DP plan's settings (``radius``, ``shrink``,
+        ``round_weights``, ``last_round_weights``), built through the constructor so that every
+        setting passes the layer's own checks; ``plan`` (the plan's description) is kept for the
+        report. The layer itself is not changed (:mod:`protocols.dp.planning` swaps the copy
+        into the fit's protection list)."""
+        import inspect
+
+        params = {}
+        for name in inspect.signature(type(self).__init__).parameters:
+            if name != "self":
+                params[name] = self.accountant_name if name == "accountant" else getattr(self, name)
+        unknown = set(settings) - {"radius", "shrink", "round_weights", "last_round_weights"}
+        if unknown:
+            raise InputError(f"GaussianDP.with_plan: a plan sets radius, shrink, round_weights and "
+                             f"last_round_weights, not {', '.join(sorted(unknown))}.")
+        layer = type(self)(**{**params, **settings})
+        layer._repr_params = dict(self._repr_params)  # the repr says what the user declared
+        layer.plan = plan
+        return layer
+
     def declare_domain(self, bounds) -> None:
         """Take the box declared elsewhere (the estimator's ``init_bounds``) as this layer's
         ``bounds`` when it was built with neither ``clip`` nor ``bounds``: the domain is declared

@@ -221,8 +221,15 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
         low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (data.n_features,)) for b in dp.bounds)
         start = spread_start(int(est.n_clusters), low, high, spread_seed)
     p = DPPlan(lloyd_rounds(e), start, e, z1, n)
-    dp.plan = p.describe()
+    _apply(layers, dp, p)
     return p
+
+
+def _apply(layers, dp, p: DPPlan, **settings) -> None:
+    """Swap ``dp`` in the fit's own ``layers`` for its validated copy carrying the plan
+    (:meth:`GaussianDP.with_plan`): planning never sets a layer's attributes itself."""
+    i = next(j for j, layer in enumerate(layers) if layer is dp)
+    layers[i] = dp.with_plan(p.describe(), **settings)
 
 
 def budget_led_layer(est, layers):
@@ -260,8 +267,8 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     Applies when ``max_rounds`` and ``init`` are unset (None / "auto"), the estimator runs
     one-step dynamically weighted rounds (exact distributed Lloyd) and the stack holds one
     ``GaussianDP`` with ``bounds`` and neither ``noise_multiplier`` nor ``round_weights``. The
-    layer (the fit's own copy) gets ``radius="auto"`` and ``shrink="step"`` unless set,
-    and the plan for its report. ``exact_lloyd``: whether the estimator's rounds are exact
+    fit's ``layers`` get, in place of that layer, its copy with ``radius="auto"`` and
+    ``shrink="step"`` unless set, and the plan for its report (:meth:`GaussianDP.with_plan`). ``exact_lloyd``: whether the estimator's rounds are exact
     distributed Lloyd rounds (None: read DWF's options; the set-valued algorithms' secure modes
     under DP pass True, their rounds being record-level Lloyd sums).
     """
@@ -280,13 +287,14 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     low, high = dp.bounds
     p = plan(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, low, high, n, seed,
              accountant=dp.accountant_name)
+    settings = {}
     if dp.radius is None:
-        dp.radius = "auto"
+        settings["radius"] = "auto"
     if dp.shrink is None:
-        dp.shrink = "step"
+        settings["shrink"] = "step"
     if p.private_start:  # the seeding round gets as much of the budget as the Lloyd rounds together
-        dp.round_weights = {"init.private": float(p.rounds)}
+        settings["round_weights"] = {"init.private": float(p.rounds)}
     if p.final_round_weight != 1.0 and dp.last_round_weights is None:
-        dp.last_round_weights = {"train": p.final_round_weight}
-    dp.plan = p.describe()
+        settings["last_round_weights"] = {"train": p.final_round_weight}
+    _apply(layers, dp, p, **settings)
     return p
