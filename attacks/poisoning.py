@@ -152,7 +152,8 @@ class Poisoning:
         box = getattr(estimator, "init_bounds", None)
         if box is None:
             for layer in getattr(estimator, "protection", None) or ():
-                box = getattr(layer, "bounds", None) if type(layer).__name__ == "GaussianDP" else box
+                declared = layer.declared_domain() if hasattr(layer, "declared_domain") else None
+                box = declared if declared is not None else box
         if box is None and self.kind == "adaptive":
             raise InputError("Poisoning(kind='adaptive') needs the declared box: pass box=(low, high), or fit the "
                              "estimator with init_bounds=(low, high).")

@@ -136,6 +136,12 @@ class Layer:
     def setup(self, info: RunInfo) -> None:
         """Called once at the start of a fit."""
 
+    def declared_domain(self):
+        """The records' box ``(low, high)`` this layer's guarantee assumes, or None (most layers
+        declare none; GaussianDP's ``bounds``). The estimators check it against their own
+        ``init_bounds``: the domain is declared once."""
+        return None
+
     def survivors_needed(self, ctx: RoundContext) -> int:
         """Fewest contributors this (client-side) layer's guarantee allows in the round's sum
         (distributed DP: the survivors its noise shares are sized for). A secure aggregator

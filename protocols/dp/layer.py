@@ -360,6 +360,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._schedule = None
 
     # ------------------------------------------------------------------ hooks
+    def declared_domain(self):
+        return self.bounds
+
     def with_plan(self, plan: dict, **settings) -> GaussianDP:
         """A copy of this layer with a DP plan's settings (``radius``, ``shrink``,
         ``round_weights``, ``last_round_weights``), built through the constructor so that every

@@ -16,7 +16,9 @@ DEFAULT_MAX_ROUNDS = 100
 
 def dp_layer(protection):
     """The ``GaussianDP`` layer of a protection stack, or None."""
-    return next((la for la in resolve_protection(protection) if type(la).__name__ == "GaussianDP"), None)
+    from protocols.dp import GaussianDP
+
+    return next((la for la in resolve_protection(protection) if isinstance(la, GaussianDP)), None)
 
 
 def record_level_dp(estimator) -> bool:

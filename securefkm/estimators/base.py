@@ -103,8 +103,8 @@ def resolve_domain(init_bounds, protection, n_features: int | None = None):
     """
     own = check_bounds(init_bounds, "init_bounds", n_features)
     for layer in resolve_protection(protection):
-        dp = getattr(layer, "bounds", None)
-        if dp is None or type(layer).__name__ != "GaussianDP":
+        dp = layer.declared_domain() if hasattr(layer, "declared_domain") else None
+        if dp is None:
             continue
         if own is None:
             return dp[0].tolist(), dp[1].tolist()
