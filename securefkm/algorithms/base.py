@@ -104,6 +104,12 @@ class Algorithm(ABC):
         """Upper bound on rounds that touch client data (DP layers calibrate on it)."""
         return max_rounds
 
+    def close(self, state: AlgorithmState) -> AlgorithmState | None:
+        """The state that runs the algorithm's closing phases (e.g. a federated score request)
+        once the training round budget ``max_rounds`` is spent, or None: no closing phase, the
+        run ends with ``state`` (the default)."""
+        return None
+
     def resumable(self, state: AlgorithmState) -> bool:
         """Whether a fit can go on from ``state`` with clients that lost their ``memory``.
 

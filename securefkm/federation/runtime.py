@@ -426,10 +426,10 @@ class Federation:
         ) as bar:
             while not self.algorithm.converged(state):
                 if not closing and state.round >= self.max_rounds:
-                    close = getattr(self.algorithm, "close", None)
-                    if close is None:
+                    closed = self.algorithm.close(state)
+                    if closed is None:  # no closing phase
                         break
-                    state, closing = close(state), True  # the closing phases (score request ...)
+                    state, closing = closed, True  # the closing phases (score request ...)
                     continue
                 if t >= hard_cap:
                     raise RuntimeError(f"{self.algorithm.name} made {t} rounds without finishing")
