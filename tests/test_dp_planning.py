@@ -562,3 +562,28 @@ def test_a_plan_is_applied_by_a_validated_copy_of_the_layer():
         user.with_plan({}, shrink="bogus")
     with pytest.raises(InputError, match="not epsilon"):
         user.with_plan({}, epsilon=3.0)
+
+
+def test_a_fit_builds_its_protection_list_once(monkeypatch):
+    """Text and dict specs are built into layers once per fit (the fit's own copies); the DP
+    plan's validated copy is the one further GaussianDP construction."""
+    import warnings
+
+    import numpy as np
+
+    from securefkm import registry
+
+    built = []
+    real = registry._construct
+    monkeypatch.setattr(registry, "_construct", lambda name, cls, params: built.append(name) or real(name, cls, params))
+    rng = np.random.default_rng(0)
+    clients = [np.clip(rng.normal(size=(50, 2)), -2, 2) for _ in range(4)]
+    for name, params in (("dwf", {}), ("minibatch", {}), ("aligning", {"secure_mode": True}), ("fcm-fedavg", {})):
+        cls, fixed = registry.estimator_class(name)
+        est = cls(n_clusters=3, crypto="ideal", random_state=0, **fixed, **params,
+                  protection="dp:epsilon=1:delta=1e-5:bounds=[-2,2]:mode=distributed,masking")  # text: built by fit
+        built.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(clients)
+        assert sorted(built) == ["dp", "masking"], (name, built)

@@ -35,7 +35,8 @@ def record_level_dp(estimator) -> bool:
     formed), for the one-shot methods the local clustering does not enter (docs/protocols/
     differential-privacy.md, "Sensitivity of every algorithm").
     """
-    return bool(getattr(estimator, "secure_mode", False)) and dp_layer(estimator.protection) is not None
+    layers = estimator._protection_layers() if hasattr(estimator, "_protection_layers") else estimator.protection
+    return bool(getattr(estimator, "secure_mode", False)) and dp_layer(layers) is not None
 
 
 def record_level_kmeans(estimator, n_features: int, name: str):

@@ -277,7 +277,13 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
 
     def _declared_bounds(self, n_features: int | None = None):
         """``init_bounds`` after reconciling it with a GaussianDP ``bounds`` (one domain)."""
-        return resolve_domain(getattr(self, "init_bounds", None), self.protection, n_features)
+        return resolve_domain(getattr(self, "init_bounds", None), self._protection_layers(), n_features)
+
+    def _protection_layers(self) -> list:
+        """The layers of ``protection``: while a fit is prepared, the fit's own copies (built
+        once per fit, :meth:`_prepare`); otherwise built from ``protection``."""
+        layers = self.__dict__.get("_fit_layers")
+        return layers if layers is not None else resolve_protection(self.protection)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -338,18 +344,21 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         no DP plan (the caller fixes the rounds)."""
         from protocols.dp import check_seeded_noise
 
-        layers = resolve_protection(self.protection)
-        domain = self._declared_bounds(data.n_features)  # refuses two disagreeing declarations
-        check_seeded_noise(layers, self.random_state)  # seeded DP noise needs a seed
-        rng = check_random_state(self.random_state)
-        seed = int(rng.integers(2**63 - 1))
-        layers = clone_layers(self.protection)
-        for layer in layers:  # a GaussianDP without clip/bounds takes the estimator's init_bounds
-            if hasattr(layer, "declare_domain"):
-                layer.declare_domain(domain)  # refuses a fit with no domain declared anywhere
-        check_enough_clients(layers, data.n_clients, data.n_features, self.clients_per_round)
-        self.dp_plan_ = self._plan_dp(data, layers, seed) if plan else None
-        algorithm = self._make_algorithm(data.n_features, data.n_clients)
+        layers = clone_layers(self.protection)  # the fit's own layers, built once
+        self.__dict__["_fit_layers"] = layers  # what _protection_layers() reads until the fit is set up
+        try:
+            domain = self._declared_bounds(data.n_features)  # refuses two disagreeing declarations
+            check_seeded_noise(layers, self.random_state)  # seeded DP noise needs a seed
+            rng = check_random_state(self.random_state)
+            seed = int(rng.integers(2**63 - 1))
+            for layer in layers:  # a GaussianDP without clip/bounds takes the estimator's init_bounds
+                if hasattr(layer, "declare_domain"):
+                    layer.declare_domain(domain)  # refuses a fit with no domain declared anywhere
+            check_enough_clients(layers, data.n_clients, data.n_features, self.clients_per_round)
+            self.dp_plan_ = self._plan_dp(data, layers, seed) if plan else None
+            algorithm = self._make_algorithm(data.n_features, data.n_clients)
+        finally:
+            self.__dict__.pop("_fit_layers", None)
         rounds = self.dp_plan_.rounds if self.dp_plan_ is not None else self._max_rounds()
         return layers, seed, domain, algorithm, rounds
 

@@ -140,7 +140,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
             init = "private"
         else:
             init = plan.start if plan is not None and plan.start is not None else resolve_init(
-                self.init, self.protection, init_bounds, n_clusters=self.n_clusters, n_features=n_features,
+                self.init, self._protection_layers(), init_bounds, n_clusters=self.n_clusters, n_features=n_features,
                 default_plain="kfed", default_protected="private",
             )
         return WeightedFederatedKMeansAlgorithm(

@@ -177,7 +177,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
                 "membership is 1 and the fuzzy validity index is undefined; use n_clusters=2 or more."
             )
         init = resolve_init(
-            self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
+            self.init, self._protection_layers(), self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="k-means++", default_protected="private",
         )
         plan = getattr(self, "dp_plan_", None)

@@ -118,7 +118,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(
-            self.init, self.protection, self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
+            self.init, self._protection_layers(), self._declared_bounds(n_features), n_clusters=self.n_clusters, n_features=n_features,
             default_plain="random", default_protected="private",
         )
         plan = getattr(self, "dp_plan_", None)
