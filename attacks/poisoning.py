@@ -36,7 +36,7 @@ or saw refuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -121,7 +121,6 @@ class PoisoningReport:
     detected: tuple[int, ...] = ()  #: clients with a fault in any round (the protocol named them)
     excluded: tuple[int, ...] = ()
     refused: tuple[int, ...] = ()  #: clients whose message a check or their own encoder refused
-    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"poisoning {self.kind!r} by {len(self.malicious)} client(s) {list(self.malicious)}: centres moved "

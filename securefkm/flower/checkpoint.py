@@ -132,7 +132,6 @@ class Checkpoint:
         self._payload = self._load()
         #: what the file on disk holds (``run_id``, ``rounds_done``, ``run``, ``t``), ``None`` if none
         self.info = None if self._payload is None else dict(self._payload)
-        self.saved = None
         self._resume = None
         self.run_id = self._payload["run_id"] if self._payload else secrets.token_hex(8)
         self.resumed_from = None if self._payload is None else self._payload["rounds_done"]
@@ -261,7 +260,6 @@ class Checkpoint:
                     self.run_id, self.path, saved["rounds_done"], resume["t"],
                     f" (and the {redo - 1} before it that the clients' lost memory needs)" if redo > 1 else "")
         saved = {**saved, **resume}
-        self.saved = saved
         return saved
 
 
