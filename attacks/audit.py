@@ -236,6 +236,86 @@ def _default_guesses(m: int):
     return out or [(m // 2, m - m // 2)]
 
 
+# ---------------------------------------------------------------- one run under f-DP (Gaussian trade-off)
+def _gdp_tail_inverse(u: np.ndarray, a: float) -> np.ndarray:
+    """t >= 0 with Phi-bar(t - a) + Phi-bar(t + a) = u (u in (0, 1]), by bisection (vectorised)."""
+    lo = np.zeros_like(u)
+    hi = np.full_like(u, 40.0 + a)
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        above = stats.norm.sf(mid - a) + stats.norm.sf(mid + a) > u
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return hi  # the larger end: t(u) is never under-estimated, so q(t) never is
+
+
+def gdp_one_run_p_value(m: int, r: int, v: int, mu: float, grid: int = 2000) -> float:
+    """P[V* >= v] for the best r guesses on m canaries behind independent mu-GDP channels.
+
+    **The model** (Dong, Roth & Su 2019, Gaussian differential privacy): canary i's bit
+    S_i ~ Bernoulli(1/2) i.i.d.; the auditor's evidence on canary i is a channel whose
+    trade-off curve is at least G_mu (Def. 2.6), independent across canaries. By Blackwell's
+    theorem (Dong et al. Thm 2.10) each such channel is a post-processing of the Gaussian
+    channel X_i ~ N(mu S_i, 1), so any guesser on the real evidence is a guesser on
+    X_1..X_m, and V (correct guesses among r made) is stochastically dominated by the
+    V* of the best guesser on X. Given X the bits are independent with MAP-correctness
+    sigmoid(mu C_i), C_i = |X_i - mu/2|; choosing the r largest C_i (coordinatewise the
+    largest success probabilities) gives a Poisson-binomial that dominates every other
+    choice of r, so V* = correct MAP guesses on the r most confident canaries.
+
+    **Order statistics** (Xiang et al. 2025, "Tight Privacy Audit in One Run", take this
+    route): C has tail F-bar(t) = Phi-bar(t - mu/2) + Phi-bar(t + mu/2), and since
+    sigmoid(mu c) (phi(c - mu/2) + phi(c + mu/2)) = phi(c - mu/2), a guess above the
+    threshold t is correct with probability q(t) = Phi-bar(t - mu/2) / F-bar(t). Given the
+    (r+1)-th largest confidence T, the r above it are i.i.d. given C > T, so
+    V* | T ~ Bin(r, q(T)); U = F-bar(T) ~ Beta(r + 1, m - r). Hence
+
+        P[V* >= v] = int_0^1 P[Bin(r, q(t(u))) >= v] Beta(r + 1, m - r)(du),
+
+    with r = m meaning T = 0 (q = Phi(mu/2)). The integrand decreases in u, so the
+    left-endpoint sum over ``grid`` equal-probability cells of the Beta law is an *upper*
+    bound on the integral (the p-value is never under-stated; slack <= 1/grid).
+    """
+    if not (0 <= v <= r <= m) or r < 1:
+        raise InputError(f"the one-run f-DP audit needs 1 <= r <= m and 0 <= v <= r, got m={m}, r={r}, v={v}.")
+    if v == 0:
+        return 1.0
+    a = 0.5 * float(mu)
+    if r == m:
+        return float(stats.binom.sf(v - 1, r, stats.norm.cdf(a)))
+    w = np.arange(grid) / grid
+    u = stats.beta.ppf(w, r + 1, m - r)
+    q = np.ones_like(u)
+    pos = u > 0
+    t = _gdp_tail_inverse(u[pos], a)
+    q[pos] = stats.norm.sf(t - a) / (stats.norm.sf(t - a) + stats.norm.sf(t + a))
+    return float(min(1.0, np.mean(stats.binom.sf(v - 1, r, np.clip(q, 0.0, 1.0)))))
+
+
+def gdp_one_run_mu(m: int, r: int, v: int, alpha: float = 0.05, tol: float = 1e-4) -> float:
+    """Largest mu refuted at confidence 1 - alpha: sup{mu : P_mu[V* >= v] < alpha} (0 if none).
+
+    The p-value increases with mu (a G_mu channel is a post-processing of a G_mu' channel for
+    mu <= mu'), so bisection applies.
+    """
+    alpha = _prob(alpha, "alpha")
+    if gdp_one_run_p_value(m, r, v, 0.0) >= alpha:
+        return 0.0
+    lo, hi = 0.0, 0.5
+    while gdp_one_run_p_value(m, r, v, hi) < alpha:
+        lo, hi = hi, 2 * hi
+        if hi > 64:
+            return float(lo)
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if gdp_one_run_p_value(m, r, v, mid) < alpha else (lo, mid)
+    return float(lo)
+
+
+def gdp_one_run_epsilon(m: int, r: int, v: int, delta: float, alpha: float = 0.05) -> float:
+    """The epsilon at ``delta`` of the largest refuted mu-GDP curve (Dong et al. Cor. 2.13)."""
+    return gdp_mu_to_epsilon(gdp_one_run_mu(m, r, v, alpha), delta)
+
+
 # ---------------------------------------------------------------- the audit
 @dataclass
 class AuditResult:
