@@ -70,20 +70,21 @@ accountant's ``privacy_spent`` -- with probability at most alpha of a false alar
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from securefkm.validation import check_random_state
 from securefkm.exceptions import InputError
 
 
 METHODS = ("clopper-pearson", "gdp", "one-run")
-BROKEN = (None, "no_count_noise", "no_clipping")
+BROKEN = (None, "no_count_noise", "no_clipping", "small_noise", "uncharged_round")
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -241,9 +242,9 @@ def _gdp_tail_inverse(u: np.ndarray, a: float) -> np.ndarray:
     """t >= 0 with Phi-bar(t - a) + Phi-bar(t + a) = u (u in (0, 1]), by bisection (vectorised)."""
     lo = np.zeros_like(u)
     hi = np.full_like(u, 40.0 + a)
-    for _ in range(80):
+    for _ in range(64):
         mid = 0.5 * (lo + hi)
-        above = stats.norm.sf(mid - a) + stats.norm.sf(mid + a) > u
+        above = special.ndtr(a - mid) + special.ndtr(-a - mid) > u
         lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
     return hi  # the larger end: t(u) is never under-estimated, so q(t) never is
 
@@ -281,14 +282,21 @@ def gdp_one_run_p_value(m: int, r: int, v: int, mu: float, grid: int = 2000) -> 
         return 1.0
     a = 0.5 * float(mu)
     if r == m:
-        return float(stats.binom.sf(v - 1, r, stats.norm.cdf(a)))
-    w = np.arange(grid) / grid
-    u = stats.beta.ppf(w, r + 1, m - r)
+        return float(special.bdtrc(v - 1, r, special.ndtr(a)))
+    u = _beta_grid(r + 1, m - r, grid)
     q = np.ones_like(u)
     pos = u > 0
     t = _gdp_tail_inverse(u[pos], a)
-    q[pos] = stats.norm.sf(t - a) / (stats.norm.sf(t - a) + stats.norm.sf(t + a))
-    return float(min(1.0, np.mean(stats.binom.sf(v - 1, r, np.clip(q, 0.0, 1.0)))))
+    q[pos] = special.ndtr(a - t) / (special.ndtr(a - t) + special.ndtr(-a - t))
+    return float(min(1.0, np.mean(special.bdtrc(v - 1, r, np.clip(q, 0.0, 1.0)))))
+
+
+@functools.lru_cache(maxsize=64)
+def _beta_grid(a: int, b: int, grid: int) -> np.ndarray:
+    """Beta(a, b) quantiles at the left ends i / grid of ``grid`` equal-probability cells."""
+    out = stats.beta.ppf(np.arange(grid) / grid, a, b)
+    out.flags.writeable = False
+    return out
 
 
 def gdp_one_run_mu(m: int, r: int, v: int, alpha: float = 0.05, tol: float = 1e-4) -> float:
@@ -565,8 +573,10 @@ def gaussian_dp_round_game(
     count/sigma_w^2 + (sum . u) clip / sigma_S^2 in the canary's cell -- optimal for the
     correct layer), "count" (the cell's released count) or "sum" (its sum along u).
     ``broken``: None, "no_count_noise" (a copy of GaussianDP whose count fields are released
-    noise-free) or "no_clipping" (clipping disabled; the canary of norm canary_scale * clip
-    goes in unclipped). Modes "central" and "local" ("distributed" needs a secure aggregator's
+    noise-free), "no_clipping" (clipping disabled; the canary of norm canary_scale * clip
+    goes in unclipped) or "small_noise" (every sigma 20% too small); "uncharged_round" (the
+    first round not charged) leaves this one-round game with no charge at all and is meant
+    for multi-round audits (:func:`attacks.audit_one_run.one_run_audit`). Modes "central" and "local" ("distributed" needs a secure aggregator's
     codec and is not offered here).
 
     The layer is called with a leading trial axis on the sum-fields (n releases in one
@@ -670,6 +680,21 @@ def _broken_layer(base, broken):
             def client_data(self, X, client, ctx):  # bug: records pass unclipped
                 return X
         return NoClipping
+    if broken == "small_noise":
+        class SmallNoise(base):  # bug: every field's noise 20% below its calibrated sigma
+            def field_sigmas(self, *args, **kwargs):
+                return {k: (0.8 * sig, step, delta) for k, (sig, step, delta) in super().field_sigmas(*args, **kwargs).items()}
+        return SmallNoise
+    if broken == "uncharged_round":
+        class UnchargedRound(base):  # bug: the run's first noised round is left out of the accountant
+            _skipped = False
+
+            def after_round(self, ctx, agg):
+                if not self._skipped and self._noised_specs(ctx.specs):
+                    self._skipped = True
+                    return
+                super().after_round(ctx, agg)
+        return UnchargedRound
 
     class NoCountNoise(base):  # bug: count fields released without noise
         def _restore(self, before, after, specs):

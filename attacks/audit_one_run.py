@@ -169,6 +169,15 @@ def bonferroni_bounds(scores, bits, centre: float, delta: float, alpha: float) -
 
 
 # ---------------------------------------------------------------- the audited fit
+def background_cells(U: np.ndarray, clip: float, bg_owner: np.ndarray, per_cell: int, n_clients: int):
+    """The noise-free per-client counts and sums of the non-canary records (the white-box
+    auditor's knowledge): ``per_cell`` records at 0.5 clip u_j in cell j, held by client
+    ``bg_owner[j]`` (each is nearest to centre j; tested against the algorithm's own cell sums)."""
+    counts = [np.where(bg_owner == c, float(per_cell), 0.0) for c in range(n_clients)]
+    sums = [cnt[:, None] * (0.5 * clip) * U for cnt in counts]
+    return counts, sums
+
+
 def _audit_algorithm(centres: np.ndarray):
     """DWF with one local step whose server broadcasts ``centres`` in every training round."""
     from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
@@ -317,9 +326,7 @@ def one_run_audit(
     z = float(rep["noise_multiplier"])
 
     # --- white-box scores: the releases minus the known non-canary contribution
-    from securefkm.algorithms._kmeans import per_client_cell_sums
-
-    bg_sums, bg_counts = per_client_cell_sums(background, centres)
+    bg_counts, bg_sums = background_cells(U, clip, bg_owner, background_per_cell, n_clients)
     lr = np.zeros(m)
     records = [r for r in fed.transcript if r.action == "train" and r.aborted is None]
     for rec in records:
@@ -337,9 +344,9 @@ def one_run_audit(
         lr += w / sig_w**2 + np.einsum("ij,ij->i", S, U) * clip / sig_s**2
     T = len(records)
     scores = lr / (math.sqrt(T) * mu1)
-    mu_claim = math.sqrt(T) * mu1
+    mu_claim = math.sqrt(T) / z  # the accountant's mu-GDP parameter of the run
     guesses = planned_guesses(m, mu_claim, delta, alpha)
-    white = one_run_bounds(scores, bits, mu_claim / 2, delta, alpha, guesses)
+    white = one_run_bounds(scores, bits, math.sqrt(T) * mu1 / 2, delta, alpha, guesses)
 
     # --- black-box scores: the final centres' radial coordinates
     rho = np.einsum("ij,ij->i", np.asarray(state.centres), U)
