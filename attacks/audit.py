@@ -273,8 +273,9 @@ def gdp_one_run_p_value(m: int, r: int, v: int, mu: float, grid: int = 2000) -> 
         P[V* >= v] = int_0^1 P[Bin(r, q(t(u))) >= v] Beta(r + 1, m - r)(du),
 
     with r = m meaning T = 0 (q = Phi(mu/2)). The integrand decreases in u, so the
-    left-endpoint sum over ``grid`` equal-probability cells of the Beta law is an *upper*
-    bound on the integral (the p-value is never under-stated; slack <= 1/grid).
+    left-endpoint sum over probability cells of the Beta law (``grid`` equal ones, the first
+    refined geometrically) is an *upper* bound on the integral: the p-value is never
+    under-stated (slack <= 1/grid).
     """
     if not (0 <= v <= r <= m) or r < 1:
         raise InputError(f"the one-run f-DP audit needs 1 <= r <= m and 0 <= v <= r, got m={m}, r={r}, v={v}.")
@@ -283,20 +284,24 @@ def gdp_one_run_p_value(m: int, r: int, v: int, mu: float, grid: int = 2000) -> 
     a = 0.5 * float(mu)
     if r == m:
         return float(special.bdtrc(v - 1, r, special.ndtr(a)))
-    u = _beta_grid(r + 1, m - r, grid)
+    u, cell = _beta_grid(r + 1, m - r, grid)
     q = np.ones_like(u)
     pos = u > 0
     t = _gdp_tail_inverse(u[pos], a)
     q[pos] = special.ndtr(a - t) / (special.ndtr(a - t) + special.ndtr(-a - t))
-    return float(min(1.0, np.mean(special.bdtrc(v - 1, r, np.clip(q, 0.0, 1.0)))))
+    return float(min(1.0, np.dot(cell, special.bdtrc(v - 1, r, np.clip(q, 0.0, 1.0)))))
 
 
 @functools.lru_cache(maxsize=64)
-def _beta_grid(a: int, b: int, grid: int) -> np.ndarray:
-    """Beta(a, b) quantiles at the left ends i / grid of ``grid`` equal-probability cells."""
-    out = stats.beta.ppf(np.arange(grid) / grid, a, b)
-    out.flags.writeable = False
-    return out
+def _beta_grid(a: int, b: int, grid: int):
+    """Beta(a, b) quantiles at the left ends of probability cells, and the cells' widths: the
+    ``grid`` equal cells, the first one cut geometrically down to width 1e-15 (so that the
+    left-endpoint sum bounds p-values far below 1/grid, not only above it)."""
+    w = np.unique(np.concatenate([[0.0], np.geomspace(1e-15, 1.0 / grid, 40), np.arange(1, grid + 1) / grid]))
+    u = stats.beta.ppf(w[:-1], a, b)
+    cell = np.diff(w)
+    u.flags.writeable = cell.flags.writeable = False
+    return u, cell
 
 
 def gdp_one_run_mu(m: int, r: int, v: int, alpha: float = 0.05, tol: float = 1e-4) -> float:
