@@ -25,6 +25,15 @@ Attacks (``Poisoning(kind=...)``):
     count x the declared ``box``. The attacker knows the defence and maximises drift: all n_i
     records claimed for one target cluster, placed on the corner of the box farthest from that
     cluster's broadcast centre. Range checks and count caps cannot tell it from the truth.
+``"robust-adaptive"``
+    the strongest in-range attack on DWF's robust option (``aggregation="median"``): it knows
+    the defence and that a median moves only by the rank of the votes added
+    (:mod:`protocols.influence`), so it casts every vote it may (one per cluster and
+    coordinate, whole counts: one record claimed in every other cluster, the rest in
+    ``target``) in the extreme bin of the box on the side farthest from that cluster's
+    broadcast centre, per coordinate, and places its sums on the same corner. With
+    ``vote_weight="records"`` all its records vote in ``target``. Under the mean it acts as
+    ``"adaptive"`` spread over every cluster.
 
 ``Poisoning(...).evaluate(estimator, data)`` refits the estimator's configuration with the
 malicious clients (``n_malicious`` of them, drawn with ``random_state``, or ``clients=``) and
@@ -44,8 +53,35 @@ from securefkm.exceptions import InputError
 from securefkm.federation import ClientPolicy
 from securefkm.messages import Update
 
-KINDS = ("count-inflation", "sum-scaling", "inconsistent", "adaptive")
-_DEFAULT_AMOUNT = {"count-inflation": 1e6, "sum-scaling": 1e4, "inconsistent": 100.0, "adaptive": 0.0}
+KINDS = ("count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive")
+_DEFAULT_AMOUNT = {"count-inflation": 1e6, "sum-scaling": 1e4, "inconsistent": 100.0, "adaptive": 0.0,
+                   "robust-adaptive": 0.0}
+_IN_RANGE = ("adaptive", "robust-adaptive")  # the kinds that need the declared box
+
+
+def _farthest_corners(ref: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Per row of ``ref``, the box corner farthest from it (ties: ``high``)."""
+    return np.where(np.abs(ref - low) > np.abs(ref - high), low, high)
+
+
+def _robust_lie(c, s, votes, n, j, low, high, ref, weight):
+    """``robust-adaptive``'s counts, sums and votes (in place); see the module docstring."""
+    k = len(c)
+    corners = _farthest_corners(ref, low, high)  # (k, d)
+    c[:] = 0.0
+    if weight == "records" or n < k:
+        c[j] = round(n)
+    else:
+        c[:] = 1.0
+        c[j] = round(n) - (k - 1)
+    s[:] = c[:, None] * corners
+    if votes is not None:
+        bins = votes.shape[-1]
+        votes[:] = 0.0
+        side = np.where(corners == high, bins - 1, 0)  # the extreme bin on the far side
+        rows = np.flatnonzero(c > 0)
+        w = np.ones(rows.size) if weight == "client" else c[rows]
+        votes[rows[:, None], np.arange(votes.shape[1])[None, :], side[rows]] = w[:, None]
 
 
 def _pairs(specs):
@@ -77,7 +113,9 @@ class PoisoningPolicy(ClientPolicy):
             return update
         sums = {k: np.array(v, dtype=np.float64, copy=True) for k, v in update.sums.items()}
         n_records = float(getattr(getattr(ctx.client, "context", None), "n_records", 0) or 0)
-        centres = getattr(getattr(rc, "broadcast", None), "centres", None)
+        broadcast = getattr(rc, "broadcast", None)
+        centres = getattr(broadcast, "centres", None)
+        weight = (getattr(broadcast, "params", None) or {}).get("vote_weight", "client")
         for count, total in pairs:
             if count not in sums or total not in sums:
                 continue
@@ -90,14 +128,22 @@ class PoisoningPolicy(ClientPolicy):
             elif self.kind == "inconsistent":
                 c[:] = 0.0
                 s[:] = s * self.amount + self.amount
-            else:  # adaptive: in range, all records claimed for cluster j at the farthest corner
+            else:  # in range: the declared box, the broadcast centres
                 low, high = self.box
                 d = s.shape[1]
                 low, high = np.broadcast_to(np.asarray(low, float), (d,)), np.broadcast_to(np.asarray(high, float), (d,))
+                n = n_records if n_records > 0 else float(c.sum())
+                refs = (np.asarray(centres, float) if centres is not None and np.shape(centres) == s.shape
+                        else np.broadcast_to((low + high) / 2, s.shape))
+                if self.kind == "robust-adaptive":
+                    votes = sums.get("votes")
+                    _robust_lie(c, s, votes if votes is not None and votes.shape[:2] == s.shape else None,
+                                n, j, low, high, refs, weight)
+                    sums[count], sums[total] = c, s
+                    continue
                 ref = (np.asarray(centres, float)[j] if centres is not None and np.ndim(centres) == 2
                        else (low + high) / 2)
-                corner = np.where(np.abs(ref - low) > np.abs(ref - high), low, high)
-                n = n_records if n_records > 0 else float(c.sum())
+                corner = _farthest_corners(ref, low, high)  # adaptive: all records on one corner
                 c[:] = 0.0
                 s[:] = 0.0
                 c[j] = round(n)
@@ -153,8 +199,8 @@ class Poisoning:
             for layer in getattr(estimator, "protection", None) or ():
                 declared = layer.declared_domain() if hasattr(layer, "declared_domain") else None
                 box = declared if declared is not None else box
-        if box is None and self.kind == "adaptive":
-            raise InputError("Poisoning(kind='adaptive') needs the declared box: pass box=(low, high), or fit the "
+        if box is None and self.kind in _IN_RANGE:
+            raise InputError(f"Poisoning(kind={self.kind!r}) needs the declared box: pass box=(low, high), or fit the "
                              "estimator with init_bounds=(low, high).")
         return box
 

@@ -107,4 +107,4 @@ def test_evaluate_entry_point_and_errors(clients):
     no_box = make_estimator("dwf", n_clusters=4, random_state=0, max_rounds=3).fit(clients)
     with pytest.raises(InputError, match="needs the declared box"):
         Poisoning("adaptive").evaluate(no_box, clients)
-    assert set(KINDS) == {"count-inflation", "sum-scaling", "inconsistent", "adaptive"}
+    assert set(KINDS) == {"count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive"}

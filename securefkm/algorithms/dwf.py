@@ -24,6 +24,20 @@ local steps one record can re-assign every record of its client, so the weighted
 EWF's local centres (and DWF's unweighted ones) are kind ``"mean"``: every row is a point of
 the records' domain, so one record moves a row by at most the domain's diameter, and after one
 local step it moves only the row of its own cluster.
+
+Robust aggregation (``aggregation="median"``, DWF only): each client also sends a vote
+histogram, the sum-field ``votes`` of shape (k, d, B): for every cluster j it holds records
+of, one vote per coordinate e in the bin of ``vote_bins`` equal bins of the declared box
+``init_bounds`` that holds its local mean c_ije (weight 1, or its count omega_ij with
+``vote_weight="records"``). The sum of the votes is the histogram of the clients' local
+means, so the server needs only sums and the option runs under secure aggregation. The
+server replaces d_j of eq. 3-4 by the coordinate-wise median of that histogram, each vote
+spread uniformly over its bin (:func:`histogram_quantile`), and moves the centres with eq. 6
+as before; a cluster without votes keeps eq. 4's fallback. What m malicious clients can do
+to it is bounded in :mod:`protocols.influence`. One record can move its client's vote in
+every coordinate of its cluster (and every row after several local steps), which no field
+kind of :class:`~securefkm.messages.FieldSpec` bounds: the field is kind ``"value"`` and
+record-level DP refuses it.
 """
 
 from __future__ import annotations
@@ -40,6 +54,69 @@ from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
 from ._kmeans import assign, local_lloyd, per_client_cell_sums
 from .base import Algorithm, AlgorithmState
+
+AGGREGATIONS = ("mean", "median")
+VOTE_WEIGHTS = ("client", "records")
+
+
+def box_arrays(box, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)`` of a declared box as two float arrays of length ``d`` (scalars broadcast);
+    raises InputError naming ``init_bounds`` unless every ``low < high`` is finite."""
+    try:
+        low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)).copy() for b in box)
+    except (TypeError, ValueError):
+        raise InputError(f"init_bounds={box!r}: pass (low, high), two scalars or two arrays of length "
+                         f"n_features={d}.") from None
+    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+        raise InputError(f"init_bounds={box!r}: every low must be finite and below its high.")
+    return low, high
+
+
+def vote_histogram(counts: np.ndarray, local: np.ndarray, low: np.ndarray, high: np.ndarray, bins: int,
+                   weight: str = "client") -> np.ndarray:
+    """One client's votes (k, d, bins): for each cluster j with ``counts[j] > 0``, in every
+    coordinate e a vote in the bin of ``[low_e, high_e]`` (``bins`` equal bins, the last one
+    closed; a mean outside the box counts in its end bin) holding ``local[j, e]``; the vote
+    weighs 1 (``weight="client"``) or ``counts[j]`` (``"records"``). Clusters without records
+    cast no vote."""
+    k, d = local.shape
+    votes = np.zeros((k, d, bins))
+    rows = np.flatnonzero(counts > 0)
+    if rows.size:
+        idx = np.floor((local[rows] - low) / (high - low) * bins)
+        idx = np.clip(np.nan_to_num(idx, nan=0.0), 0, bins - 1).astype(np.intp)
+        w = np.ones(rows.size) if weight == "client" else np.asarray(counts, dtype=np.float64)[rows]
+        votes[rows[:, None], np.arange(d)[None, :], idx] = w[:, None]
+    return votes
+
+
+def histogram_quantile(votes: np.ndarray, low: np.ndarray, high: np.ndarray, mass, side: str = "left") -> np.ndarray:
+    """Quantiles of vote histograms, each vote spread uniformly over its bin.
+
+    ``votes`` (..., d, B) over ``B`` equal bins of ``[low_e, high_e]``; ``mass`` (broadcast to
+    ``votes.shape[:-1]``) an absolute vote mass. With F the (continuous, piecewise linear)
+    cumulative vote mass, returns ``inf{x : F(x) >= mass}`` (``side="left"``) or
+    ``sup{x : F(x) <= mass}`` (``side="right"``), clamped to the box: ``low`` for a mass
+    <= 0 on the left, ``high`` for a mass >= the total on the right. The median of a row of
+    total V is its left quantile at V / 2 (:meth:`WeightedFederatedKMeansAlgorithm` with
+    ``aggregation="median"``).
+    """
+    votes = np.asarray(votes, dtype=np.float64)
+    bins = votes.shape[-1]
+    lo = np.broadcast_to(low, votes.shape[:-1])
+    width = np.broadcast_to((high - low) / bins, votes.shape[:-1])
+    mass = np.broadcast_to(np.asarray(mass, dtype=np.float64), votes.shape[:-1])
+    if side == "right":  # reflect the box: sup{x : F(x) <= m} = low + high - inf{y : F_r(y) >= V - m}
+        total = votes.sum(axis=-1)
+        flipped = histogram_quantile(votes[..., ::-1], low, high, total - mass, "left")
+        return np.broadcast_to(low + high, flipped.shape) - flipped
+    cum = np.cumsum(votes, axis=-1)
+    b = np.minimum((cum < mass[..., None]).sum(axis=-1), bins - 1)  # first bin whose cumulative reaches mass
+    before = np.take_along_axis(cum, b[..., None], axis=-1)[..., 0] - np.take_along_axis(votes, b[..., None], -1)[..., 0]
+    here = np.take_along_axis(votes, b[..., None], axis=-1)[..., 0]
+    frac = np.divide(mass - before, here, out=np.ones_like(here), where=here > 0)
+    x = lo + width * (b + np.clip(frac, 0.0, 1.0))
+    return np.where(mass <= 0, lo, x)
 
 
 class WeightedFederatedKMeansAlgorithm(Algorithm):
@@ -72,6 +149,9 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         init_bounds=None,
         score_round: bool = False,
         seeding_noise: float | None = None,
+        aggregation: str = "mean",
+        vote_bins: int = 64,
+        vote_weight: str = "client",
     ):
         self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
         self.weighting = check_choice(weighting, "weighting", ("dynamic", "equal"))
@@ -90,6 +170,21 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         self.seeding_noise = None if seeding_noise is None else check_float(
             seeding_noise, "seeding_noise", minimum=0.0, min_inclusive=False)
         self.name = "dwf" if weighting == "dynamic" else "ewf"
+        self.aggregation = check_choice(aggregation, "aggregation", AGGREGATIONS)
+        self.vote_bins = check_int(vote_bins, "vote_bins", minimum=2)
+        self.vote_weight = check_choice(vote_weight, "vote_weight", VOTE_WEIGHTS)
+        if self.aggregation == "median":
+            if self.weighting != "dynamic":
+                raise InputError("aggregation='median' is for weighting='dynamic' (DWF): it votes with the "
+                                 "per-cluster counts; use aggregation='mean' with weighting='equal'.")
+            if init_bounds is None:
+                raise InputError("aggregation='median' needs the declared box its votes are binned in: pass "
+                                 "init_bounds=(low, high) (or a GaussianDP layer's bounds, though DP refuses the "
+                                 "votes), or use aggregation='mean'.")
+
+    @property
+    def robust(self) -> bool:
+        return self.aggregation == "median"
 
     # ----------------------------------------------------------------- server
     def init(self, n_clients, n_features, rng):
@@ -108,11 +203,10 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             )
         if state.phase == "score":
             return Broadcast(action="score", centres=state.centres, sample="all")
-        return Broadcast(
-            action="train",
-            centres=state.centres,
-            params={"max_local_steps": self.max_local_steps, "local_tol": self.local_tol, "weighting": self.weighting},
-        )
+        params = {"max_local_steps": self.max_local_steps, "local_tol": self.local_tol, "weighting": self.weighting}
+        if self.robust:  # only then: a plain fit's broadcasts (and digests) stay as they were
+            params.update(aggregation="median", vote_bins=self.vote_bins, vote_weight=self.vote_weight)
+        return Broadcast(action="train", centres=state.centres, params=params)
 
     def sum_fields(self, broadcast):
         k, d = self.n_clusters, self._d(broadcast)
@@ -130,6 +224,9 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             )
             if self.max_local_steps > 1:  # eq. 4 fallback needs the unweighted local centres
                 specs += (FieldSpec("centres", (k, d), "mean", cells=rows_moved),)
+            if broadcast.params.get("aggregation") == "median":
+                # whole votes (integer) of no record-level bound the kinds express: 'value'
+                specs += (FieldSpec("votes", (k, d, int(broadcast.params["vote_bins"])), "value", integer=True),)
             return specs
         if broadcast.action == "score":
             return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))
@@ -165,6 +262,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             # eq. 4 fallback: lambda = 1/|I_t|. With one local step and no relocation an
             # empty cluster's local centre is the broadcast centre, so the mean is C_j.
             D[~nz] = s["centres"][~nz] / n if "centres" in s else C[~nz]
+            if self.robust:
+                D = self._median_centres(s["votes"], D)
         new = C + self.learning_rate * (D - C) + self.momentum * (C - C_old)  # eq. 6
         movement = frobenius_movement(C, new)
         movements = state.movements + [movement]
@@ -179,6 +278,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             movements=movements,
             extra={**state.extra, "prev": C},
         )
+
+    def _median_centres(self, votes, fallback):
+        """The coordinate-wise medians of the summed vote histograms (the robust d_j); a
+        cluster that got no vote keeps ``fallback`` (eq. 4's)."""
+        low, high = box_arrays(self.init_bounds, votes.shape[1])
+        total = votes.sum(axis=-1)
+        median = histogram_quantile(votes, low, high, total / 2.0)
+        return np.where(total > 0, median, fallback)
 
     def close(self, state):
         """Called when max_rounds is reached: skip to the score request, if any."""
@@ -223,7 +330,17 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         local, counts, _ = local_lloyd(X, C, broadcast.params["max_local_steps"], broadcast.params["local_tol"])
         if self.weighting == "equal":
             return Update(sums={"centres": local})
-        return Update(sums={"weights": counts, "weighted_centres": counts[:, None] * local, "centres": local})
+        sums = {"weights": counts, "weighted_centres": counts[:, None] * local, "centres": local}
+        return self._with_votes(Update(sums=sums), counts, local, broadcast)
+
+    def _with_votes(self, update, counts, local, broadcast):
+        """``update`` with the client's vote histogram when the broadcast asks for the median."""
+        if broadcast.params.get("aggregation") != "median":
+            return update
+        low, high = box_arrays(self.init_bounds, local.shape[1])
+        update.sums["votes"] = vote_histogram(counts, local, low, high, int(broadcast.params["vote_bins"]),
+                                              broadcast.params["vote_weight"])
+        return update
 
     def client_updates(self, datas, broadcast, rngs, memories=None):
         """One-step training rounds for many clients in one vectorised pass."""
@@ -232,7 +349,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         C = broadcast.centres
         sums, counts = per_client_cell_sums(datas, C)
         if self.weighting != "equal":  # each client's message: its own rows (views, no copy)
-            return [Update(sums={"weights": w, "weighted_centres": s}) for w, s in zip(counts, sums)]
+            out = [Update(sums={"weights": w, "weighted_centres": s}) for w, s in zip(counts, sums)]
+            if broadcast.params.get("aggregation") == "median":
+                for u, w, s in zip(out, counts, sums):
+                    local = C.copy()
+                    nz = w > 0
+                    local[nz] = s[nz] / w[nz, None]
+                    self._with_votes(u, w, local, broadcast)
+            return out
         out = []
         for w, s in zip(counts, sums):
             local = C.copy()
@@ -244,4 +368,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     def describe_server_view(self):
         if self.weighting == "equal":
             return "each client's local centres (k x d) per round"
+        if self.robust:
+            return ("each client's per-cluster counts and coordinate sums, and its local means' bins "
+                    f"(a k x d x {self.vote_bins} vote histogram), per round")
         return "each client's per-cluster counts and coordinate sums per round"

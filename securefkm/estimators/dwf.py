@@ -51,7 +51,18 @@ class WeightedFederatedKMeans(FederatedClusterer):
         coordinate sums over a data-independent partition of ``init_bounds``, protected by
         the same layers (and DP budget) as the training rounds.
     init_bounds : (low, high) or None
-        Declared data range, for init="uniform".
+        Declared data range, for init="uniform" and for the median's vote bins.
+    aggregation : {"mean", "median"}
+        "mean" (default): d_j of eq. 3-4, the count-weighted mean of the local centres.
+        "median": the coordinate-wise median of the clients' local means, from a vote
+        histogram sum-field (``vote_bins`` bins of the declared box ``init_bounds``), so it
+        runs under secure aggregation; robust to malicious clients (bound:
+        :func:`protocols.influence.median_shift_bound`; docs/protocols/robust-aggregation.md).
+        Needs ``init_bounds``; DWF only; GaussianDP refuses it (no record-level bound on votes).
+    vote_bins : int
+        Bins per coordinate of the median's vote histogram (default 64).
+    vote_weight : {"client", "records"}
+        A client's vote weighs 1 (default) or its count in the cluster.
     protection : list of layers
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
@@ -86,6 +97,9 @@ class WeightedFederatedKMeans(FederatedClusterer):
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
         max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
+        aggregation="mean",
+        vote_bins=64,
+        vote_weight="client",
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -109,6 +123,9 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.max_client_faults = max_client_faults
         self.record = record
+        self.aggregation = aggregation
+        self.vote_bins = vote_bins
+        self.vote_weight = vote_weight
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)
@@ -136,6 +153,8 @@ class WeightedFederatedKMeans(FederatedClusterer):
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)
         init_bounds = self._declared_bounds(n_features)  # init_bounds or the DP layer's box (one declaration)
+        if self.aggregation == "median":
+            self._refuse_dp_votes()
         if plan is not None and plan.private_start:
             init = "private"
         else:
@@ -155,4 +174,19 @@ class WeightedFederatedKMeans(FederatedClusterer):
             init_bounds=init_bounds,
             score_round=self._n_runs() > 1,
             seeding_noise=plan.noise_level if plan is not None and plan.private_start else None,
+            aggregation=self.aggregation,
+            vote_bins=self.vote_bins,
+            vote_weight=self.vote_weight,
         )
+
+    def _refuse_dp_votes(self):
+        """aggregation='median' under record-level DP: refused here, naming what works."""
+        from ..exceptions import ProtectionConfigError
+
+        for layer in self._protection_layers():
+            if hasattr(layer, "field_sigmas"):  # a DP noise layer (GaussianDP)
+                raise ProtectionConfigError(
+                    f"aggregation='median' cannot run under {layer.name}: its vote histogram (sum-field 'votes', "
+                    "kind 'value') has no record-level bound the DP layer can noise (one record moves its client's "
+                    "vote in every coordinate). Use aggregation='mean' with DP, or aggregation='median' with secure "
+                    "aggregation only (PairwiseMasking, Paillier).")
