@@ -53,6 +53,15 @@ and eps_lb is the largest epsilon whose p-value is below alpha. The inclusion bi
 must be i.i.d. fair coins (``run_dp_game`` draws them so); the scores may come from one
 release holding all canaries or, as here, from independent releases, one per canary.
 
+One run under f-DP (:func:`gdp_one_run_epsilon`)
+------------------------------------------------
+The same guessing game scored against a mu-GDP claim instead of (epsilon, delta): the
+p-value of v correct of r guesses is that of the best guesser on m independent Gaussian
+channels, an order-statistics integral (derivation in :func:`gdp_one_run_p_value`; Dong,
+Roth & Su 2019; the route of Xiang et al. 2025, "Tight Privacy Audit in One Run").
+*Assumption*: the evidence is a product over canaries of channels with trade-off >= G_mu.
+Used by :func:`attacks.audit_one_run.one_run_audit`, beside the Steinke et al. bound.
+
 Choosing thresholds honestly
 ----------------------------
 ``thresholds="split"`` (default): the scores are split at random in two halves; the

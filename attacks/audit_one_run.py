@@ -14,9 +14,10 @@ every round's release is scored here.
 * ``mode="central"``: the server noises the decoded sum (plain sum aggregator; the release
   is the noised aggregate the algorithm receives);
 * ``mode="distributed"``: every client adds a noise share and the sum goes through
-  :class:`protocols.masking.PairwiseMasking` -- ``crypto="real"`` runs the masking protocol,
-  ``crypto="ideal"`` (default) its ideal functionality, which the library's tests hold to
-  the same release bit for bit; the release is the decoded noisy sum. The layer is built
+  :class:`protocols.masking.PairwiseMasking` -- ``crypto="real"`` (default) runs the masking
+  protocol, ``crypto="ideal"`` its ideal functionality, which releases the same sum (with
+  seeded noise the two give the same bounds, ``tests/test_audit_one_run.py``); the release
+  is the decoded noisy sum. The layer is built
   with ``min_clients`` = all clients and ``missing_shares=0``: every share is sized for all
   clients, so an honest round carries exactly the calibrated noise (with the default
   allowance for dropouts and colluders an honest round carries *more* noise than the claim
@@ -245,7 +246,7 @@ def one_run_audit(
     clip: float = 1.0,
     canary_scale: float = 2.0,
     background_per_cell: int = 1,
-    crypto: str = "ideal",
+    crypto: str = "real",
     alpha: float = 0.05,
     layer_class=None,
     broken: str | None = None,
@@ -259,7 +260,7 @@ def one_run_audit(
     ``broken``: a bug from :data:`attacks.audit.BROKEN` planted the same way. ``noise_rng``:
     the layer's noise source, "system" (the OS CSPRNG, default) or "seeded" (keyed by
     ``random_state``: reproducible, for tests). ``random_state`` also draws the inclusion
-    bits. ``crypto`` ("ideal" or "real"): the secure aggregator in distributed mode.
+    bits. ``crypto`` ("real", default, or "ideal"): the secure aggregator in distributed mode.
     """
     from protocols.dp.layer import GaussianDP
     from protocols.masking import PairwiseMasking

@@ -1,6 +1,6 @@
 """One-run DP audit of GaussianDP fits (``python -m benchmarks.audit_one_run``).
 
-For each mode (central, distributed under the ideal PairwiseMasking functionality, local),
+For each mode (central, distributed under the real PairwiseMasking protocol, local),
 each epsilon in ``--epsilons`` (delta 1e-5) and each of ``--seeds`` seeds:
 :func:`attacks.audit_one_run.one_run_audit` with ``--canaries`` canaries over ``--rounds``
 DWF rounds (4 clients, 2 features, clip 1, canaries at 2 clip, noise from the OS CSPRNG).

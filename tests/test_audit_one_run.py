@@ -139,6 +139,15 @@ def test_correct_layer_stays_below_its_claim(mode):
     assert res.violates_claim is False and res.confidence == 0.95
 
 
+def test_real_masking_and_its_ideal_functionality_give_the_same_audit():
+    real, ideal = (one_run_audit("distributed", 1.0, 1e-5, 5000, crypto=c, noise_rng="seeded", random_state=5)
+                   for c in ("real", "ideal"))
+    assert real.details["crypto"] == "real" and ideal.details["crypto"] == "ideal"
+    assert (real.epsilon_fdp, real.epsilon_steinke, real.blackbox_epsilon_fdp, real.details["white_box"]) == (
+        ideal.epsilon_fdp, ideal.epsilon_steinke, ideal.blackbox_epsilon_fdp, ideal.details["white_box"])
+    assert real.epsilon_fdp > 0
+
+
 @pytest.mark.parametrize("mode", ["central", "distributed", "local"])
 @pytest.mark.parametrize("broken,epsilon,rounds,m", [
     ("small_noise", 4.0, 1, 20_000),   # sigma x 0.8
