@@ -21,6 +21,8 @@ _EXPORTS = {
     "Rounding": "protocols.rounding",
     "ParticipationCap": "protocols.participation",
     "MinClusterSize": "protocols.min_cluster",
+    "ValidatedAggregation": "protocols.validated",
+    "ValidationHelper": "protocols.validated",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("protocols", _EXPORTS)

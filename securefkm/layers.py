@@ -313,6 +313,12 @@ class Aggregator(Layer):
         (:meth:`Layer.survivors_needed`): a secure aggregator aborts before decoding fewer."""
         return max((layer.survivors_needed(ctx) for layer in getattr(self, "_floor_layers", ())), default=0)
 
+    def client_noise_refusal(self, mode: str) -> str | None:
+        """Why this aggregator cannot carry GaussianDP noise added in ``mode`` ("central",
+        "distributed", "local"), naming what works instead; None if it can (the default).
+        GaussianDP asks before its own checks, so the user gets the aggregator's reason."""
+        return None
+
     def designed_survivors(self, n_sampled: int) -> int:
         """Survivors out of ``n_sampled`` this aggregator is designed to complete a round with
         (its declared dropout tolerance); the default of layers that size something by the

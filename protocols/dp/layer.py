@@ -428,6 +428,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         for i, layer in enumerate(stack):
             if isinstance(layer, MinClusterSize) and (i < me or self.mode == "central"):
                 self._sens_factor = max(1.0, float(layer.p))
+        refusal = aggs[0].client_noise_refusal(self.mode) if aggs else None
+        if refusal is not None:
+            raise ProtectionConfigError(refusal)
         if self.mode == "distributed":
             agg = aggs[0] if aggs else None
             codec = getattr(agg, "codec", None)

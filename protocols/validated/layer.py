@@ -1,0 +1,394 @@
+"""``ValidatedAggregation``: a secure sum whose every input is proven valid (Prio3, two aggregators).
+
+Round protocol (one client stage, ``validated_input``, plus two server -> Helper calls):
+
+1. server: ``helper.open_round(...)`` -> single-use :class:`~.helper.ValidationTicket` and a
+   fresh Prio3 verification key (kept by the server as the Leader); sends every sampled
+   client ``ValidationRequest(bundle, ticket)``;
+2. client: verifies the Helper's signed bundle against the Helper key it trusts and the
+   ticket against its own round (run, round, attempt, broadcast digest, circuit parameters);
+   turns its counts and the sums weighted by them into the integer measurement of
+   :mod:`.measurement`; shards it with Prio3 (``ClusterValidity`` circuit, its own ``n_max``),
+   seals the Helper's input share with HPKE and signs the report with its enrolled key;
+3. server (Leader): decodes each report (a malformed one names its sender), runs its half of
+   the verification and forwards the rest to the Helper; the Helper returns the verifier
+   message of each valid report and the reason of each refused one; each refused client is
+   named in the round's faults and left out, the round goes on with the others;
+4. server: aborts if fewer than ``max(min_clients, the client-side layers' floor)`` reports are
+   valid (nothing is released); else asks the Helper for its aggregate share over the valid
+   reports, adds its own and decodes the exact sum of the valid clients' encoded values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+from securefkm.exceptions import InputError, ProtectionConfigError, RoundAbortedError
+from securefkm.layers import Aggregator, ClientContext, ClientSession, ProtocolRefusal, RoundContext, ServerSession
+from securefkm.validation import check_int
+
+from . import helper as H
+from .measurement import Layout, layout_for
+
+log = logging.getLogger("securefkm")
+
+#: the field's modulus bound: every aggregate entry must stay below it (Field128, p > 2**127)
+_FIELD_BITS = 127
+
+
+class ValidatedAggregation(Aggregator):
+    """Secure aggregation that proves every client's counts and sums valid (Prio3 with a Helper).
+
+    Each client's per-cluster counts ``c_j`` and the sums weighted by them are proven, without
+    being revealed, to satisfy: every ``c_j`` a whole number ``>= 0``; ``sum_j c_j <= n_max``
+    (the client's declared record count, or ``max_records``); every coordinate sum
+    ``S_je`` within ``c_j x [low_e, high_e]`` (the declared box, in fixed point with
+    ``frac_bits``). The proof is Prio3's fully linear proof on secret-shared data
+    (draft-irtf-cfrg-vdaf, Sec. 7; Boneh et al., CRYPTO 2019) with the clustering validity
+    circuit :class:`protocols.vdaf.ClusterValidity`. A client whose report fails is named in
+    the round's faults (the runtime strikes it, ``Federation(max_client_faults=...)``) and
+    left out; the round completes with the others, whose sum is released exactly.
+
+    Trust model
+    -----------
+    * **Two aggregators that must not collude**: the server (Leader) and the
+      :class:`~protocols.validated.helper.ValidationHelper` (Helper), run by someone else.
+      Each sees one secret share of every report (uniformly random alone) and the sum of the
+      valid reports; together they see every client's values.
+    * **Server learns**: which clients sent a report, which reports were valid, and the exact
+      sum over at least ``min_clients`` valid clients (as under masking; add GaussianDP for
+      the sum itself).
+    * **What is guaranteed against malicious clients**: a released sum holds only inputs that
+      satisfy the conditions above (soundness error of the FLP about ``(2 * gadget calls) /
+      |Field128|`` per report), so ``m`` malicious clients with ``M`` declared records in total
+      move a centre by at most ``M / (C_j + M)`` times the box's diameter per round
+      (:func:`protocols.influence.mean_shift_bound`).
+    * **Not detected**: an in-range lie about one's own data (claiming its records sit
+      elsewhere in the box); a malicious client can also make its own report fail (then it is
+      left out). Set-fields are refused (no circuit can check a list the server reads in plain).
+    * **Clients must not trust the server for**: the Helper's key (they check its signed
+      bundle against the Helper key configured out of band) and the round's parameters
+      (checked against their own).
+
+    Parameters
+    ----------
+    min_clients:
+        fewest valid clients whose sum may be released (the Helper enforces it too).
+    max_records:
+        ``n_max`` of every client; default ``None``: each client's own declared record count
+        (the run's ``client_sizes``, known in simulation; a deployment passes it).
+    frac_bits:
+        fractional bits of the fixed-point encoding of sums (default 16).
+    bounds:
+        the records' box ``(low, high)``; default: the fit's declared domain (``init_bounds``
+        or GaussianDP's ``bounds``).
+    helper:
+        an existing :class:`~protocols.validated.helper.ValidationHelper` (a separate
+        service); default a fresh one per fit, in process.
+    """
+
+    stages = (H.STAGE,)
+    input_stage = H.STAGE
+    client_public_key_work = True  # HPKE sealing, Ed25519 signing and proving every round
+
+    def __init__(self, min_clients: int = 2, max_records: int | None = None, frac_bits: int = 16, bounds=None,
+                 *, helper: H.ValidationHelper | None = None):
+        self.min_clients = check_int(min_clients, "min_clients", minimum=2)
+        self.max_records = None if max_records is None else check_int(max_records, "max_records", minimum=1)
+        self.frac_bits = check_int(frac_bits, "frac_bits", minimum=0, maximum=40)
+        self.bounds = None if bounds is None else _check_bounds(bounds)
+        if helper is not None and not isinstance(helper, H.ValidationHelper):
+            raise InputError(f"helper must be a ValidationHelper, got {type(helper).__name__}.")
+        self._given_helper = helper
+        self.helper: H.ValidationHelper | None = None
+        self._domain = self.bounds
+        self._sizes: tuple[int, ...] | None = None
+        self._repr_params = {"min_clients": min_clients, "max_records": max_records, "frac_bits": frac_bits}
+
+    # ------------------------------------------------------------------ configuration
+    def declared_domain(self):
+        return None if self.bounds is None else (np.asarray(self.bounds[0], float), np.asarray(self.bounds[1], float))
+
+    def declare_domain(self, domain) -> None:
+        """The fit's declared box (``init_bounds`` or GaussianDP's ``bounds``), unless given here."""
+        if self.bounds is None and domain is not None:
+            self._domain = _check_bounds(domain)
+        if self._domain is None:
+            raise ProtectionConfigError(
+                "ValidatedAggregation proves each coordinate sum lies within count x the records' box, so the box "
+                "must be declared: pass init_bounds=(low, high) to the estimator (the public range of every "
+                "feature), or ValidatedAggregation(bounds=(low, high))."
+            )
+
+    def validate_stack(self, stack, algorithm) -> None:
+        super().validate_stack(stack, algorithm)
+        if algorithm is not None and getattr(algorithm, "uses_set_fields", False):
+            param = getattr(algorithm, "secure_mode_param", None)
+            raise ProtectionConfigError(
+                f"ValidatedAggregation validates sum-fields only, but {getattr(algorithm, 'name', algorithm)} sends each "
+                "client's local centres as set-fields. Use WeightedFederatedKMeans (DWF) or mini-batch federated "
+                "k-means" + (f", or the algorithm's secure mode ({param}=True) with PairwiseMasking" if param else "") + "."
+            )
+        for layer in stack:
+            if layer.side != "client":
+                continue
+            refusal = self.client_noise_refusal(getattr(layer, "mode", None)) if layer.name == "GaussianDP" else None
+            if refusal is not None:
+                raise ProtectionConfigError(refusal)
+            if layer.perturbs_client_messages():
+                raise ProtectionConfigError(
+                    f"{layer.name} changes each client's counts or sums before they are proven, which would make honest "
+                    f"updates fail validation; drop {layer.name} or use PairwiseMasking without validation."
+                )
+
+    def client_noise_refusal(self, mode):
+        if mode == "central":
+            return None
+        return (f"GaussianDP(mode={mode!r}) adds noise to each client's counts and sums before they are proven, so no "
+                "noised update could pass validation. With ValidatedAggregation use GaussianDP(mode='central'): the "
+                "validated exact sum is noised once after aggregation (the server is then trusted with the noise).")
+
+    def setup(self, info) -> None:
+        if self.min_clients > info.n_clients:
+            raise InputError(f"ValidatedAggregation(min_clients={self.min_clients}) needs at least that many clients; "
+                             f"the federation has {info.n_clients}. Lower min_clients.")
+        if self._domain is None:
+            self.declare_domain(None)
+        self.helper = self._given_helper or H.ValidationHelper(min_clients=self.min_clients)
+        self.bundle = self.helper.public_bundle()
+        self.trusted_helper_key = self.bundle.helper_key
+        self._sizes = None if info.client_sizes is None else tuple(int(n) for n in info.client_sizes)
+        if self.max_records is None and self._sizes is None:
+            raise ProtectionConfigError(
+                "ValidatedAggregation needs each client's declared record count to bound its counts: this run has "
+                "none (a deployment); pass ValidatedAggregation(max_records=N) with the most records a client may hold."
+            )
+        self._n_clients = int(info.n_clients)
+
+    def n_max(self, client_id: int, own_records: int | None = None) -> int:
+        """The record bound client ``client_id``'s counts are proven against."""
+        if self.max_records is not None:
+            return self.max_records
+        if self._sizes is not None:
+            return self._sizes[int(client_id)]
+        return int(own_records)
+
+    def layout(self, ctx: RoundContext) -> Layout:
+        low, high = self._domain
+        return layout_for(ctx.specs, low, high, self.frac_bits)
+
+    def before_round(self, ctx: RoundContext) -> None:
+        if self.helper is None:
+            raise InputError("ValidatedAggregation used before setup(); run it through a Federation or estimator.")
+        if not ctx.specs:
+            return
+        lay = self.layout(ctx)
+        n_max = self.max_records or max(self._sizes)
+        bits = (len(ctx.sampled) * n_max * max(lay.widths + (1,))).bit_length()
+        if bits >= _FIELD_BITS:
+            raise RoundAbortedError(
+                f"a validated sum of {len(ctx.sampled)} clients with up to {n_max} records each in a box of "
+                f"{max(lay.widths)} encoding units could wrap Field128; lower frac_bits={self.frac_bits} or the "
+                "clients per round.", round=ctx.round, stage=H.STAGE)
+
+    def report(self) -> dict:
+        if self.helper is None:
+            return {}
+        return {"frac_bits": self.frac_bits, "min_clients": self.min_clients,
+                "max_records": self.max_records, "helper_aggregates": self.helper.n_aggregates}
+
+    def server_view(self, algorithm, aggregator):
+        sees = ("one Prio3 report per client (public share, the Leader's uniformly random input share, the Helper's "
+                "share sealed with HPKE), which reports were valid, and the exact sum of the valid clients' counts and "
+                "sums")
+        trust = ("the Helper must not collude with the server (together they recover every input); fewer than "
+                 "min_clients clients must not collude with the server; an in-range lie about a client's own data "
+                 "is not detected; the sum itself is not hidden (GaussianDP(mode='central') noises it)")
+        return sees, trust
+
+    # ------------------------------------------------------------------ sessions
+    def _enroll(self, client: ClientContext) -> dict:
+        key = Ed25519PrivateKey.generate()
+        self.helper.enroll(client.client_id, key.public_key().public_bytes_raw())
+        state = {"helper": self.bundle.fingerprint, "signing_key": key.private_bytes_raw()}
+        client.state["validated"] = state
+        return state
+
+    def provision_client(self, client: ClientContext) -> None:
+        """Enroll the client with the Helper before it moves to a worker (the Helper stays here)."""
+        if "validated" not in client.state:
+            self._enroll(client)
+
+    def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> ClientSession:
+        state = client.state.get("validated")
+        if state is None or state.get("helper") != self.bundle.fingerprint:
+            state = self._enroll(client)
+        lay = self.layout(ctx)
+        counts, shifted = lay.measurement(sums)
+        return ValidatedClientSession(
+            client_id=client.client_id, counts=counts, shifted=shifted, n_max=self.n_max(client.client_id, client.n_records),
+            k=lay.k, widths=lay.widths, frac_bits=lay.frac_bits, signing_key=state["signing_key"],
+            trusted_helper_key=self.trusted_helper_key, run=ctx.run, round=ctx.round, attempt=ctx.attempt,
+            digest=ctx.broadcast_digest, min_clients=self.min_clients,
+        )
+
+    def server_session(self, ctx: RoundContext) -> ServerSession:
+        return _ValidatedServer(self, ctx)
+
+    def too_few(self, n: int, ctx: RoundContext) -> RoundAbortedError | None:
+        floor = self.survivors_floor(ctx)
+        if n >= max(self.min_clients, floor):
+            return None
+        who = (f"ValidatedAggregation(min_clients={self.min_clients})" if n < self.min_clients else
+               f"a client-side layer (its floor of {floor} contributors)")
+        return RoundAbortedError(f"only {n} client(s) sent a valid report; {who} refuses to release fewer "
+                                 "(nothing was released)", round=ctx.round, stage=H.STAGE)
+
+
+def _check_bounds(bounds):
+    try:
+        low, high = bounds
+        low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"bounds must be a pair (low, high) of numbers or per-feature arrays, got {bounds!r}.") from None
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(high > low)):
+        raise InputError(f"bounds must be finite with high > low in every feature, got {bounds!r}.")
+    return low, high
+
+
+@dataclass
+class ValidatedClientSession(ClientSession):
+    """A client's side of one validated round (plain data: picklable)."""
+
+    client_id: int
+    counts: list
+    shifted: list
+    n_max: int
+    k: int
+    widths: tuple
+    frac_bits: int
+    signing_key: bytes
+    trusted_helper_key: bytes
+    run: int
+    round: int
+    attempt: int
+    digest: bytes
+    min_clients: int
+
+    def check_request(self, message) -> H.ValidationTicket:
+        if not isinstance(message, H.ValidationRequest):
+            raise ProtocolRefusal(f"expected a ValidationRequest, got {type(message).__name__}")
+        try:
+            message.bundle.verify(self.trusted_helper_key)
+        except ValueError as exc:
+            raise ProtocolRefusal(f"refusing to send a report: {exc}") from None
+        t = message.ticket
+        if (t.run, t.round, t.attempt, t.digest) != (self.run, self.round, self.attempt, self.digest):
+            raise ProtocolRefusal("round ticket does not match the round and broadcast this client computed")
+        if (t.k, tuple(t.widths), t.frac_bits) != (self.k, tuple(self.widths), self.frac_bits):
+            raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits) differ from "
+                                  "this client's own")
+        if t.min_clients < self.min_clients:
+            raise ProtocolRefusal(f"round ticket's min_clients={t.min_clients} is below this client's "
+                                  f"{self.min_clients}")
+        return t
+
+    def respond(self, stage: str, message) -> H.ValidatedReport:
+        if stage != H.STAGE:
+            raise ProtocolRefusal(f"validated-aggregation client got unknown stage {stage!r}")
+        t = self.check_request(message)
+        vdaf = H.make_vdaf(self.k, tuple(self.widths), self.n_max)
+        ctx = H.application_context(t)
+        nonce = os.urandom(vdaf.NONCE_SIZE)
+        measurement = encode_for_proof(vdaf, self.counts, self.shifted)
+        public, shares = vdaf.shard(ctx, measurement, nonce, os.urandom(vdaf.RAND_SIZE))
+        public_b = vdaf.encode_public_share(public)
+        leader_b = vdaf.encode_input_share(0, shares[0])
+        sealed = H.SUITE.encrypt(vdaf.encode_input_share(1, shares[1]),
+                                 X25519PublicKey.from_public_bytes(message.bundle.hpke_key),
+                                 info=H.seal_info(ctx, self.client_id, nonce))
+        sig = H.sign_report(self.signing_key, H.report_payload(message.bundle.fingerprint, ctx, self.client_id, nonce,
+                                                               public_b, sealed))
+        self.counts = self.shifted = None  # the measurement leaves the session with the report
+        return H.ValidatedReport(self.client_id, nonce, public_b, leader_b, sealed, sig)
+
+
+def encode_for_proof(vdaf, counts, shifted):
+    """The measurement in the circuit's input form (see :class:`protocols.vdaf.ClusterValidity`)."""
+    return (list(counts), [list(row) for row in shifted])
+
+
+class _ValidatedServer(ServerSession):
+    def __init__(self, layer: ValidatedAggregation, ctx: RoundContext):
+        self.layer, self.ctx = layer, ctx
+        self.lay = layer.layout(ctx)
+        self.ticket, self.verify_key = layer.helper.open_round(
+            ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths, self.lay.frac_bits)
+        self.app_ctx = H.application_context(self.ticket)
+        self.out_shares: dict[int, object] = {}
+
+    def messages(self, stage, alive):
+        request = H.ValidationRequest(self.layer.bundle, self.ticket)
+        return {c: request for c in alive}
+
+    def _fault(self, c: int, why: str) -> None:
+        self.faults[int(c)] = f"stage {H.STAGE!r}: {why}"
+        log.warning("ValidatedAggregation: leaving client %s out of round %s: %s", c, self.ctx.round, why)
+
+    def receive(self, stage, replies):
+        from protocols.vdaf import VdafError
+
+        layer, ctx = self.layer, self.ctx
+        forwarded, states = {}, {}
+        for c, rep in replies.items():
+            c = int(c)
+            if not isinstance(rep, H.ValidatedReport):
+                self._fault(c, f"the reply is a {type(rep).__name__}, not a ValidatedReport")
+                continue
+            if type(rep.client_id) is not int or rep.client_id != c:
+                self._fault(c, f"field client_id is {rep.client_id!r}, not the sender's id {c}")
+                continue
+            n_max = layer.n_max(c)
+            vdaf = H.make_vdaf(self.lay.k, self.lay.widths, n_max)
+            try:
+                if not isinstance(rep.report_nonce, bytes) or len(rep.report_nonce) != vdaf.NONCE_SIZE:
+                    raise VdafError(f"field report_nonce is not {vdaf.NONCE_SIZE} bytes")
+                public = vdaf.decode_public_share(rep.public_share)
+                share = vdaf.decode_input_share(0, rep.leader_share)
+                state, vshare = vdaf.verify_init(self.verify_key, self.app_ctx, 0, None, rep.report_nonce, public, share)
+            except (VdafError, ValueError, TypeError) as exc:
+                self._fault(c, f"its report is malformed ({exc})")
+                continue
+            states[c] = (vdaf, state)
+            forwarded[c] = H.HelperReport(rep.report_nonce, rep.public_share, rep.sealed_helper_share, rep.signature,
+                                          n_max, vdaf.encode_verifier_share(vshare))
+        if not forwarded:
+            return
+        messages, refused = layer.helper.verify(self.ticket.nonce, forwarded)
+        for c, why in refused.items():
+            self._fault(c, why)
+        for c, vmsg_b in messages.items():
+            vdaf, state = states[c]
+            try:
+                self.out_shares[c] = vdaf.verify_next(self.app_ctx, state, vdaf.decode_verifier_message(vmsg_b))
+            except (VdafError, ValueError):
+                self._fault(c, H.INVALID)
+
+    def result(self):
+        layer, ctx = self.layer, self.ctx
+        accepted = tuple(sorted(self.out_shares))
+        too_few = layer.too_few(len(accepted), ctx)
+        if too_few is not None:
+            layer.helper.close_round(self.ticket.nonce)
+            raise too_few
+        helper_share = layer.helper.aggregate(self.ticket.nonce, accepted)
+        vdaf = H.make_vdaf(self.lay.k, self.lay.widths, 1)
+        leader_share = vdaf.aggregate(None, [self.out_shares[c] for c in accepted])
+        counts, shifted = vdaf.unshard(None, [leader_share, helper_share], len(accepted))
+        return self.lay.decode(counts, shifted), accepted
