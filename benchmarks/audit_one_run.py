@@ -25,6 +25,13 @@ import numpy as np
 from attacks.audit_one_run import one_run_audit
 
 MODES = ("central", "distributed", "local")
+COLUMNS = ("claimed_epsilon", "epsilon_fdp", "epsilon_steinke", "blackbox_epsilon_fdp", "blackbox_epsilon_steinke",
+           "ratio")
+
+
+def _median(results, name: str) -> float:
+    """Median over the seeds' audits of one OneRunAudit attribute."""
+    return float(np.median([getattr(r, name) for r, _ in results]))
 
 
 def run(canaries: int, seeds: int, epsilons, rounds: int, background: int = 0, delta: float = 1e-5):
@@ -41,11 +48,7 @@ def run(canaries: int, seeds: int, epsilons, rounds: int, background: int = 0, d
                                "fdp": r.epsilon_fdp, "steinke": r.epsilon_steinke,
                                "blackbox_fdp": r.blackbox_epsilon_fdp, "blackbox_steinke": r.blackbox_epsilon_steinke,
                                "r_fdp": r.details["white_box"]["r_fdp"], "r_steinke": r.details["white_box"]["r_steinke"]})
-            med = lambda f: float(np.median([f(r) for r, _ in res]))  # noqa: E731
-            rows.append((mode, eps, med(lambda r: r.claimed_epsilon), med(lambda r: r.epsilon_fdp),
-                         med(lambda r: r.epsilon_steinke), med(lambda r: r.blackbox_epsilon_fdp),
-                         med(lambda r: r.blackbox_epsilon_steinke), med(lambda r: r.ratio),
-                         float(np.mean([s for _, s in res]))))
+            rows.append((mode, eps, *(_median(res, name) for name in COLUMNS), float(np.mean([s for _, s in res]))))
     return rows, audits
 
 
