@@ -123,8 +123,20 @@ def test_paillier_messages_round_trip(tmp_path, clients, task_identity, authorit
 def test_every_registered_message_has_both_directions():
     stages = {s for s, _ in _wire.MESSAGES.keys()}
     assert stages == {"update", "input", "advertise", "share", "masked_input", "consistency_check", "unmask",
-                      "encrypted_input", "identify"}
+                      "encrypted_input", "identify", "validated_input"}
     assert all((s, d) in _wire.MESSAGES for s in stages for d in ("request", "reply"))
+
+
+def test_validated_aggregation_messages_round_trip_and_refuse_bad_fields():
+    from protocols.validated import helper as H
+
+    ticket = H.ValidationTicket(b"t" * 16, 0, 3, 1, b"d" * 32, 3, (65536, 65536), 16, 2)
+    request = H.ValidationRequest(H.HelperBundle(b"a" * 32, b"b" * 32, b"c" * 64), ticket)
+    assert _wire.decode(H.STAGE, "request", _wire.encode(H.STAGE, "request", request)) == request
+    reply = H.ValidatedReport(5, b"n" * 16, b"p", b"leader", b"sealed", b"s" * 64)
+    assert _wire.decode(H.STAGE, "reply", _wire.encode(H.STAGE, "reply", reply)) == reply
+    with pytest.raises(_wire.WireError, match="report_nonce"):
+        _wire.encode(H.STAGE, "reply", H.ValidatedReport(5, b"short", b"p", b"l", b"s", b"s" * 64))
 
 
 def test_direct_round_trips_of_hand_built_messages():

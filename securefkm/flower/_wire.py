@@ -486,6 +486,8 @@ def _schemas() -> dict[tuple[str, str], Type]:
         RoundTicket,
     )
 
+    from protocols.validated import helper as validated
+
     from ..federation.client import UPDATE_STAGE, UpdateReply, UpdateRequest
     from ..messages import Broadcast
     from .provision import IDENTIFY_STAGE
@@ -542,6 +544,20 @@ def _schemas() -> dict[tuple[str, str], Type]:
         (PAILLIER_STAGE, "reply"): Record(EncryptedContribution, {
             "client_id": Id, "nonce": Bytes(min_len=1, max_len=64), "digest": Bytes(max_len=64),
             "ciphertexts": List(BigInt(2 * n_bits), as_tuple=True), "signature": sig,
+        }),
+        # --------------------------------------------------------- ValidatedAggregation
+        (validated.STAGE, "request"): Record(validated.ValidationRequest, {
+            "bundle": Record(validated.HelperBundle, {"hpke_key": key, "helper_key": key, "signature": sig}),
+            "ticket": Record(validated.ValidationTicket, {
+                "nonce": Bytes(16), "run": Int(), "round": Int(), "attempt": Int(0), "digest": Bytes(max_len=64),
+                "k": Int(1, MAX_ITEMS), "widths": List(Int(0), as_tuple=True), "frac_bits": Int(0, 62),
+                "min_clients": Int(2, MAX_ID),
+            }),
+        }),
+        (validated.STAGE, "reply"): Record(validated.ValidatedReport, {
+            "client_id": Id, "report_nonce": Bytes(validated.REPORT_NONCE_SIZE),
+            "public_share": Bytes(max_len=1 << 26), "leader_share": Bytes(max_len=1 << 26),
+            "sealed_helper_share": Bytes(max_len=1 << 26), "signature": sig,
         }),
         # --------------------------------------------------------- node identification
         (IDENTIFY_STAGE, "request"): Struct({
