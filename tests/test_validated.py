@@ -25,9 +25,12 @@ def _clients(n=10, seed=0, k=3, d=2):
     return [np.clip(centres[rng.integers(k, size=12)] + rng.normal(scale=0.05, size=(12, d)), 0, 1) for _ in range(n)]
 
 
-def _dwf(crypto="ideal", **kw):
-    return WeightedFederatedKMeans(3, init_bounds=BOX, max_rounds=4, random_state=0, crypto=crypto,
+def _dwf(crypto="ideal", init="auto", **kw):
+    return WeightedFederatedKMeans(3, init=init, init_bounds=BOX, max_rounds=4, random_state=0, crypto=crypto,
                                    protection=[ValidatedAggregation(**kw)])
+
+
+START = np.array([[0.2, 0.2], [0.5, 0.8], [0.8, 0.3]])
 
 
 # ---------------------------------------------------------------- the measurement
@@ -164,3 +167,41 @@ def test_refuses_without_a_declared_box():
 def test_one_aggregator_only():
     with pytest.raises(ProtectionConfigError, match="aggregators"):
         WeightedFederatedKMeans(3, init_bounds=BOX, protection=[ValidatedAggregation(), PairwiseMasking()]).fit(_clients())
+
+
+def test_the_influence_bound_is_reported_and_holds_against_the_adaptive_attack():
+    data = _clients()
+    honest = _dwf(init=START, max_records=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        honest.fit(data)
+    entry = honest.protection_report_["ValidatedAggregation"]
+    assert "1 malicious client of declared 12 records move a centre by at most" in entry["server_sees"]
+    assert 0 < entry["influence_max"] < np.sqrt(2)
+    # one adaptive liar (12 declared records) in the first training round: its move stays within the bound
+    from protocols.influence import mean_shift_bound
+
+    poisoned = _dwf(init=START, max_records=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        poisoned.fit(data, client_policies={4: PoisoningPolicy("adaptive", box=BOX)})
+    h = next(r for r in honest.transcript_.rounds if r.action == "train")
+    p = next(r for r in poisoned.transcript_.rounds if r.action == "train")
+    np.testing.assert_array_equal(h.broadcasts[0].centres, p.broadcasts[0].centres)
+    C = h.aggregate["weights"] - _own_counts(data[4], h.broadcasts[0].centres)
+    S = h.aggregate["weighted_centres"] - _own_sums(data[4], h.broadcasts[0].centres)
+    mu = S / np.maximum(C, 1)[:, None]
+    moved = np.linalg.norm(p.aggregate["weighted_centres"] / p.aggregate["weights"][:, None] - mu, axis=1)
+    bound = mean_shift_bound(12, C, BOX, mu)
+    assert np.all(moved <= bound + 1e-4)
+    assert np.any(moved >= 0.95 * bound)  # the adaptive liar comes close to the bound: it is not loose
+
+
+def _own_counts(X, centres):
+    lab = np.argmin(((X[:, None] - centres[None]) ** 2).sum(-1), axis=1)
+    return np.bincount(lab, minlength=len(centres)).astype(float)
+
+
+def _own_sums(X, centres):
+    lab = np.argmin(((X[:, None] - centres[None]) ** 2).sum(-1), axis=1)
+    return np.stack([np.rint(X[lab == j].sum(0) * 2**16) / 2**16 for j in range(len(centres))])

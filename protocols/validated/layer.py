@@ -188,7 +188,7 @@ class ValidatedAggregation(Aggregator):
             raise InputError("ValidatedAggregation used before setup(); run it through a Federation or estimator.")
         if not ctx.specs:
             return
-        lay = self.layout(ctx)
+        lay = self._last_layout = self.layout(ctx)
         n_max = self.max_records or max(self._sizes)
         bits = (len(ctx.sampled) * n_max * max(lay.widths + (1,))).bit_length()
         if bits >= _FIELD_BITS:
@@ -197,16 +197,46 @@ class ValidatedAggregation(Aggregator):
                 f"{max(lay.widths)} encoding units could wrap Field128; lower frac_bits={self.frac_bits} or the "
                 "clients per round.", round=ctx.round, stage=H.STAGE)
 
+    def after_round(self, ctx: RoundContext, agg) -> None:
+        """Keep the last released per-cluster counts: the honest mass the influence bound needs."""
+        lay = getattr(self, "_last_layout", None)
+        if ctx.specs and agg.sums and lay is not None and lay.count in agg.sums and len(lay.columns) == 1 \
+                and lay.columns[0][1] > 1:
+            self._last_counts = np.asarray(agg.sums[lay.count], dtype=np.float64).copy()
+
+    def influence(self, n_malicious: int = 1) -> dict | None:
+        """How far ``n_malicious`` clients, each declaring the most records any client may hold,
+        can move a centre in one round against the last round's released counts
+        (:func:`protocols.influence.influence_report`); None before a completed round."""
+        counts = getattr(self, "_last_counts", None)
+        if counts is None or self._domain is None:
+            return None
+        from protocols.influence import influence_report
+
+        per_client = self.max_records or max(self._sizes)
+        m = int(n_malicious)
+        # the released counts hold the malicious clients' own: the honest mass is at least this much less
+        honest = np.maximum(counts - m * per_client, 0.0)
+        return influence_report(m, m * per_client, honest, self._domain)
+
     def report(self) -> dict:
         if self.helper is None:
             return {}
-        return {"frac_bits": self.frac_bits, "min_clients": self.min_clients,
-                "max_records": self.max_records, "helper_aggregates": self.helper.n_aggregates}
+        out = {"frac_bits": self.frac_bits, "min_clients": self.min_clients,
+               "max_records": self.max_records, "helper_aggregates": self.helper.n_aggregates}
+        bound = self.influence(1)
+        if bound is not None:
+            out["influence"] = bound["lines"][0]
+            out["influence_max"] = bound["max"]
+        return out
 
     def server_view(self, algorithm, aggregator):
         sees = ("one Prio3 report per client (public share, the Leader's uniformly random input share, the Helper's "
                 "share sealed with HPKE), which reports were valid, and the exact sum of the valid clients' counts and "
                 "sums")
+        bound = self.influence(1)
+        if bound is not None:
+            sees += f"; validation bounds a malicious client's influence: {bound['lines'][0]}"
         trust = ("the Helper must not collude with the server (together they recover every input); fewer than "
                  "min_clients clients must not collude with the server; an in-range lie about a client's own data "
                  "is not detected; the sum itself is not hidden (GaussianDP(mode='central') noises it)")
