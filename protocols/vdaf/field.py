@@ -1,0 +1,294 @@
+"""Prime fields of the VDAF draft (draft-irtf-cfrg-vdaf-20, Sec. 6.1).
+
+Field elements are plain Python ``int`` values in ``[0, MODULUS)``; a field is a class whose
+class methods do the arithmetic, the byte encoding (Sec. 6.1.1: little-endian, ``ENCODED_SIZE``
+bytes, a decoded value ``>= MODULUS`` is refused) and the number theoretic transform of an
+NTT-friendly field (Sec. 6.1.2). The Lagrange-basis polynomial operations of Sec. 6.1.3 are
+in :class:`Lagrange`. Integers keep the arithmetic exact at any size; there is no rounding.
+"""
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+
+
+class FieldDecodeError(ValueError):
+    """A byte string is not a canonical encoding of a vector of field elements."""
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ``>= n`` (``n >= 1``)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def assert_power_of_2(n: int) -> int:
+    """``log2(n)``; raises ValueError if ``n`` is not a power of two."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"length {n} must be a power of two")
+    return n.bit_length() - 1
+
+
+class Field:
+    """Base class: a prime field with elements as ints (Sec. 6.1)."""
+
+    MODULUS: int
+    ENCODED_SIZE: int
+    GEN_ORDER: int = 0
+    GENERATOR: int = 0
+
+    @classmethod
+    def elem(cls, x: int) -> int:
+        """``Field(integer)``: an int in ``(-MODULUS, MODULUS)`` as a field element."""
+        x = int(x)
+        if not -cls.MODULUS < x < cls.MODULUS:
+            raise ValueError(f"integer {x} is outside (-MODULUS, MODULUS) of {cls.__name__}")
+        return x % cls.MODULUS
+
+    @classmethod
+    def zeros(cls, length: int) -> list[int]:
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        return [0] * length
+
+    @classmethod
+    def rand_vec(cls, length: int) -> list[int]:
+        """Uniform elements from the OS CSPRNG (not used normatively by the draft)."""
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        return [secrets.randbelow(cls.MODULUS) for _ in range(length)]
+
+    @classmethod
+    def inv(cls, x: int) -> int:
+        if x % cls.MODULUS == 0:
+            raise ZeroDivisionError("inverse of zero")
+        return pow(x, cls.MODULUS - 2, cls.MODULUS)
+
+    @classmethod
+    def encode_vec(cls, vec) -> bytes:
+        size = cls.ENCODED_SIZE
+        return b"".join(int(x).to_bytes(size, "little") for x in vec)
+
+    @classmethod
+    def decode_vec(cls, encoded: bytes) -> list[int]:
+        """Sec. 6.1.1 decode_vec: raises FieldDecodeError on a bad length or a value >= p."""
+        size = cls.ENCODED_SIZE
+        if len(encoded) % size:
+            raise FieldDecodeError(
+                f"encoded length {len(encoded)} is not a multiple of {cls.__name__}.ENCODED_SIZE={size}")
+        p = cls.MODULUS
+        out = [int.from_bytes(encoded[i:i + size], "little") for i in range(0, len(encoded), size)]
+        for x in out:
+            if x >= p:
+                raise FieldDecodeError(f"non-canonical {cls.__name__} element (value >= modulus)")
+        return out
+
+    # --- NTT-friendly interface (Sec. 6.1.2) ---------------------------------------------
+    @classmethod
+    def gen(cls) -> int:
+        return cls.GENERATOR
+
+    @classmethod
+    def nth_root(cls, n: int) -> int:
+        assert_power_of_2(n)
+        if n > cls.GEN_ORDER:
+            raise ValueError(f"n={n} exceeds GEN_ORDER of {cls.__name__}")
+        return pow(cls.GENERATOR, cls.GEN_ORDER // n, cls.MODULUS)
+
+    @classmethod
+    def nth_root_powers(cls, n: int) -> list[int]:
+        return list(_root_powers(cls, n))
+
+    @classmethod
+    def ntt(cls, p: list[int], n: int, set_s: bool = False) -> list[int]:
+        """Evaluations ``v[i] = p(Wn**i)`` (or ``p(s * Wn**i)``, ``s = W_{2n}``, if set_s)."""
+        if len(p) > n:
+            raise ValueError(f"polynomial of length {len(p)} does not fit n={n} points")
+        q = cls.MODULUS
+        a = list(p) + [0] * (n - len(p))
+        if set_s:
+            s = cls.nth_root(2 * n)
+            f = 1
+            for i in range(n):
+                a[i] = a[i] * f % q
+                f = f * s % q
+        return _dft(cls, a, _root_powers(cls, n))
+
+    @classmethod
+    def inv_ntt(cls, v: list[int], n: int) -> list[int]:
+        """Coefficients of the polynomial whose values at the powers of ``Wn`` are ``v``."""
+        if len(v) != n:
+            raise ValueError(f"inv_ntt needs exactly n={n} values, got {len(v)}")
+        q = cls.MODULUS
+        out = _dft(cls, list(v), _inv_root_powers(cls, n))
+        n_inv = cls.inv(n)
+        return [x * n_inv % q for x in out]
+
+
+@lru_cache(maxsize=None)
+def _root_powers(field, n: int) -> tuple:
+    w = field.nth_root(n)
+    q = field.MODULUS
+    out, x = [], 1
+    for _ in range(n):
+        out.append(x)
+        x = x * w % q
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def _inv_root_powers(field, n: int) -> tuple:
+    pw = _root_powers(field, n)
+    return tuple([pw[0]] + [pw[n - i] for i in range(1, n)])
+
+
+def _dft(field, a: list[int], powers: tuple) -> list[int]:
+    """Iterative radix-2 Cooley-Tukey DFT: ``out[i] = sum_j a[j] * w**(i*j)``."""
+    n = len(a)
+    if n == 1:
+        return a
+    q = field.MODULUS
+    log_n = assert_power_of_2(n)
+    # bit-reversal permutation
+    out = [0] * n
+    for i in range(n):
+        out[int(format(i, f"0{log_n}b")[::-1], 2)] = a[i]
+    length = 2
+    while length <= n:
+        half = length // 2
+        step = n // length
+        tw = powers[::step][:half]
+        for start in range(0, n, length):
+            for j in range(half):
+                u = out[start + j]
+                v = out[start + j + half] * tw[j] % q
+                out[start + j] = (u + v) % q
+                out[start + j + half] = (u - v) % q
+        length *= 2
+    return out
+
+
+class Field64(Field):
+    """p = 2**32 * 4294967295 + 1, generator 7**4294967295 of order 2**32 (Table 3)."""
+
+    MODULUS = 2**32 * 4294967295 + 1
+    ENCODED_SIZE = 8
+    GEN_ORDER = 2**32
+    GENERATOR = pow(7, 4294967295, MODULUS)
+
+
+class Field128(Field):
+    """p = 2**66 * 4611686018427387897 + 1, generator 7**4611686018427387897 of order 2**66."""
+
+    MODULUS = 2**66 * 4611686018427387897 + 1
+    ENCODED_SIZE = 16
+    GEN_ORDER = 2**66
+    GENERATOR = pow(7, 4611686018427387897, MODULUS)
+
+
+def vec_add(field, left, right):
+    if len(left) != len(right):
+        raise ValueError(f"mismatched vector sizes {len(left)} and {len(right)}")
+    q = field.MODULUS
+    return [(x + y) % q for x, y in zip(left, right)]
+
+
+def vec_sub(field, left, right):
+    if len(left) != len(right):
+        raise ValueError(f"mismatched vector sizes {len(left)} and {len(right)}")
+    q = field.MODULUS
+    return [(x - y) % q for x, y in zip(left, right)]
+
+
+def vec_neg(field, vec):
+    q = field.MODULUS
+    return [(-x) % q for x in vec]
+
+
+def poly_eval(field, p: list[int], x: int) -> int:
+    """Horner evaluation of a monomial-basis polynomial (Sec. 6.1.3.1)."""
+    q = field.MODULUS
+    out = 0
+    for c in reversed(p):
+        out = (out * x + c) % q
+    return out
+
+
+class Lagrange:
+    """Polynomials as values at the powers of the principal n-th root of unity (Sec. 6.1.3.2)."""
+
+    def __init__(self, field):
+        self.field = field
+
+    def poly_mul(self, p: list[int], q_: list[int]) -> list[int]:
+        n = len(p)
+        assert_power_of_2(n)
+        if len(q_) != n:
+            raise ValueError("poly_mul operands must have equal length")
+        q = self.field.MODULUS
+        a, b = self.double_evaluations(p), self.double_evaluations(q_)
+        return [x * y % q for x, y in zip(a, b)]
+
+    def poly_eval(self, p: list[int], x: int) -> int:
+        return self.poly_eval_batched([p], x)[0]
+
+    def poly_eval_batched(self, polys: list[list[int]], x: int) -> list[int]:
+        """Evaluate each polynomial (given by its values at the n-th roots) at ``x`` in O(n)."""
+        n = len(polys[0])
+        if any(len(p) != n for p in polys):
+            raise ValueError("poly_eval_batched needs polynomials of equal length")
+        assert_power_of_2(n)
+        F = self.field
+        q = F.MODULUS
+        nodes = _root_powers(F, n)
+        k = 1
+        u = [p[0] for p in polys]
+        d = (nodes[0] - x) % q
+        for i in range(1, n):
+            k = k * d % q
+            d = (nodes[i] - x) % q
+            t = k * nodes[i] % q
+            u = [(uj * d + t * p[i]) % q for uj, p in zip(u, polys)]
+        factor = (q - 1 if (n - 1) % 2 else 1) * F.inv(n) % q
+        return [uj * factor % q for uj in u]
+
+    def extend_values_to_power_of_2(self, p: list[int], n: int) -> None:
+        """Append values of the degree < len(p) polynomial through ``p`` until len(p) == n."""
+        assert_power_of_2(n)
+        if len(p) > n:
+            raise ValueError("polynomial already longer than n")
+        F = self.field
+        q = F.MODULUS
+        x = _root_powers(F, n)
+        m = len(p)
+        w = [0] * n
+        for i in range(m):
+            prod = 1
+            for j in range(m):
+                if j != i:
+                    prod = prod * (x[i] - x[j]) % q
+            w[i] = prod
+        for kk in range(m, n):
+            for i in range(kk):
+                w[i] = w[i] * (x[i] - x[kk]) % q
+            y_num, y_den = 0, 1
+            for i, v in enumerate(p):
+                y_num = (y_num * w[i] + y_den * v) % q
+                y_den = y_den * w[i] % q
+            prod = 1
+            for j in range(kk):
+                prod = prod * (x[kk] - x[j]) % q
+            w[kk] = prod
+            p.append((-w[kk] * y_num * F.inv(y_den)) % q)
+
+    def double_evaluations(self, p: list[int]) -> list[int]:
+        """2n values (at the 2n-th roots) from n values at the n-th roots."""
+        n = len(p)
+        assert_power_of_2(n)
+        F = self.field
+        odd = F.ntt(F.inv_ntt(p, n), n, True)
+        out = [0] * (2 * n)
+        out[0::2] = p
+        out[1::2] = odd
+        return out
