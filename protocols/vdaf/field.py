@@ -108,11 +108,7 @@ class Field:
         q = cls.MODULUS
         a = list(p) + [0] * (n - len(p))
         if set_s:
-            s = cls.nth_root(2 * n)
-            f = 1
-            for i in range(n):
-                a[i] = a[i] * f % q
-                f = f * s % q
+            a = [x * f % q for x, f in zip(a, _root_powers(cls, 2 * n))]
         return _dft(cls, a, _root_powers(cls, n))
 
     @classmethod
@@ -143,6 +139,12 @@ def _inv_root_powers(field, n: int) -> tuple:
     return tuple([pw[0]] + [pw[n - i] for i in range(1, n)])
 
 
+@lru_cache(maxsize=None)
+def _bit_reversal(log_n: int) -> tuple:
+    """``perm[j]`` = the index whose bit-reversal is ``j`` (an involution)."""
+    return tuple(int(format(i, f"0{log_n}b")[::-1], 2) for i in range(1 << log_n)) if log_n else (0,)
+
+
 def _dft(field, a: list[int], powers: tuple) -> list[int]:
     """Iterative radix-2 Cooley-Tukey DFT: ``out[i] = sum_j a[j] * w**(i*j)``."""
     n = len(a)
@@ -150,10 +152,7 @@ def _dft(field, a: list[int], powers: tuple) -> list[int]:
         return a
     q = field.MODULUS
     log_n = assert_power_of_2(n)
-    # bit-reversal permutation
-    out = [0] * n
-    for i in range(n):
-        out[int(format(i, f"0{log_n}b")[::-1], 2)] = a[i]
+    out = [a[i] for i in _bit_reversal(log_n)]
     length = 2
     while length <= n:
         half = length // 2
