@@ -257,3 +257,23 @@ def test_shard_argument_checks():
     with pytest.raises(ValueError):
         v.shard(b"", 2, bytes(16), bytes(v.RAND_SIZE))
     assert v.is_valid(None, []) and not v.is_valid(None, [None])
+
+
+def test_batched_transforms_match_scalar_path():
+    from protocols.vdaf.field import dft_rows
+    from protocols.vdaf.flp import ParallelSum
+
+    rng = random.Random(11)
+    for F in (Field64, Field128):
+        lag = Lagrange(F)
+        for n in (1, 2, 16):
+            rows = [[rng.randrange(F.MODULUS) for _ in range(n)] for _ in range(6)]
+            assert [list(r) for r in dft_rows(F, rows)] == [F.ntt(r, n) for r in rows]
+            assert [list(r) for r in dft_rows(F, rows, twist=True)] == [F.ntt(r, n, True) for r in rows]
+            assert [list(r) for r in dft_rows(F, rows, inverse=True)] == [F.inv_ntt(r, n) for r in rows]
+            assert [list(r) for r in lag.double_evaluations_rows(rows)] == [lag.double_evaluations(r) for r in rows]
+        wires = [[rng.randrange(F.MODULUS) for _ in range(8)] for _ in range(6)]
+        scalar = [0] * 16
+        for i in range(3):
+            scalar = [(a + b) % F.MODULUS for a, b in zip(scalar, lag.poly_mul(wires[2 * i], wires[2 * i + 1]))]
+        assert ParallelSum(Mul(), 3).eval_poly(F, wires) == scalar

@@ -11,6 +11,8 @@ from __future__ import annotations
 import secrets
 from functools import lru_cache
 
+import numpy as np
+
 
 class FieldDecodeError(ValueError):
     """A byte string is not a canonical encoding of a vector of field elements."""
@@ -122,6 +124,37 @@ class Field:
         return [x * n_inv % q for x in out]
 
 
+def dft_rows(field, rows, inverse: bool = False, twist: bool = False):
+    """Row-wise NTT of a 2-D object array of ints (exact; numpy object arithmetic).
+
+    Row ``r`` of the result equals ``field.ntt(rows[r], n, set_s=twist)`` (or
+    ``field.inv_ntt(rows[r], n)`` if ``inverse``); it batches the butterflies of all rows.
+    """
+    q = field.MODULUS
+    a = np.array(rows, dtype=object)
+    if a.ndim != 2:
+        raise ValueError("dft_rows needs a 2-D array of rows")
+    m, n = a.shape
+    log_n = assert_power_of_2(n)
+    if twist:
+        a = a * np.array(_root_powers(field, 2 * n)[:n], dtype=object) % q
+    powers = _inv_root_powers(field, n) if inverse else _root_powers(field, n)
+    if n > 1:
+        a = a[:, list(_bit_reversal(log_n))]
+    length = 2
+    while length <= n:
+        half = length // 2
+        tw = np.array(powers[::n // length][:half], dtype=object)
+        b = a.reshape(m, n // length, length)
+        u = b[:, :, :half]
+        v = b[:, :, half:] * tw % q
+        a = np.concatenate([(u + v) % q, (u - v) % q], axis=2).reshape(m, n)
+        length *= 2
+    if inverse:
+        a = a * field.inv(n) % q
+    return a
+
+
 @lru_cache(maxsize=None)
 def _root_powers(field, n: int) -> tuple:
     w = field.nth_root(n)
@@ -156,14 +189,21 @@ def _dft(field, a: list[int], powers: tuple) -> list[int]:
     length = 2
     while length <= n:
         half = length // 2
-        step = n // length
-        tw = powers[::step][:half]
-        for start in range(0, n, length):
+        tw = powers[::n // length][:half]
+        if half <= n // length:
+            # loop over the butterfly position j; every block's j-th pair at once
             for j in range(half):
-                u = out[start + j]
-                v = out[start + j + half] * tw[j] % q
-                out[start + j] = (u + v) % q
-                out[start + j + half] = (u - v) % q
+                t = tw[j]
+                u = out[j::length]
+                v = [x * t % q for x in out[j + half::length]]
+                out[j::length] = [(x + y) % q for x, y in zip(u, v)]
+                out[j + half::length] = [(x - y) % q for x, y in zip(u, v)]
+        else:
+            for start in range(0, n, length):
+                u = out[start:start + half]
+                v = [x * t % q for x, t in zip(out[start + half:start + length], tw)]
+                out[start:start + half] = [(x + y) % q for x, y in zip(u, v)]
+                out[start + half:start + length] = [(x - y) % q for x, y in zip(u, v)]
         length *= 2
     return out
 
@@ -184,6 +224,20 @@ class Field128(Field):
     ENCODED_SIZE = 16
     GEN_ORDER = 2**66
     GENERATOR = pow(7, 4611686018427387897, MODULUS)
+
+
+def _batch_inverse(q: int, xs: list[int]) -> list[int]:
+    """Inverses of non-zero ``xs`` mod prime ``q`` with one exponentiation."""
+    prefix, acc = [], 1
+    for x in xs:
+        prefix.append(acc)
+        acc = acc * x % q
+    inv = pow(acc, q - 2, q)
+    out = [0] * len(xs)
+    for i in range(len(xs) - 1, -1, -1):
+        out[i] = prefix[i] * inv % q
+        inv = inv * xs[i] % q
+    return out
 
 
 def vec_add(field, left, right):
@@ -253,33 +307,58 @@ class Lagrange:
         return [uj * factor % q for uj in u]
 
     def extend_values_to_power_of_2(self, p: list[int], n: int) -> None:
-        """Append values of the degree < len(p) polynomial through ``p`` until len(p) == n."""
+        """Append values of the degree < len(p) polynomial through ``p`` until len(p) == n.
+
+        Same values as the draft's incremental barycentric algorithm (Sec. 6.1.3.2), computed
+        by Lagrange interpolation at the missing roots ``x_k`` with the closed-form weights
+        of the n-th roots of unity: ``prod_{j != i, j < n} (x_i - x_j) = n / x_i`` (the
+        derivative of ``X**n - 1``), divided by the factors of the missing points. O(n * r)
+        for r missing values, one field inversion.
+        """
         assert_power_of_2(n)
-        if len(p) > n:
+        m = len(p)
+        if m > n:
             raise ValueError("polynomial already longer than n")
+        if m == n:
+            return
         F = self.field
         q = F.MODULUS
         x = _root_powers(F, n)
-        m = len(p)
-        w = [0] * n
+        missing = range(m, n)
+        # w_i = prod_{j < m, j != i} (x_i - x_j) = (n / x_i) / prod_{j >= m} (x_i - x_j)
+        den = []
         for i in range(m):
-            prod = 1
+            d = 1
+            for j in missing:
+                d = d * (x[i] - x[j]) % q
+            den.append(d)
+        # invert w_i and (x_k - x_i) for all i, k with one inversion (Montgomery's trick)
+        # n / x_i = n * x_{n-i}; its inverse times den_i is 1 / w_i
+        to_inv = [n * x[(n - i) % n] % q for i in range(m)]
+        for k in missing:
+            to_inv += [(x[k] - x[i]) % q for i in range(m)]
+        inv = _batch_inverse(q, to_inv)
+        winv = [inv[i] * den[i] % q for i in range(m)]  # 1 / w_i
+        for idx, k in enumerate(missing):
+            base = m * (idx + 1)
+            lk = 1
             for j in range(m):
-                if j != i:
-                    prod = prod * (x[i] - x[j]) % q
-            w[i] = prod
-        for kk in range(m, n):
-            for i in range(kk):
-                w[i] = w[i] * (x[i] - x[kk]) % q
-            y_num, y_den = 0, 1
-            for i, v in enumerate(p):
-                y_num = (y_num * w[i] + y_den * v) % q
-                y_den = y_den * w[i] % q
-            prod = 1
-            for j in range(kk):
-                prod = prod * (x[kk] - x[j]) % q
-            w[kk] = prod
-            p.append((-w[kk] * y_num * F.inv(y_den)) % q)
+                lk = lk * (x[k] - x[j]) % q
+            acc = 0
+            for i in range(m):
+                acc += p[i] * winv[i] % q * inv[base + i]
+            p.append(lk * acc % q)
+
+    def double_evaluations_rows(self, rows):
+        """:meth:`double_evaluations` of every row of a 2-D array at once (object array)."""
+        F = self.field
+        rows = np.array(rows, dtype=object)
+        odd = dft_rows(F, dft_rows(F, rows, inverse=True), twist=True)
+        m, n = rows.shape
+        out = np.empty((m, 2 * n), dtype=object)
+        out[:, 0::2] = rows
+        out[:, 1::2] = odd
+        return out
 
     def double_evaluations(self, p: list[int]) -> list[int]:
         """2n values (at the 2n-th roots) from n values at the n-th roots."""

@@ -103,14 +103,11 @@ class ParallelSum(Gadget):
         q = field.MODULUS
         length = next_power_of_2(gadget_poly_len(self.DEGREE, len(inp_poly[0])))
         a = self.subcircuit.ARITY
-        if isinstance(self.subcircuit, Mul):
-            lag = Lagrange(field)
-            doubled = [lag.double_evaluations(w) for w in inp_poly]
-            out = [0] * length
-            for i in range(self.count):
-                x, y = doubled[2 * i], doubled[2 * i + 1]
-                out = [o + u * v for o, u, v in zip(out, x, y)]
-            return [o % q for o in out]
+        if isinstance(self.subcircuit, Mul) and len(inp_poly[0]) > 1:
+            # same values as summing Lagrange.poly_mul per pair, with batched transforms
+            doubled = Lagrange(field).double_evaluations_rows(inp_poly)
+            out = (doubled[0::2] * doubled[1::2]).sum(axis=0) % q
+            return [int(x) for x in out]
         out = [0] * length
         for i in range(self.count):
             cur = self.subcircuit.eval_poly(field, inp_poly[i * a:(i + 1) * a])
