@@ -267,3 +267,10 @@ def test_chunk_lengths_and_field64_multiproof(chunk):
     bad = list(good)
     bad[0] = 2
     assert not accepts(v64, bad)
+
+
+def test_default_chunk_length_minimises_proof_length():
+    cv = ClusterValidity(k=5, d=4, n_max=1000, widths=[65536] * 4)
+    best = min(ClusterValidity(k=5, d=4, n_max=1000, widths=[65536] * 4, chunk_length=ch).proof_len()
+               for ch in (1, 8, 16, 30, 33, 35, 37, 40, 48, 64, 100, 1100))
+    assert cv.chunk_length == 36 and cv.proof_len() == 135 <= best

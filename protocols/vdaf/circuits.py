@@ -315,7 +315,7 @@ class ClusterValidity(Valid):
             self.check_clients(n_clients)
         self.MEAS_LEN = k * self.cb + self.cb + 2 * k * sum(self.tb)
         if chunk_length is None:
-            chunk_length = max(1, int(round(self.MEAS_LEN ** 0.5)))
+            chunk_length = self.best_chunk_length(self.MEAS_LEN)
         chunk_length = _as_int(chunk_length, "chunk_length")
         if chunk_length < 1:
             raise ValueError(f"chunk_length must be >= 1, got {chunk_length}")
@@ -335,6 +335,24 @@ class ClusterValidity(Valid):
                 row.append(pos)
                 pos += 2 * self.tb[e]
             self._t_at.append(row)
+
+    @staticmethod
+    def best_chunk_length(meas_len: int) -> int:
+        """The ParallelSum chunk length giving the shortest proof for ``meas_len`` bits.
+
+        Proof length of one ParallelSum(Mul) gadget: ``2*chunk + 2*(p - 1) + 1`` with
+        ``p = next_power_of_2(1 + ceil(meas_len / chunk))`` (Sec. 7.3.2); the draft leaves the
+        choice to trial (Sec. 7.4.3.1), this searches every chunk length (ties: the larger,
+        whose wire polynomials are shorter).
+        """
+        best, best_len = 1, None
+        for ch in range(1, meas_len + 1):
+            calls = -(-meas_len // ch)
+            p = 1 << calls.bit_length()  # next_power_of_2(1 + calls)
+            length = 2 * ch + 2 * (p - 1) + 1
+            if best_len is None or length <= best_len:
+                best, best_len = ch, length
+        return best
 
     def max_clients(self) -> int:
         """Most clients whose summed outputs stay below the modulus (exact aggregation)."""
