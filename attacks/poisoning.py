@@ -98,9 +98,13 @@ def _pairs(specs):
 class PoisoningPolicy(ClientPolicy):
     """A malicious client's rewrite of its (count, sum) fields; see the module docstring."""
 
-    def __init__(self, kind: str, amount: float | None = None, box=None, target: int = 0):
+    def __init__(self, kind: str, amount: float | None = None, box=None, target: int = 0, actions=None):
         if kind not in KINDS:
             raise InputError(f"kind={kind!r}: choose one of {', '.join(KINDS)}.")
+        if actions is not None and (isinstance(actions, str) or not all(isinstance(a, str) for a in actions)):
+            raise InputError(f"actions={actions!r}: pass None (every round) or a tuple of broadcast actions, "
+                             "e.g. ('train',).")
+        self.actions = None if actions is None else tuple(actions)
         self.kind = kind
         self.amount = float(_DEFAULT_AMOUNT[kind] if amount is None else amount)
         self.box = box
@@ -109,7 +113,7 @@ class PoisoningPolicy(ClientPolicy):
     def update(self, update, ctx):
         rc = ctx.round_context
         pairs = _pairs(getattr(rc, "specs", ()) or ())
-        if not pairs or not update.sums:
+        if not pairs or not update.sums or (self.actions is not None and getattr(rc, "action", None) not in self.actions):
             return update
         sums = {k: np.array(v, dtype=np.float64, copy=True) for k, v in update.sums.items()}
         n_records = float(getattr(getattr(ctx.client, "context", None), "n_records", 0) or 0)
@@ -183,8 +187,9 @@ class Poisoning:
     """
 
     def __init__(self, kind: str = "adaptive", n_malicious: int = 1, *, amount: float | None = None, box=None,
-                 target: int = 0, clients=None, random_state: int | None = 0):
-        PoisoningPolicy(kind, amount, box, target)  # checks kind
+                 target: int = 0, clients=None, random_state: int | None = 0, actions=None):
+        PoisoningPolicy(kind, amount, box, target, actions)  # checks kind and actions
+        self.actions = actions
         if clients is None and (not isinstance(n_malicious, (int, np.integer)) or n_malicious < 1):
             raise InputError(f"n_malicious={n_malicious!r}: pass a positive int (or clients=[ids]).")
         self.kind, self.n_malicious, self.amount, self.box, self.target = kind, n_malicious, amount, box, target
@@ -230,7 +235,7 @@ class Poisoning:
         if honest is None:
             raise InputError("estimator: not fitted; fit it on data first (it is the honest reference).")
         malicious = self.malicious(len(clients))
-        policy = PoisoningPolicy(self.kind, self.amount, self._box(estimator), self.target)
+        policy = PoisoningPolicy(self.kind, self.amount, self._box(estimator), self.target, self.actions)
         poisoned_est = clone(estimator)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -269,7 +274,7 @@ def figures(protections=("none", "masking"), m_values=(1, 5), random_state: int 
     from securefkm.datasets import load_dataset
     from securefkm.registry import make_estimator
 
-    data = load_dataset("dwf-blobs", split="non-iid")
+    data = load_dataset("dwf-blobs", split="non-iid", random_state=random_state)  # a reproducible split
     rows = []
     for prot in protections:
         # one data-independent start for every protection: the rows differ only by the attack

@@ -163,7 +163,8 @@ def influence_report(n_malicious, malicious_records, honest_counts, box, *, hone
     diam = box_diameter(box, d)
     m_rec = int(round(_nonneg(malicious_records, "malicious_records")))
     out = {"n_malicious": n, "malicious_records": m_rec, "box_diameter": diam, "mean": mean, "max": float(mean.max()),
-           "lines": [f"{n} malicious client{'s' if n != 1 else ''} of declared {m_rec} records move a centre by at "
+           "lines": [f"{n} malicious client{'s' if n != 1 else ''} of declared {m_rec} records "
+                     f"move{'' if n != 1 else 's'} a centre by at "
                      f"most {mean.max():.2g} per round (box diameter {diam:.2g})"]}
     if honest_votes is not None:
         if vote_weight not in ("client", "records"):

@@ -108,3 +108,53 @@ def test_evaluate_entry_point_and_errors(clients):
     with pytest.raises(InputError, match="needs the declared box"):
         Poisoning("adaptive").evaluate(no_box, clients)
     assert set(KINDS) == {"count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive"}
+
+
+def test_robust_adaptive_lie_is_in_range_and_votes_in_the_far_bin(clients):
+    """robust-adaptive: whole counts summing to n_i (one record claimed in each other cluster),
+    sums at each cluster's far corner, and per cluster and coordinate one vote in the extreme bin
+    on the side farthest from the broadcast centre."""
+    seen = []
+
+    class Checked(PoisoningPolicy):
+        def update(self, update, ctx):
+            out = super().update(update, ctx)
+            if "votes" in out.sums:
+                seen.append((ctx.client.context.n_records, ctx.round_context.broadcast.centres, out.sums))
+            return out
+
+    est = make_estimator("dwf", n_clusters=4, init=_start(clients), init_bounds=BOX, random_state=0, max_rounds=3,
+                         crypto="ideal", aggregation="median", vote_bins=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(clients, client_policies={3: Checked("robust-adaptive", box=BOX, target=2)})
+    assert len(seen) >= 2
+    for n, centres, sums in seen:
+        counts, s, votes = sums["weights"], sums["weighted_centres"], sums["votes"]
+        assert counts.tolist() == [1, 1, n - 3, 1]
+        far_high = np.abs(centres - BOX[0]) <= np.abs(centres - BOX[1])
+        np.testing.assert_array_equal(s, counts[:, None] * np.where(far_high, BOX[1], BOX[0]))
+        np.testing.assert_array_equal(votes.sum(-1), np.ones((4, 2)))
+        np.testing.assert_array_equal(np.argmax(votes, -1), np.where(far_high, 7, 0))
+
+
+def test_actions_limits_the_rounds_a_client_lies_in(clients):
+    """actions=('train',): a private seeding round is left honest, the training rounds are not."""
+    lied = []
+
+    class Seen(PoisoningPolicy):
+        def update(self, update, ctx):
+            out = super().update(update, ctx)
+            lied.append((ctx.round_context.action, out is not update))
+            return out
+
+    est = make_estimator("dwf", n_clusters=4, init="private", init_bounds=BOX, random_state=0, max_rounds=3,
+                         crypto="ideal", protection=["masking"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(clients, client_policies={3: Seen("adaptive", box=BOX, actions=("train",))})
+    actions = {a for a, _ in lied}
+    assert any(a.startswith("init.") for a in actions) and "train" in actions
+    assert all(changed == (a == "train") for a, changed in lied)
+    with pytest.raises(InputError, match="actions='train': pass None"):
+        Poisoning("adaptive", actions="train")

@@ -176,7 +176,7 @@ def test_the_influence_bound_is_reported_and_holds_against_the_adaptive_attack()
         warnings.simplefilter("ignore")
         honest.fit(data)
     entry = honest.protection_report_["ValidatedAggregation"]
-    assert "1 malicious client of declared 12 records move a centre by at most" in entry["server_sees"]
+    assert "1 malicious client of declared 12 records moves a centre by at most" in entry["server_sees"]
     assert 0 < entry["influence_max"] < np.sqrt(2)
     # one adaptive liar (12 declared records) in the first training round: its move stays within the bound
     from protocols.influence import mean_shift_bound
