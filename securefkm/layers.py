@@ -319,6 +319,16 @@ class Aggregator(Layer):
         GaussianDP asks before its own checks, so the user gets the aggregator's reason."""
         return None
 
+    def release_noise_grid(self, spec) -> float | None:
+        """The lattice step on which this aggregator itself adds central GaussianDP noise to the
+        released sum of field ``spec``, drawn by a party other than the server (so the server
+        sees only the noisy sum), or None: the server adds central noise (the default). An
+        aggregator that returns a step also names that party in ``noise_party``."""
+        return None
+
+    #: who adds central noise when :meth:`release_noise_grid` gives a step (None: the server)
+    noise_party: str | None = None
+
     def designed_survivors(self, n_sampled: int) -> int:
         """Survivors out of ``n_sampled`` this aggregator is designed to complete a round with
         (its declared dropout tolerance); the default of layers that size something by the

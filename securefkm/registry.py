@@ -45,6 +45,7 @@ LAYERS: dict[str, tuple[str, str]] = {
     "rounding": ("protocols.rounding", "Rounding"),
     "cap": ("protocols.participation", "ParticipationCap"),
     "min-cluster": ("protocols.min_cluster", "MinClusterSize"),
+    "validated": ("protocols.validated", "ValidatedAggregation"),
 }
 
 

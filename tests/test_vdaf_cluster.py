@@ -141,6 +141,39 @@ def test_non_bit_in_encoding_rejected_even_when_linear_checks_hold():
     assert not accepts(v, forged)
 
 
+@pytest.mark.parametrize("c,t", [
+    ([0, 0, 0], [[0, 0], [0, 0], [0, 0]]),
+    ([10, 0, 0], [[50, 70], [0, 0], [0, 0]]),
+    ([3, 3, 4], [[15, 0], [0, 21], [20, 28]]),
+])
+def test_lenient_encoding_of_a_valid_measurement_is_the_encoding(c, t):
+    v, enc = honest(c, t)
+    assert v.flp.valid.encode_lenient((c, t)) == enc
+    assert accepts(v, enc)
+
+
+@pytest.mark.parametrize("c,t,why", [
+    ([-1, 0, 0], [[0, 0], [0, 0], [0, 0]], "negative count"),
+    ([16, 0, 0], [[0, 0], [0, 0], [0, 0]], "count beyond its digits"),
+    ([6, 5, 0], [[0, 0], [0, 0], [0, 0]], "total above n_max"),
+    ([2, 0, 0], [[11, 0], [0, 0], [0, 0]], "sum above count x width"),
+    ([2, 0, 0], [[-1, 0], [0, 0], [0, 0]], "negative shifted sum"),
+    ([0, 0, 0], [[0, 3], [0, 0], [0, 0]], "sum with count 0"),
+    ([2, 0, 0], [[10 ** 9, 0], [0, 0], [0, 0]], "sum far outside"),
+])
+def test_lenient_encoding_of_an_invalid_measurement_keeps_its_values_and_fails_the_proof(c, t, why):
+    v = vdaf()
+    cv = v.flp.valid
+    enc = cv.encode_lenient((c, t))
+    with pytest.raises(ValueError):
+        cv.encode((c, t))
+    q = Field128.MODULUS
+    # the true values survive (so the linear outputs hold), only the bit check fails
+    assert cv.truncate(enc) == [x % q for x in c] + [x % q for row in t for x in row], why
+    assert all(x == 0 for x in cv.eval(enc, [5] * cv.JOINT_RAND_LEN, 1)[1:]), why
+    assert not accepts(v, enc), why
+
+
 def test_forged_proof_share_rejected():
     v, enc = honest([1, 1, 1], [[1, 2], [3, 4], [5, 6]])
     public, shares, nonce = _shard(v, enc)

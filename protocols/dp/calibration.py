@@ -129,8 +129,20 @@ class Calibration:
     def _noised_specs(self, specs):
         return tuple(s for s in specs if s.kind != "value" or self.mode == "local")
 
+    def _aggregator_grid(self, spec: FieldSpec) -> float | None:
+        """The secure aggregator's own noise lattice for ``spec`` when it adds the central noise."""
+        agg = getattr(self, "_aggregator", None)
+        return None if agg is None or self.mode != "central" else agg.release_noise_grid(spec)
+
+    def aggregator_noises(self, specs) -> bool:
+        """Whether the secure aggregator, not the server, adds this round's central noise."""
+        return any(self._aggregator_grid(s) is not None for s in specs)
+
     def _steps(self, spec: FieldSpec) -> float:
         """Lattice step gamma_f of a field in the current mode (0 means: fine lattice)."""
+        grid = self._aggregator_grid(spec)
+        if grid is not None:
+            return float(grid)
         if self.mode == "distributed":
             if spec.integer:
                 return 1.0
@@ -153,14 +165,35 @@ class Calibration:
         for name, (delta, size) in (extra_deltas or {}).items():
             deltas[name] = (delta, size, 0.0, False)
         weights = self._field_weights(specs, deltas)
+        on_grid = {s.name for s in specs if s.name in centred and self._aggregator_grid(s) is not None}
         out = {}
         for name, (delta, size, step, integer) in deltas.items():
             scale = 1.0 / math.sqrt(weights[name])
             if step == 0.0:
                 step = z * scale * delta * FINE
             inflated = delta if integer else delta + math.sqrt(size) * step
+            if name in on_grid:
+                # the aggregator centres on the box or broadcast centre rounded to its lattice:
+                # each record's centred contribution is longer by at most sqrt(d) step / 2
+                inflated += math.sqrt(d) * step / 2
             out[name] = (z * scale * inflated, step, inflated)
         return out
+
+    def release_noise(self, specs, ctx) -> tuple[dict[str, float], dict[str, str], np.ndarray | None]:
+        """What an aggregator that adds this round's central noise itself needs (public
+        quantities only): ``({field: sigma}, {centred sum field: its count field}, centres)``,
+        centres the (rows, d) points the centred sums are translated by (the broadcast centres
+        in a radius round, else the box centre per row), or None without centred fields."""
+        specs = self._noised_specs(specs)
+        sigmas = {k: v[0] for k, v in self.field_sigmas(specs, action=ctx.action, ctx=ctx).items()}
+        pairs = self.centred_pairs(specs)
+        if not pairs:
+            return sigmas, pairs, None
+        rows = self._row_centres(ctx, pairs)
+        if rows is None:
+            n_rows = next(s.shape[0] for s in specs if s.name in pairs)
+            rows = np.broadcast_to(self._box_centre(self._d), (n_rows, self._d))
+        return sigmas, pairs, np.array(rows, dtype=np.float64)
 
     def _field_weights(self, specs, deltas) -> dict[str, float]:
         """Share w_f of the round's sensitivity budget per field (sum 1): sigma_f = z Delta'_f / sqrt(w_f).

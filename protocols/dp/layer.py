@@ -795,6 +795,10 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         if self.mode == "local":
             return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action, ctx, agg.n_contributors), items=agg.items,
                                     contributors=agg.contributors, specs=agg.specs)
+        if self.aggregator_noises(specs):  # the aggregator's other party added the noise
+            sums = self._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx)
+            return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx, agg.n_contributors),
+                                    items=agg.items, contributors=agg.contributors, specs=agg.specs)
         pairs = self.centred_pairs(specs)
         sums = self._translate(agg.sums, pairs, -1, ctx)
         for s in specs:
@@ -858,6 +862,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                        "the noise shares the fit is sized for")
             return (f"only the noisy sum {eps}: each client adds a share of the noise under the secure aggregator",
                     f"the secure aggregator's assumptions, and {assumed}")
+        party = getattr(getattr(self, "_aggregator", None), "noise_party", None)
+        if party is not None:
+            return (f"only the noisy sum {eps}: {party} adds the noise inside the secure aggregation, before the "
+                    "server can decode the sum",
+                    f"{party}: it must add the noise honestly and not collude with the server")
         sees = ("every client's exact sum-fields in plain (no secure aggregator)" if not aggregator.secure
                 else "the exact sum of the clients' sum-fields (decoded by the secure aggregator)")
         return (f"{sees}; noise {eps} is added on the server and only what it releases afterwards is private",

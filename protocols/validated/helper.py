@@ -85,6 +85,70 @@ class HelperBundle:
 
 
 @dataclass(frozen=True)
+class NoiseField:
+    """One value field's noise in a :class:`NoisePlan`."""
+
+    name: str
+    sigma: float  # std in units of 2**-frac_bits
+    width: int  # its number of columns
+
+
+@dataclass(frozen=True)
+class NoisePlan:
+    """Central GaussianDP noise the Helper adds to its aggregate share, in encoded units.
+
+    ``count_sigma``: std of the integer noise on each count of field ``count``; ``fields``:
+    per value field its :class:`NoiseField` (std in units of ``2**-frac_bits``, columns);
+    ``offsets``: per cluster and column the integer ``m_je`` the noise of the counts is carried
+    into the shifted sums with (``round(c_je 2**frac_bits) - lo_e``, the centre the sums are
+    noised about), row-major. A std of 0 means: not noised. Public: every party derives it
+    from the round and the DP configuration, so an honest client refuses a ticket whose plan
+    differs from its own."""
+
+    count: str
+    count_sigma: float
+    fields: tuple[NoiseField, ...]
+    offsets: tuple[int, ...]
+
+    def encode(self) -> bytes:
+        out = [struct.pack(">d", self.count_sigma), _name(self.count)]
+        for f in self.fields:
+            out += [_name(f.name), struct.pack(">dq", f.sigma, f.width)]
+        out.append(struct.pack(f">{len(self.offsets)}q", *self.offsets))
+        return b"".join(out)
+
+
+def _name(name: str) -> bytes:
+    b = name.encode()
+    return struct.pack(">H", len(b)) + b
+
+
+def release_noise(plan: NoisePlan, k: int, sources=None) -> tuple[list[int], list[list[int]]]:
+    """The integer noise ``(on each count, on each shifted sum)`` of one release: discrete
+    Gaussian counts noise ``n_j`` and per-field sums noise ``z_je`` (variance rounded up on the
+    integer lattice, :func:`protocols.dp.noise.noise_on_lattice_many`), the shifted sums
+    getting ``z_je + n_j m_je``: the release then equals the centred central mechanism's
+    output translated back, a post-processing of it. ``sources(field)``: the byte source of a
+    field's noise (None or returning None: the OS CSPRNG)."""
+    import numpy as np
+
+    from protocols.dp.noise import noise_on_lattice_many
+
+    src = (lambda name: None) if sources is None else sources
+    d = sum(f.width for f in plan.fields)
+    todo = ([(plan.count, plan.count_sigma, (k,))] if plan.count_sigma > 0 else []) + [
+        (f.name, f.sigma, (k, f.width)) for f in plan.fields if f.sigma > 0]
+    drawn = dict(zip([t[0] for t in todo], noise_on_lattice_many(
+        [np.zeros(shape) for _, _, shape in todo], [t[1] for t in todo], [1.0] * len(todo),
+        [src(t[0]) for t in todo]))) if todo else {}
+    n_c = [int(x) for x in drawn.get(plan.count, np.zeros(k))]
+    cols = [drawn.get(f.name, np.zeros((k, f.width))) for f in plan.fields]
+    z = np.concatenate(cols, axis=1) if cols else np.zeros((k, 0))
+    offsets = [plan.offsets[j * d:(j + 1) * d] for j in range(k)]
+    return n_c, [[int(z[j, e]) + n_c[j] * int(offsets[j][e]) for e in range(d)] for j in range(k)]
+
+
+@dataclass(frozen=True)
 class ValidationTicket:
     """One round's single-use ticket and the circuit parameters every party derives itself."""
 
@@ -97,6 +161,7 @@ class ValidationTicket:
     widths: tuple[int, ...]
     frac_bits: int
     min_clients: int
+    noise: NoisePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +205,7 @@ def application_context(ticket: ValidationTicket) -> bytes:
     h.update(ticket.digest)
     h.update(struct.pack(">q", ticket.frac_bits))
     h.update(struct.pack(f">{len(ticket.widths)}q", *ticket.widths))
+    h.update(b"\x00" if ticket.noise is None else b"\x01" + ticket.noise.encode())
     return DOMAIN_CONTEXT + h.digest()
 
 
@@ -212,15 +278,19 @@ class ValidationHelper:
         return self._enrolled.get(int(client_id))
 
     # ------------------------------------------------------------------ rounds
-    def open_round(self, run: int, round: int, attempt: int, digest: bytes, k: int, widths, frac_bits: int):
-        """A fresh ticket for one round attempt and the Prio3 verification key (for the Leader only)."""
+    def open_round(self, run: int, round: int, attempt: int, digest: bytes, k: int, widths, frac_bits: int,
+                   noise: NoisePlan | None = None):
+        """A fresh ticket for one round attempt and the Prio3 verification key (for the Leader only);
+        ``noise``: the central DP noise this Helper adds to the round's aggregate share."""
+        if noise is not None and not isinstance(noise, NoisePlan):
+            raise InputError(f"noise must be a NoisePlan or None, got {type(noise).__name__}.")
         ident = (int(run), int(round), int(attempt))
         if self._last_round is not None and ident <= self._last_round:
             raise HelperRefusal(f"helper refuses a ticket for (run, round, attempt)={ident}: not later than the last "
                                 f"one opened {self._last_round}", round=int(round), stage=STAGE)
         self._last_round = ident
         ticket = ValidationTicket(secrets.token_bytes(16), int(run), int(round), int(attempt), bytes(digest),
-                                  int(k), tuple(int(w) for w in widths), int(frac_bits), self.min_clients)
+                                  int(k), tuple(int(w) for w in widths), int(frac_bits), self.min_clients, noise)
         vdaf = self.vdaf(ticket, 1)
         verify_key = os.urandom(vdaf.VERIFY_KEY_SIZE)
         self._rounds[ticket.nonce] = _Round(ticket, verify_key, set(), {}, {})
@@ -280,9 +350,12 @@ class ValidationHelper:
                 r.refused[cid] = why
         return messages, {c: r.refused[c] for c in reports if int(c) in r.refused}
 
-    def aggregate(self, nonce: bytes, accepted) -> list:
+    def aggregate(self, nonce: bytes, accepted, noise_sources=None) -> list:
         """The Helper's aggregate share over ``accepted`` (burns the ticket); refuses a set with
-        a client it did not find valid, a duplicate, or fewer than ``min_clients`` clients."""
+        a client it did not find valid, a duplicate, or fewer than ``min_clients`` clients.
+        With a noise plan in the ticket, the share carries that noise (:func:`release_noise`;
+        ``noise_sources(field)``: seeded byte sources for reproducible studies, default the OS
+        CSPRNG), so the server never holds the un-noised sum."""
         r = self._live(nonce)
         r.burned = True
         ids = [int(c) for c in accepted]
@@ -303,6 +376,11 @@ class ValidationHelper:
         shares = [r.out_shares[c] for c in sorted(ids)]
         vdaf = self.vdaf(ticket, 1)
         agg = vdaf.aggregate(None, shares)
+        if ticket.noise is not None:
+            n_c, n_t = release_noise(ticket.noise, ticket.k, noise_sources)
+            q = vdaf.field.MODULUS
+            flat = n_c + [x for row in n_t for x in row]
+            agg = [(a + b) % q for a, b in zip(agg, flat)]
         self._rounds.pop(nonce, None)
         self.n_aggregates += 1
         return agg

@@ -32,6 +32,7 @@ class _Ticket:
     k: int
     widths: tuple
     frac_bits: int
+    noise: H.NoisePlan | None = None
 
 
 class _IdealHelper:
@@ -71,7 +72,8 @@ class IdealValidatedAggregation(ValidatedAggregation, ideal_of=ValidatedAggregat
     def client_session(self, client, ctx, sums):
         lay = self.layout(ctx)
         counts, shifted = lay.measurement(sums)
-        ident = (ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, lay.k, lay.widths, lay.frac_bits)
+        ident = (ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, lay.k, lay.widths, lay.frac_bits,
+                 self.noise_plan(ctx, lay))
         return _IdealClient((counts, shifted, self.n_max(client.client_id, client.n_records)), ident)
 
     def server_session(self, ctx):
@@ -90,9 +92,12 @@ class _IdealClient(ClientSession):
         t = message
         if (t.run, t.round, t.attempt, t.digest) != self.ident[:4]:
             raise ProtocolRefusal("round ticket does not match the round and broadcast this client computed")
-        if (t.k, t.widths, t.frac_bits) != self.ident[4:]:
+        if (t.k, t.widths, t.frac_bits) != self.ident[4:7]:
             raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits) differ from "
                                   "this client's own")
+        if t.noise != self.ident[7]:
+            raise ProtocolRefusal("round ticket's DP noise plan (the noise the Helper adds) differs from this client's "
+                                  "own calibration of the round")
         m, self.measurement = self.measurement, None
         return Sealed(m, t.digest)
 
@@ -102,7 +107,7 @@ class _IdealServer(ServerSession):
         self.layer, self.ctx = layer, ctx
         self.lay = layer.layout(ctx)
         self.ticket = _Ticket(ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths,
-                              self.lay.frac_bits)
+                              self.lay.frac_bits, layer.noise_plan(ctx, self.lay))
         self.valid: dict[int, tuple] = {}
 
     def messages(self, stage, alive):
@@ -131,5 +136,9 @@ class _IdealServer(ServerSession):
         k, d = self.lay.k, self.lay.d
         counts = [sum(self.valid[c][0][j] for c in accepted) for j in range(k)]
         shifted = [[sum(self.valid[c][1][j][e] for c in accepted) for e in range(d)] for j in range(k)]
+        if self.ticket.noise is not None:  # the Helper's noise, drawn as the real Helper draws it
+            n_c, n_t = H.release_noise(self.ticket.noise, k, layer.noise_sources(ctx))
+            counts = [c + n for c, n in zip(counts, n_c)]
+            shifted = [[t + n for t, n in zip(row, nrow)] for row, nrow in zip(shifted, n_t)]
         layer.helper.n_aggregates += 1
         return self.lay.decode(counts, shifted), accepted

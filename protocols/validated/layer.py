@@ -135,9 +135,12 @@ class ValidatedAggregation(Aggregator):
                 "client's local centres as set-fields. Use WeightedFederatedKMeans (DWF) or mini-batch federated "
                 "k-means" + (f", or the algorithm's secure mode ({param}=True) with PairwiseMasking" if param else "") + "."
             )
+        self._dp = None
         for layer in stack:
             if layer.side != "client":
                 continue
+            if callable(getattr(layer, "release_noise", None)) and getattr(layer, "mode", None) == "central":
+                self._dp = layer  # its noise is added by the Helper (release_noise_grid)
             refusal = self.client_noise_refusal(getattr(layer, "mode", None)) if layer.name == "GaussianDP" else None
             if refusal is not None:
                 raise ProtectionConfigError(refusal)
@@ -152,7 +155,46 @@ class ValidatedAggregation(Aggregator):
             return None
         return (f"GaussianDP(mode={mode!r}) adds noise to each client's counts and sums before they are proven, so no "
                 "noised update could pass validation. With ValidatedAggregation use GaussianDP(mode='central'): the "
-                "validated exact sum is noised once after aggregation (the server is then trusted with the noise).")
+                "Helper adds the noise to its aggregate share, so the server sees only the noisy sum of the validated "
+                "inputs (the Helper, which must not collude with the server, is trusted with the noise).")
+
+    noise_party = "the Helper (ValidationHelper)"
+
+    def release_noise_grid(self, spec):
+        """Central noise is added by the Helper in the encoded domain: whole counts, sums on
+        the ``2**-frac_bits`` grid."""
+        return 1.0 if spec.kind == "count" and spec.integer else 2.0 ** -self.frac_bits
+
+    def noise_plan(self, ctx: RoundContext, lay: Layout) -> H.NoisePlan | None:
+        """The round's central DP noise in the Helper's encoded units, from public quantities
+        (GaussianDP's calibration of this round), or None without a central GaussianDP."""
+        dp = getattr(self, "_dp", None)
+        if dp is None:
+            return None
+        sigmas, pairs, centres = dp.release_noise(ctx.specs, ctx)
+        if not sigmas:
+            return None
+        scale = lay.scale
+        offsets = [[0] * lay.d for _ in range(lay.k)]
+        col = 0
+        for name, width in lay.columns:
+            if name in pairs:
+                for j in range(lay.k):
+                    for e in range(width):
+                        offsets[j][col + e] = int(np.rint(centres[j, e] * scale)) - lay.lo[col + e]
+            col += width
+        return H.NoisePlan(lay.count, float(sigmas.get(lay.count, 0.0)),
+                           tuple(H.NoiseField(name, float(sigmas.get(name, 0.0)) * scale, width)
+                                 for name, width in lay.columns),
+                           tuple(x for row in offsets for x in row))
+
+    def noise_sources(self, ctx: RoundContext):
+        """Byte sources of the Helper's noise: GaussianDP(rng="seeded")'s keystreams labelled
+        by the round and field (owner "helper"), or the OS CSPRNG."""
+        dp = getattr(self, "_dp", None)
+        if dp is None:
+            return None
+        return lambda field: dp._source(ctx, "helper", field)
 
     def setup(self, info) -> None:
         if self.min_clients > info.n_clients:
@@ -242,8 +284,18 @@ class ValidatedAggregation(Aggregator):
                  "is not detected; the sum itself is not hidden (GaussianDP(mode='central') noises it)")
         return sees, trust
 
+    def __getstate__(self):
+        """A copy (a worker process running clients) carries the Helper's public bundle, never
+        the Helper: its keys stay with the party that runs it."""
+        state = dict(self.__dict__)
+        state["helper"] = state["_given_helper"] = None
+        return state
+
     # ------------------------------------------------------------------ sessions
     def _enroll(self, client: ClientContext) -> dict:
+        if self.helper is None:
+            raise InputError(f"client {client.client_id} is not enrolled with the Helper: enroll clients "
+                             "(provision_client) where the Helper runs, before they move to a worker.")
         key = Ed25519PrivateKey.generate()
         self.helper.enroll(client.client_id, key.public_key().public_bytes_raw())
         state = {"helper": self.bundle.fingerprint, "signing_key": key.private_bytes_raw()}
@@ -265,7 +317,7 @@ class ValidatedAggregation(Aggregator):
             client_id=client.client_id, counts=counts, shifted=shifted, n_max=self.n_max(client.client_id, client.n_records),
             k=lay.k, widths=lay.widths, frac_bits=lay.frac_bits, signing_key=state["signing_key"],
             trusted_helper_key=self.trusted_helper_key, run=ctx.run, round=ctx.round, attempt=ctx.attempt,
-            digest=ctx.broadcast_digest, min_clients=self.min_clients,
+            digest=ctx.broadcast_digest, min_clients=self.min_clients, noise=self.noise_plan(ctx, lay),
         )
 
     def server_session(self, ctx: RoundContext) -> ServerSession:
@@ -310,6 +362,7 @@ class ValidatedClientSession(ClientSession):
     attempt: int
     digest: bytes
     min_clients: int
+    noise: H.NoisePlan | None = None
 
     def check_request(self, message) -> H.ValidationTicket:
         if not isinstance(message, H.ValidationRequest):
@@ -324,6 +377,9 @@ class ValidatedClientSession(ClientSession):
         if (t.k, tuple(t.widths), t.frac_bits) != (self.k, tuple(self.widths), self.frac_bits):
             raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits) differ from "
                                   "this client's own")
+        if t.noise != self.noise:
+            raise ProtocolRefusal("round ticket's DP noise plan (the noise the Helper adds) differs from this client's "
+                                  "own calibration of the round")
         if t.min_clients < self.min_clients:
             raise ProtocolRefusal(f"round ticket's min_clients={t.min_clients} is below this client's "
                                   f"{self.min_clients}")
@@ -336,8 +392,8 @@ class ValidatedClientSession(ClientSession):
         vdaf = H.make_vdaf(self.k, tuple(self.widths), self.n_max)
         ctx = H.application_context(t)
         nonce = os.urandom(vdaf.NONCE_SIZE)
-        measurement = encode_for_proof(vdaf, self.counts, self.shifted)
-        public, shares = vdaf.shard(ctx, measurement, nonce, os.urandom(vdaf.RAND_SIZE))
+        encoded = encode_for_proof(vdaf, self.counts, self.shifted)
+        public, shares = vdaf.shard_encoded(ctx, encoded, nonce, os.urandom(vdaf.RAND_SIZE))
         public_b = vdaf.encode_public_share(public)
         leader_b = vdaf.encode_input_share(0, shares[0])
         sealed = H.SUITE.encrypt(vdaf.encode_input_share(1, shares[1]),
@@ -349,9 +405,12 @@ class ValidatedClientSession(ClientSession):
         return H.ValidatedReport(self.client_id, nonce, public_b, leader_b, sealed, sig)
 
 
-def encode_for_proof(vdaf, counts, shifted):
-    """The measurement in the circuit's input form (see :class:`protocols.vdaf.ClusterValidity`)."""
-    return (list(counts), [list(row) for row in shifted])
+def encode_for_proof(vdaf, counts, shifted) -> list[int]:
+    """The client's encoded measurement (:meth:`protocols.vdaf.ClusterValidity.encode_lenient`):
+    the circuit's encoding for a valid update; for an invalid one (a lie passed through the
+    honest code path), an encoding that keeps the true values and fails the proof's bit check,
+    so the client is caught at verification like any malicious sender."""
+    return vdaf.flp.valid.encode_lenient((counts, shifted))
 
 
 class _ValidatedServer(ServerSession):
@@ -359,7 +418,8 @@ class _ValidatedServer(ServerSession):
         self.layer, self.ctx = layer, ctx
         self.lay = layer.layout(ctx)
         self.ticket, self.verify_key = layer.helper.open_round(
-            ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths, self.lay.frac_bits)
+            ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths, self.lay.frac_bits,
+            layer.noise_plan(ctx, self.lay))
         self.app_ctx = H.application_context(self.ticket)
         self.out_shares: dict[int, object] = {}
 
@@ -417,8 +477,15 @@ class _ValidatedServer(ServerSession):
         if too_few is not None:
             layer.helper.close_round(self.ticket.nonce)
             raise too_few
-        helper_share = layer.helper.aggregate(self.ticket.nonce, accepted)
+        helper_share = layer.helper.aggregate(self.ticket.nonce, accepted, layer.noise_sources(ctx))
         vdaf = H.make_vdaf(self.lay.k, self.lay.widths, 1)
         leader_share = vdaf.aggregate(None, [self.out_shares[c] for c in accepted])
-        counts, shifted = vdaf.unshard(None, [leader_share, helper_share], len(accepted))
+        if self.ticket.noise is None:
+            counts, shifted = vdaf.unshard(None, [leader_share, helper_share], len(accepted))
+        else:  # noisy: values may be negative, read the field elements as signed
+            q = vdaf.field.MODULUS
+            flat = [(a + b) % q for a, b in zip(leader_share, helper_share)]
+            flat = [x - q if x > q // 2 else x for x in flat]
+            k = self.lay.k
+            counts, shifted = flat[:k], [flat[k + j * self.lay.d:k + (j + 1) * self.lay.d] for j in range(k)]
         return self.lay.decode(counts, shifted), accepted

@@ -394,6 +394,46 @@ class ClusterValidity(Valid):
                                  [[counts[j] * self.widths[e] - rows[j][e] for e in range(self.d)]
                                   for j in range(self.k)])
 
+    def encode_lenient(self, measurement) -> list[int]:
+        """The encoding of any integer measurement of the right shape, valid or not.
+
+        Equal to :meth:`encode` for a valid measurement. An integer that its digits cannot
+        hold as bits (negative, or at least ``2**digits``) is written as its value in the
+        lowest digit and zeros above, so the encoding still satisfies every linear output
+        (1 and 2) with the measurement's true values and only the bit check (output 0)
+        fails: an invalid measurement then yields a report whose proof is rejected instead
+        of an error at the client. A client whose update breaks the predicate (a lie, or a
+        bug) is thereby caught where a malicious one would be: at verification.
+        """
+        try:
+            counts, shifted = measurement
+        except (TypeError, ValueError):
+            raise ValueError("measurement must be (counts, shifted_sums)") from None
+        counts = [_as_int(c, "counts[j]") for c in list(counts)]
+        rows = [list(r) for r in list(shifted)]
+        if len(counts) != self.k or len(rows) != self.k or any(len(r) != self.d for r in rows):
+            raise ValueError(f"measurement must be k={self.k} counts and k x d = {self.k} x {self.d} shifted sums")
+        rows = [[_as_int(x, "shifted[j][e]") for x in r] for r in rows]
+        q = self.field.MODULUS
+
+        def digits(v: int, b: int) -> list[int]:
+            if b == 0:  # a zero-width column holds only 0
+                return []
+            return _bits(v, b) if 0 <= v < 2**b else [v % q] + [0] * (b - 1)
+
+        out: list[int] = []
+        for c in counts:
+            out += digits(c, self.cb)
+        slack = self.n_max - sum(counts)
+        out += (encode_range_checked_int(self.field, slack, self.n_max) if 0 <= slack <= self.n_max
+                else [slack % q] + [0] * (self.cb - 1))
+        for j in range(self.k):
+            for e in range(self.d):
+                b = self.tb[e]
+                out += digits(rows[j][e], b)
+                out += digits(counts[j] * self.widths[e] - rows[j][e], b)
+        return out
+
     def encode_parts(self, counts, rows, count_slack, sum_slacks) -> list[int]:
         """The encoding of given integers, unchecked; each is written with its digit count
         modulo 2**digits (``count_slack`` outside ``[0, n_max]`` is written as 0 bits). Used to

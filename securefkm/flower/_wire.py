@@ -552,6 +552,12 @@ def _schemas() -> dict[tuple[str, str], Type]:
                 "nonce": Bytes(16), "run": Int(), "round": Int(), "attempt": Int(0), "digest": Bytes(max_len=64),
                 "k": Int(1, MAX_ITEMS), "widths": List(Int(0), as_tuple=True), "frac_bits": Int(0, 62),
                 "min_clients": Int(2, MAX_ID),
+                "noise": Optional(Record(validated.NoisePlan, {
+                    "count": Str(64), "count_sigma": Float(),
+                    "fields": List(Record(validated.NoiseField, {"name": Str(64), "sigma": Float(),
+                                                                 "width": Int(1, MAX_ITEMS)}), as_tuple=True),
+                    "offsets": List(Int(), max_len=1 << 20, as_tuple=True),
+                })),
             }),
         }),
         (validated.STAGE, "reply"): Record(validated.ValidatedReport, {
