@@ -18,6 +18,7 @@ from sklearn.datasets import make_blobs
 
 from attacks import AggregateDifferencing, Differencing, SmallClusterDisclosure
 from protocols import GaussianDP, KeyAuthority, Paillier, PairwiseMasking
+from protocols.validated import ValidatedAggregation
 from securefkm.datasets import FederatedDataset
 from securefkm.exceptions import RoundAbortedError
 from securefkm.registry import make_estimator
@@ -67,6 +68,10 @@ CASES = {
         "dwf", {"init_bounds": (-5.0, 10.0)}, lambda: [GaussianDP(2.0, 1e-5, bounds=(-5.0, 10.0), mode="distributed", rng="seeded", min_clients=8),
                       PairwiseMasking()],
         {1: {"masked_input": [2]}, 3: [6]}, False),
+    "dwf-validated-dp-seeded": (  # Prio3 reports, the Helper's noise, a dropped report
+        "dwf", {"init_bounds": (-5.0, 10.0)},
+        lambda: [GaussianDP(2.0, 1e-5, mode="central", rng="seeded"), ValidatedAggregation()],
+        {1: {"validated_input": [4]}, 2: [9]}, False),
 }
 
 
