@@ -41,6 +41,8 @@ _EXPORTS = {
     "run_dp_game": "attacks.audit",
     "DPGame": "attacks.audit",
     "clopper_pearson": "attacks.audit",
+    "one_run_audit": "attacks.audit_one_run",
+    "OneRunAudit": "attacks.audit_one_run",
     "run_benchmark": "attacks.bench",
     "evaluate": "attacks.evaluate",
     "membership_candidates": "attacks.evaluate",
