@@ -345,6 +345,9 @@ def _attack(name, est, data, cell, held, box=None) -> dict:
 
         m = max(1, len(data.clients) // 10)
         rep = Poisoning("adaptive", m, box=box, random_state=30_000 + seed).evaluate(est, data)
+        if rep.attacked_rounds == 0:  # no (count, sum) pair in any round: the "poisoned" fit is the honest one
+            return {"status": not_applicable("no round of this fit sends a (count, sum) pair (its sums are "
+                                             "'value' fields), which is what the poisoning attacks rewrite")}
         caught = set(rep.detected) | set(rep.excluded) | set(rep.refused)
         return {"poison_displacement": rep.displacement_max, "poison_utility": rep.utility, "poison_ari": rep.ari,
                 "poison_detected": len(caught & set(rep.malicious)) / len(rep.malicious)}

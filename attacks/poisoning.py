@@ -39,8 +39,10 @@ Attacks (``Poisoning(kind=...)``):
 malicious clients (``n_malicious`` of them, drawn with ``random_state``, or ``clients=``) and
 compares with the honest fit: the largest and mean displacement of the matched centres,
 the utility (honest inertia over poisoned inertia on all records), the ARI of the poisoned
-labels against the honest ones, and which clients the protocol detected (faults), excluded
-or saw refuse.
+labels against the honest ones, which clients the protocol detected (faults), excluded
+or saw refuse, and in how many rounds the malicious clients had a (count, sum) pair to rewrite
+(``attacked_rounds``: 0 means the fit sends none, e.g. only ``value`` fields, and the attack
+did nothing).
 """
 
 from __future__ import annotations
@@ -171,12 +173,15 @@ class PoisoningReport:
     detected: tuple[int, ...] = ()  #: clients with a fault in any round (the protocol named them)
     excluded: tuple[int, ...] = ()
     refused: tuple[int, ...] = ()  #: clients whose message a check or their own encoder refused
+    #: rounds of the poisoned fit that declared a (count, sum) pair the malicious clients lied in
+    #: (``actions`` permitting); 0: the attack had nothing to rewrite and the fit is the honest one
+    attacked_rounds: int = 0
 
     def summary(self) -> str:
         return (f"poisoning {self.kind!r} by {len(self.malicious)} client(s) {list(self.malicious)}: centres moved "
                 f"up to {self.displacement_max:.4g} (mean {self.displacement_mean:.4g}), utility {self.utility:.3f}, "
                 f"ARI vs honest {self.ari:.3f}; detected {list(self.detected)}, excluded {list(self.excluded)}, "
-                f"refused {list(self.refused)}")
+                f"refused {list(self.refused)}; lied in {self.attacked_rounds} round(s)")
 
 
 class Poisoning:
@@ -249,11 +254,13 @@ class Poisoning:
         detected = sorted({c for r in t for c in (r.faults or {})})
         refused = sorted({c for r in t for s in r.stages for c in (s.refused or {})})
         excluded = sorted(getattr(poisoned_est, "excluded_clients_", None) or [])
+        attacked = sum(1 for r in t if _pairs(getattr(r, "specs", ()) or ())
+                       and (self.actions is None or getattr(r, "action", None) in self.actions))
         return PoisoningReport(
             kind=self.kind, malicious=malicious, honest_centres=np.asarray(honest), poisoned_centres=poisoned,
             displacement_max=float(moved.max()), displacement_mean=float(moved.mean()),
             utility=float(np.sum(d_h) / max(np.sum(d_p), 1e-300)), ari=float(adjusted_rand_score(lab_h, lab_p)),
-            detected=tuple(detected), excluded=tuple(excluded), refused=tuple(refused),
+            detected=tuple(detected), excluded=tuple(excluded), refused=tuple(refused), attacked_rounds=attacked,
         )
 
 

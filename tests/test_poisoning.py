@@ -158,3 +158,23 @@ def test_actions_limits_the_rounds_a_client_lies_in(clients):
     assert all(changed == (a == "train") for a, changed in lied)
     with pytest.raises(InputError, match="actions='train': pass None"):
         Poisoning("adaptive", actions="train")
+
+
+def test_attacked_rounds_counts_the_rounds_with_a_pair_to_rewrite(clients):
+    """DWF sends a (count, sum) pair every training round; k-FED's secure mode without DP sends
+    'value' fields only, so the attack has nothing to rewrite and says so (0), with the honest fit."""
+    est = _fit(clients)
+    report = Poisoning("adaptive", 1, random_state=1).evaluate(est, clients)
+    assert report.attacked_rounds >= 1 and report.displacement_max > 0
+    assert "lied in" in report.summary()
+    seeded = make_estimator("dwf", n_clusters=4, init="private", init_bounds=BOX, random_state=0, max_rounds=3,
+                            crypto="ideal").fit(clients)
+    every = Poisoning("adaptive", 1, random_state=1).evaluate(seeded, clients).attacked_rounds
+    train_only = Poisoning("adaptive", 1, random_state=1, actions=("train",)).evaluate(seeded, clients).attacked_rounds
+    assert every == train_only + 1  # the seeding round's bucket counts and sums are a pair too
+    kfed = make_estimator("kfed", n_clusters=4, secure_mode=True, init_bounds=BOX, random_state=0, crypto="ideal")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kfed.fit(clients)
+    nothing = Poisoning("adaptive", 1, random_state=1).evaluate(kfed, clients)
+    assert nothing.attacked_rounds == 0 and nothing.displacement_max == 0.0
