@@ -217,8 +217,30 @@ def run_benchmark(config) -> list[dict]:
     (out / "summary.md").write_text(summary_markdown(summary, [a for a in cfg.attacks if a != AUDIT],
                                                      stack_order(cfg.stacks)))
     if cfg.report:
-        write_report(out / "report.html", rows, summary, cfg_dict(cfg), wall_seconds=time.perf_counter() - t0)
+        write_report(out / "report.html", rows, summary, cfg_dict(cfg), wall_seconds=time.perf_counter() - t0,
+                     membership_candidates=membership_candidate_counts(cfg, cache))
     return rows
+
+
+def membership_candidate_counts(cfg: BenchConfig, cache=None) -> dict:
+    """{dataset label: [candidates per side, one per seed]} of the membership attack (the
+    records held out of the fit; as many members are drawn), for the report's chance levels.
+    Cached like the cells (``cache``: the run's cache directory), so a resumed run loads no data."""
+    from securefkm.sweep import run_sweep
+
+    if "membership" not in cfg.attacks:
+        return {}
+    cells = [{"dataset": ds, "seed": s} for ds in cfg.datasets for s in cfg.seeds]
+    counts = run_sweep(held_out_count_cell, cells, cache_dir=cache, progress=False)
+    out: dict = {}
+    for c, n in zip(cells, counts):
+        out.setdefault(matrix.dataset_label(c["dataset"]), []).append(int(n))
+    return out
+
+
+def held_out_count_cell(cell: dict) -> int:
+    """Records held out of the fits of (dataset, seed): the membership attack's non-members."""
+    return len(matrix.load(cell["dataset"], cell["seed"])[3])
 
 
 def _forget_errors(cache: Path) -> None:

@@ -85,6 +85,47 @@ def membership_metrics(scores_in, scores_out) -> dict:
     }
 
 
+def chance_levels(n_in: int, n_out: int, *, n_runs: int = 1, level: float = 0.95, n_sim: int = 4000,
+                  random_state=0) -> dict:
+    """What an attack with *no* signal scores on ``n_in`` members and ``n_out`` non-members.
+
+    Monte Carlo under the null (every score drawn from one continuous distribution, so the
+    two sets are exchangeable): ``n_sim`` draws of the mean over ``n_runs`` independent runs
+    (seeds) of the AUC and of the advantage (max TPR - FPR). Returns ``auc_low`` /
+    ``auc_high`` (the central ``level`` interval of the mean AUC), ``advantage_high`` (its
+    ``level`` quantile: the advantage is a maximum over thresholds, so it is positive even
+    without signal), ``advantage_mean`` (its mean under the null) and ``auc_sd`` (the null
+    standard deviation of the mean AUC, sqrt((n_in + n_out + 1) / (12 n_in n_out n_runs))
+    asymptotically). An AUC outside [auc_low, auc_high] or an advantage above
+    ``advantage_high`` is a signal at that level; inside them it is indistinguishable from
+    chance with this many candidates.
+    """
+    for name, v in (("n_in", n_in), ("n_out", n_out), ("n_runs", n_runs), ("n_sim", n_sim)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise InputError(f"{name} must be an int >= 1, got {v!r}.")
+    if not 0 < level < 1:
+        raise InputError(f"level must lie in (0, 1), got {level!r}.")
+    rng = check_random_state(random_state)
+    n_in, n_out = int(n_in), int(n_out)
+    aucs = np.zeros(n_sim)
+    advs = np.zeros(n_sim)
+    for _ in range(int(n_runs)):
+        # ranks of the members among n_in + n_out exchangeable scores
+        member = np.argsort(rng.random((n_sim, n_in + n_out)), axis=1) < n_in
+        # walking the scores from the highest down: TPR - FPR after each step
+        step = np.where(member, 1.0 / n_in, -1.0 / n_out)
+        advs += np.maximum(np.cumsum(step, axis=1).max(axis=1), 0.0)
+        ranks = np.nonzero(member)[1].reshape(n_sim, n_in)  # 0 = highest score
+        u = (n_in + n_out - 1 - ranks).sum(axis=1) - n_in * (n_in - 1) / 2
+        aucs += u / (n_in * n_out)
+    aucs /= n_runs
+    advs /= n_runs
+    lo, hi = np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])
+    return {"auc_low": float(lo), "auc_high": float(hi), "auc_sd": float(aucs.std()),
+            "advantage_high": float(np.quantile(advs, level)), "advantage_mean": float(advs.mean()),
+            "n_in": n_in, "n_out": n_out, "n_runs": int(n_runs), "level": float(level)}
+
+
 def dp_roc_violation(scores_in, scores_out, epsilon: float, delta: float, alpha: float = 0.05) -> float:
     """How far the empirical ROC goes beyond what (epsilon, delta)-DP allows, beyond sampling error.
 
