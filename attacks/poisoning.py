@@ -34,6 +34,11 @@ Attacks (``Poisoning(kind=...)``):
     broadcast centre, per coordinate, and places its sums on the same corner. With
     ``vote_weight="records"`` all its records vote in ``target``. Under the mean it acts as
     ``"adaptive"`` spread over every cluster.
+``"vote-stuffing"``
+    ``"robust-adaptive"`` with every vote weighing ``amount`` (default 100) instead of 1 (or
+    its count): a malformed vote histogram. The median's bound assumes each client's votes in
+    a row total at most 1 (its count with ``vote_weight="records"``); nothing checks that
+    under secure aggregation, and this kind shows what follows when it is not checked.
 
 ``Poisoning(...).evaluate(estimator, data)`` refits the estimator's configuration with the
 malicious clients (``n_malicious`` of them, drawn with ``random_state``, or ``clients=``) and
@@ -55,10 +60,10 @@ from securefkm.exceptions import InputError
 from securefkm.federation import ClientPolicy
 from securefkm.messages import Update
 
-KINDS = ("count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive")
+KINDS = ("count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive", "vote-stuffing")
 _DEFAULT_AMOUNT = {"count-inflation": 1e6, "sum-scaling": 1e4, "inconsistent": 100.0, "adaptive": 0.0,
-                   "robust-adaptive": 0.0}
-_IN_RANGE = ("adaptive", "robust-adaptive")  # the kinds that need the declared box
+                   "robust-adaptive": 0.0, "vote-stuffing": 100.0}
+_IN_RANGE = ("adaptive", "robust-adaptive", "vote-stuffing")  # the kinds that need the declared box
 
 
 def _farthest_corners(ref: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -66,8 +71,9 @@ def _farthest_corners(ref: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.
     return np.where(np.abs(ref - low) > np.abs(ref - high), low, high)
 
 
-def _robust_lie(c, s, votes, n, j, low, high, ref, weight):
-    """``robust-adaptive``'s counts, sums and votes (in place); see the module docstring."""
+def _robust_lie(c, s, votes, n, j, low, high, ref, weight, scale=1.0):
+    """``robust-adaptive``'s counts, sums and votes (in place), each vote times ``scale``
+    (``vote-stuffing``); see the module docstring."""
     k = len(c)
     corners = _farthest_corners(ref, low, high)  # (k, d)
     c[:] = 0.0
@@ -83,7 +89,7 @@ def _robust_lie(c, s, votes, n, j, low, high, ref, weight):
         side = np.where(corners == high, bins - 1, 0)  # the extreme bin on the far side
         rows = np.flatnonzero(c > 0)
         w = np.ones(rows.size) if weight == "client" else c[rows]
-        votes[rows[:, None], np.arange(votes.shape[1])[None, :], side[rows]] = w[:, None]
+        votes[rows[:, None], np.arange(votes.shape[1])[None, :], side[rows]] = scale * w[:, None]
 
 
 def _pairs(specs):
@@ -141,10 +147,11 @@ class PoisoningPolicy(ClientPolicy):
                 n = n_records if n_records > 0 else float(c.sum())
                 refs = (np.asarray(centres, float) if centres is not None and np.shape(centres) == s.shape
                         else np.broadcast_to((low + high) / 2, s.shape))
-                if self.kind == "robust-adaptive":
+                if self.kind in ("robust-adaptive", "vote-stuffing"):
                     votes = sums.get("votes")
                     _robust_lie(c, s, votes if votes is not None and votes.shape[:2] == s.shape else None,
-                                n, j, low, high, refs, weight)
+                                n, j, low, high, refs, weight,
+                                self.amount if self.kind == "vote-stuffing" else 1.0)
                     sums[count], sums[total] = c, s
                     continue
                 ref = (np.asarray(centres, float)[j] if centres is not None and np.ndim(centres) == 2

@@ -107,7 +107,8 @@ def test_evaluate_entry_point_and_errors(clients):
     no_box = make_estimator("dwf", n_clusters=4, random_state=0, max_rounds=3).fit(clients)
     with pytest.raises(InputError, match="needs the declared box"):
         Poisoning("adaptive").evaluate(no_box, clients)
-    assert set(KINDS) == {"count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive"}
+    assert set(KINDS) == {"count-inflation", "sum-scaling", "inconsistent", "adaptive", "robust-adaptive",
+                          "vote-stuffing"}
 
 
 def test_robust_adaptive_lie_is_in_range_and_votes_in_the_far_bin(clients):

@@ -148,3 +148,18 @@ def test_quantile_is_monotone_in_the_mass():
     assert np.all(np.diff(q, axis=0) >= -1e-15)
     assert np.all(histogram_quantile(v, np.zeros(3), np.ones(3), masses[5], "right")
                   >= histogram_quantile(v, np.zeros(3), np.ones(3), masses[5]) - 1e-15)
+
+
+def test_malformed_votes_break_the_median_under_masking(clients):
+    """The median's bound assumes each client's votes in a row total at most 1: one client whose
+    votes weigh 100 (vote-stuffing) is carried by masking like any sum and moves the robust fit
+    far more than the strongest well-formed attack (robust-adaptive) does; nothing detects it."""
+    median = _fit(clients, protection=["masking"])
+    honest = Poisoning("robust-adaptive", 1, random_state=1).evaluate(median, clients)
+    stuffed = Poisoning("vote-stuffing", 1, random_state=1).evaluate(median, clients)
+    assert honest.displacement_max < 0.03
+    assert stuffed.displacement_max > 10 * honest.displacement_max and stuffed.displacement_max > 0.2
+    assert stuffed.detected == () and stuffed.refused == () and stuffed.attacked_rounds > 0
+    mean = _fit(clients, "mean", protection=["masking"])
+    plain = Poisoning("vote-stuffing", 1, random_state=1).evaluate(mean, clients)  # no votes: acts on the pairs
+    assert plain.displacement_max > 0.0
