@@ -187,6 +187,11 @@ def test_lagrange_operations_match_monomial_evaluation():
     vals8 = F.ntt(coeffs, 8)
     x = rng.randrange(F.MODULUS)
     assert lag.poly_eval(vals8, x) == poly_eval(F, coeffs, x)
+    # at the roots themselves (the barycentric form's poles), and batched
+    for w in F.nth_root_powers(8):
+        assert lag.poly_eval(vals8, w) == poly_eval(F, coeffs, w)
+    more = [F.ntt([rng.randrange(F.MODULUS) for _ in range(7)], 8) for _ in range(5)]
+    assert lag.poly_eval_batched(more, x) == [lag.poly_eval(p, x) for p in more]
     part = vals8[:6]
     lag.extend_values_to_power_of_2(part, 8)
     assert part == vals8

@@ -6,6 +6,8 @@ so :class:`protocols.vdaf.prio3.Prio3` runs them unchanged.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .field import Field64, Field128
@@ -48,14 +50,14 @@ def _range_check(valid, meas, joint_rand, num_shares, chunk_length, n_calls) -> 
     g = valid.GADGETS[0]
     for i in range(n_calls):
         r = joint_rand[i]
-        rp = r
+        xs = list(meas[i * chunk_length:(i + 1) * chunk_length])
+        xs += [0] * (chunk_length - len(xs))
+        powers = [r] * chunk_length
+        for j in range(1, chunk_length):
+            powers[j] = powers[j - 1] * r % q
         inputs = [0] * (2 * chunk_length)
-        for j in range(chunk_length):
-            idx = i * chunk_length + j
-            x = meas[idx] if idx < len(meas) else 0
-            inputs[2 * j] = rp * x % q
-            inputs[2 * j + 1] = (x - shares_inv) % q
-            rp = rp * r % q
+        inputs[0::2] = [p * x % q for p, x in zip(powers, xs)]
+        inputs[1::2] = [(x - shares_inv) % q for x in xs]
         out += g.eval(F, inputs)
     return out % q
 
@@ -233,6 +235,10 @@ class MultihotCountVec(Valid):
 
     def decode(self, output, num_measurements):
         return list(output)
+
+
+#: 2**i for the binary digits of any value a circuit decodes
+_POW2 = [1 << i for i in range(128)]
 
 
 def _as_int(x, name: str) -> int:
@@ -455,10 +461,11 @@ class ClusterValidity(Valid):
     # --- circuit ---------------------------------------------------------------------------
     def _counts(self, meas) -> list[int]:
         q, cb = self.field.MODULUS, self.cb
-        return [sum((1 << i) * meas[j * cb + i] for i in range(cb)) % q for j in range(self.k)]
+        pw = _POW2[:cb]
+        return [sum(map(operator.mul, pw, meas[j * cb:(j + 1) * cb])) % q for j in range(self.k)]
 
     def _value(self, meas, pos, b) -> int:
-        return sum((1 << i) * meas[pos + i] for i in range(b)) % self.field.MODULUS
+        return sum(map(operator.mul, _POW2[:b], meas[pos:pos + b])) % self.field.MODULUS
 
     def eval(self, meas, joint_rand, num_shares):
         F = self.field

@@ -8,6 +8,8 @@ in :class:`Lagrange`. Integers keep the arithmetic exact at any size; there is n
 """
 from __future__ import annotations
 
+import operator
+
 import secrets
 from functools import lru_cache
 
@@ -287,24 +289,29 @@ class Lagrange:
         return self.poly_eval_batched([p], x)[0]
 
     def poly_eval_batched(self, polys: list[list[int]], x: int) -> list[int]:
-        """Evaluate each polynomial (given by its values at the n-th roots) at ``x`` in O(n)."""
+        """Evaluate each polynomial (given by its values at the n-th roots) at ``x`` in O(n).
+
+        Barycentric form at the n-th roots of unity ``w_i``:
+        ``p(x) = (x**n - 1) / n * sum_i p_i w_i / (x - w_i)``; the weights are shared by every
+        polynomial (one batch inversion), so each costs n products and one reduction.
+        """
         n = len(polys[0])
         if any(len(p) != n for p in polys):
             raise ValueError("poly_eval_batched needs polynomials of equal length")
         assert_power_of_2(n)
         F = self.field
         q = F.MODULUS
+        x %= q
         nodes = _root_powers(F, n)
-        k = 1
-        u = [p[0] for p in polys]
-        d = (nodes[0] - x) % q
-        for i in range(1, n):
-            k = k * d % q
-            d = (nodes[i] - x) % q
-            t = k * nodes[i] % q
-            u = [(uj * d + t * p[i]) % q for uj, p in zip(u, polys)]
-        factor = (q - 1 if (n - 1) % 2 else 1) * F.inv(n) % q
-        return [uj * factor % q for uj in u]
+        scale = (pow(x, n, q) - 1) % q
+        if scale == 0:  # x is a root: the polynomial's value there
+            i = nodes.index(x)
+            return [p[i] % q for p in polys]
+        inv = _batch_inverse(q, [(x - w) % q for w in nodes])
+        c = scale * F.inv(n) % q
+        weights = [w * iv % q * c % q for w, iv in zip(nodes, inv)]
+        mul = operator.mul
+        return [sum(map(mul, weights, p)) % q for p in polys]
 
     def extend_values_to_power_of_2(self, p: list[int], n: int) -> None:
         """Append values of the degree < len(p) polynomial through ``p`` until len(p) == n.
