@@ -247,3 +247,18 @@ def test_clients_refuse_a_ticket_whose_noise_is_lower_than_their_own_calibration
     ticket, _ = helper.open_round(0, 0, 0, b"d", 3, (65536, 65536), 16, dc.replace(plan, count_sigma=2.0))
     with pytest.raises(ProtocolRefusal, match="DP noise plan"):
         sess.respond(H.STAGE, H.ValidationRequest(helper.public_bundle(), ticket))
+
+
+def test_verification_over_the_cores_equals_the_serial_loop(monkeypatch):
+    """Reports checked in worker processes: the same release, faults and reasons."""
+    from protocols.validated import _parallel
+
+    policies = {1: PoisoningPolicy("sum-scaling", box=BOX), 2: _Tamper("sealed share"), 4: _Tamper("signature")}
+    serial = _fit("real", policies, rounds=2)
+    monkeypatch.setattr(_parallel, "MIN_REPORTS", 1)
+    monkeypatch.setattr(_parallel, "cpus", lambda: 2)
+    spread = _fit("real", {1: PoisoningPolicy("sum-scaling", box=BOX), 2: _Tamper("sealed share"),
+                           4: _Tamper("signature")}, rounds=2)
+    np.testing.assert_array_equal(spread.cluster_centers_, serial.cluster_centers_)
+    assert _faults(spread) == _faults(serial)
+    assert set(_faults(serial)[0]) == {1, 2, 4}

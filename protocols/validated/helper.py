@@ -305,12 +305,13 @@ class ValidationHelper:
 
     def verify(self, nonce: bytes, reports: dict[int, HelperReport]) -> tuple[dict[int, bytes], dict[int, str]]:
         """Check each forwarded report; ``(verifier messages of the valid ones, reasons of the refused ones)``."""
-        from protocols.vdaf import VdafError
+        from ._parallel import map_reports
 
         r = self._live(nonce)
         ticket = r.ticket
         ctx = application_context(ticket)
         messages: dict[int, bytes] = {}
+        todo = []
         for cid, rep in reports.items():
             cid = int(cid)
             why = None
@@ -323,31 +324,19 @@ class ValidationHelper:
                 why = "a report nonce already used this round"
             elif key is None:
                 why = "the client is not enrolled with the helper"
-            if why is None:
-                r.seen_nonces.add(rep.report_nonce)
-                try:
-                    vdaf = self.vdaf(ticket, rep.n_max)
-                    payload_ok = _signature_ok(key, self._bundle.fingerprint, ctx, cid, rep)
-                    if not payload_ok:
-                        why = "its signature does not verify against the client's enrolled key"
-                    else:
-                        plain = SUITE.decrypt(rep.sealed_helper_share, self._hpke,
-                                              info=seal_info(ctx, cid, rep.report_nonce))
-                        share = vdaf.decode_input_share(1, plain)
-                        public = vdaf.decode_public_share(rep.public_share)
-                        state, vshare = vdaf.verify_init(r.verify_key, ctx, 1, None, rep.report_nonce, public, share)
-                        leader = vdaf.decode_verifier_share(rep.leader_verifier_share)
-                        vmsg = vdaf.verifier_shares_to_message(ctx, None, [leader, vshare])
-                        r.out_shares[cid] = vdaf.verify_next(ctx, state, vmsg)
-                        messages[cid] = vdaf.encode_verifier_message(vmsg)
-                except InvalidTag:
-                    why = "its sealed helper share does not open (wrong key, context or tampered)"
-                except VdafError:
-                    why = INVALID
-                except (ValueError, TypeError, OverflowError) as exc:
-                    why = f"its report is malformed ({exc})"
             if why is not None:
                 r.refused[cid] = why
+                continue
+            r.seen_nonces.add(rep.report_nonce)
+            todo.append((cid, key, rep))
+        shared = (ticket.k, tuple(ticket.widths), r.verify_key, ctx, self._hpke.private_bytes_raw(),
+                  self._bundle.fingerprint)
+        for (cid, _, _), (out_share, vmsg, why) in zip(todo, map_reports(_helper_verify, shared, todo)):
+            if why is not None:
+                r.refused[cid] = why
+            else:
+                r.out_shares[cid] = out_share
+                messages[cid] = vmsg
         return messages, {c: r.refused[c] for c in reports if int(c) in r.refused}
 
     def aggregate(self, nonce: bytes, accepted, noise_sources=None) -> list:
@@ -394,6 +383,31 @@ class ValidationHelper:
 
     def __getstate__(self):
         raise TypeError("a ValidationHelper holds private keys and is not copied; run it as its own service")
+
+
+def _helper_verify(k, widths, verify_key, ctx, hpke_private, fingerprint, cid, key, rep):
+    """The Helper's check of one report: ``(output share, encoded verifier message, None)`` or
+    ``(None, None, why)``; module level, so the checks can run in the Helper's worker processes."""
+    from protocols.vdaf import VdafError
+
+    try:
+        vdaf = make_vdaf(k, widths, rep.n_max)
+        if not _signature_ok(key, fingerprint, ctx, cid, rep):
+            return None, None, "its signature does not verify against the client's enrolled key"
+        plain = SUITE.decrypt(rep.sealed_helper_share, X25519PrivateKey.from_private_bytes(hpke_private),
+                              info=seal_info(ctx, cid, rep.report_nonce))
+        share = vdaf.decode_input_share(1, plain)
+        public = vdaf.decode_public_share(rep.public_share)
+        state, vshare = vdaf.verify_init(verify_key, ctx, 1, None, rep.report_nonce, public, share)
+        leader = vdaf.decode_verifier_share(rep.leader_verifier_share)
+        vmsg = vdaf.verifier_shares_to_message(ctx, None, [leader, vshare])
+        return vdaf.verify_next(ctx, state, vmsg), vdaf.encode_verifier_message(vmsg), None
+    except InvalidTag:
+        return None, None, "its sealed helper share does not open (wrong key, context or tampered)"
+    except VdafError:
+        return None, None, INVALID
+    except (ValueError, TypeError, OverflowError) as exc:
+        return None, None, f"its report is malformed ({exc})"
 
 
 def _signature_ok(key: bytes, fingerprint: bytes, ctx: bytes, cid: int, rep: HelperReport) -> bool:

@@ -34,6 +34,7 @@ from securefkm.layers import Aggregator, ClientContext, ClientSession, ProtocolR
 from securefkm.validation import check_int
 
 from . import helper as H
+from ._parallel import map_reports
 from .measurement import Layout, layout_for
 
 log = logging.getLogger("securefkm")
@@ -413,6 +414,23 @@ def encode_for_proof(vdaf, counts, shifted) -> list[int]:
     return vdaf.flp.valid.encode_lenient((counts, shifted))
 
 
+def _leader_verify(k, widths, verify_key, app_ctx, c, n_max, nonce, public_b, leader_b):
+    """The Leader's check of one report: ``(verify state, encoded verifier share, None)`` or
+    ``(None, None, why)``; module level, so the checks can run in worker processes."""
+    from protocols.vdaf import VdafError
+
+    vdaf = H.make_vdaf(k, widths, n_max)
+    try:
+        if not isinstance(nonce, bytes) or len(nonce) != vdaf.NONCE_SIZE:
+            raise VdafError(f"field report_nonce is not {vdaf.NONCE_SIZE} bytes")
+        public = vdaf.decode_public_share(public_b)
+        share = vdaf.decode_input_share(0, leader_b)
+        state, vshare = vdaf.verify_init(verify_key, app_ctx, 0, None, nonce, public, share)
+    except (VdafError, ValueError, TypeError) as exc:
+        return None, None, f"its report is malformed ({exc})"
+    return state, vdaf.encode_verifier_share(vshare), None
+
+
 class _ValidatedServer(ServerSession):
     def __init__(self, layer: ValidatedAggregation, ctx: RoundContext):
         self.layer, self.ctx = layer, ctx
@@ -435,7 +453,7 @@ class _ValidatedServer(ServerSession):
         from protocols.vdaf import VdafError
 
         layer, ctx = self.layer, self.ctx
-        forwarded, states = {}, {}
+        forwarded, states, todo = {}, {}, []
         for c, rep in replies.items():
             c = int(c)
             if not isinstance(rep, H.ValidatedReport):
@@ -444,20 +462,16 @@ class _ValidatedServer(ServerSession):
             if type(rep.client_id) is not int or rep.client_id != c:
                 self._fault(c, f"field client_id is {rep.client_id!r}, not the sender's id {c}")
                 continue
-            n_max = layer.n_max(c)
-            vdaf = H.make_vdaf(self.lay.k, self.lay.widths, n_max)
-            try:
-                if not isinstance(rep.report_nonce, bytes) or len(rep.report_nonce) != vdaf.NONCE_SIZE:
-                    raise VdafError(f"field report_nonce is not {vdaf.NONCE_SIZE} bytes")
-                public = vdaf.decode_public_share(rep.public_share)
-                share = vdaf.decode_input_share(0, rep.leader_share)
-                state, vshare = vdaf.verify_init(self.verify_key, self.app_ctx, 0, None, rep.report_nonce, public, share)
-            except (VdafError, ValueError, TypeError) as exc:
-                self._fault(c, f"its report is malformed ({exc})")
+            todo.append((c, layer.n_max(c), rep.report_nonce, rep.public_share, rep.leader_share))
+        results = map_reports(_leader_verify, (self.lay.k, self.lay.widths, self.verify_key, self.app_ctx), todo)
+        for (c, n_max, *_), (state, vshare_b, why) in zip(todo, results):
+            if why is not None:
+                self._fault(c, why)
                 continue
-            states[c] = (vdaf, state)
+            rep = replies[c]
+            states[c] = (H.make_vdaf(self.lay.k, self.lay.widths, n_max), state)
             forwarded[c] = H.HelperReport(rep.report_nonce, rep.public_share, rep.sealed_helper_share, rep.signature,
-                                          n_max, vdaf.encode_verifier_share(vshare))
+                                          n_max, vshare_b)
         if not forwarded:
             return
         messages, refused = layer.helper.verify(self.ticket.nonce, forwarded)
