@@ -244,7 +244,7 @@ def leakage_figure(summary, dataset: str, algorithms: list[str], stacks: list[st
     cmap, norm = plt.get_cmap(cmap_name), Normalize(vmin, vmax)
     by = {(s["algorithm"], s["stack"], s["attack"]): s for s in summary if s["dataset"] == dataset}
     nr, nc = _grid(len(algorithms))
-    w = 0.62 * max(1, len(attacks)) + 0.4
+    w = 0.66 * max(1, len(attacks)) + 0.4
     fig, axes = plt.subplots(nr, nc, figsize=(w * nc + 2.2, (0.24 * len(stacks) + 1.2) * nr + 0.5), squeeze=False,
                              layout="constrained")
     for k, alg in enumerate(algorithms):
@@ -268,7 +268,7 @@ def leakage_figure(summary, dataset: str, algorithms: list[str], stacks: list[st
         ax.imshow(np.ma.masked_invalid(M), cmap=cmap, norm=norm, aspect="auto")
         ax.set_xlim(-0.5, len(attacks) - 0.5)
         ax.set_ylim(len(stacks) - 0.5, -0.5)
-        ax.set_xticks(range(len(attacks)), [a.replace("-", "-\n", 1) for a in attacks], fontsize=6, rotation=0)
+        ax.set_xticks(range(len(attacks)), [a.replace("-", "-\n") for a in attacks], fontsize=6, rotation=0)
         ax.set_yticks(range(len(stacks)), stacks if k % nc == 0 else [""] * len(stacks), fontsize=6)
         ax.set_title(alg, fontsize=8)
     for k in range(len(algorithms), nr * nc):
