@@ -18,11 +18,13 @@ the protected default's seeding round. Per dataset, split and seed:
   rounds only.
 
 Printed: medians over seeds of the ARI of each fit's labels against the honest plain fit's
-(on all records), of its ARI against the classes, of its utility and of the largest move of a
-matched centre from the honest plain fit. The targets: a poisoned robust fit keeps an ARI
-against the honest plain fit of at least 0.9 (90% of the honest fit's 1), or, read against
-the classes, at least 0.9 times the honest plain fit's ARI against the classes; the robust fit
-without an attacker keeps at least 0.95 of the plain utility.
+(on all records), of its ARI against the classes, of ``kept`` (its ARI against the classes
+over the honest plain fit's, per seed), of its utility and of the largest move of a matched
+centre from the honest plain fit. The targets: a poisoned robust fit keeps at least 0.9 of
+the honest plain fit's ARI against the classes (``kept``; the stricter reading, an ARI of at
+least 0.9 against the honest plain fit's labels, is printed too); the robust fit without an
+attacker keeps at least 0.95 of the plain utility. ``--first-seed`` runs other seeds than the
+reported ones, ``--splits`` / ``--datasets`` a subset.
 """
 
 from __future__ import annotations
