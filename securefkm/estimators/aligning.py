@@ -68,7 +68,7 @@ def plan_record_level(estimator, data, layers, seed):
     its rounds are exact Lloyd rounds), else None."""
     if not record_level_dp(estimator):
         return None
-    from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
+    from ._dp_planning import plan_for_estimator, rounds_plan_for_estimator
 
     return (plan_for_estimator(estimator, data, layers, seed, exact_lloyd=True)
             or rounds_plan_for_estimator(estimator, data, layers))

@@ -137,12 +137,12 @@ class WeightedFederatedKMeans(FederatedClusterer):
         return True
 
     def _plan_dp(self, data, layers, seed):
-        from protocols.dp.planning import plan_for_estimator, rounds_plan_for_estimator
+        from ._dp_planning import plan_for_estimator, rounds_plan_for_estimator
 
         planned = plan_for_estimator(self, data, layers, seed)
         if planned is not None or self.weighting != "equal":
             return planned or rounds_plan_for_estimator(self, data, layers)
-        from protocols.dp.planning import budget_led_layer, public_n
+        from ._dp_planning import budget_led_layer, public_n
 
         dp = budget_led_layer(self, layers)
         if dp is None:  # nothing to plan (reads no record count)

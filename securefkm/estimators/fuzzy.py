@@ -61,7 +61,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         Cap on training rounds (then the validity round still runs). None (default): 100;
         with ``averaging="fedavg"`` and a ``GaussianDP`` layer that leaves its per-round noise
         to the budget, the rounds the DP rule picks for that budget
-        (:func:`protocols.dp.planning.rounds_plan_for_estimator`, ``dp_plan_``).
+        (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`, ``dp_plan_``).
     centre_weights : {"none", "membership"}
         k-means averaging only: "none" (the paper) sends centres only; "membership" also
         sends each local centre's fuzzy support sum_i u_ij and weights the server k-means.
@@ -166,7 +166,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         if not self.plans_dp_rounds():
             return None
-        from protocols.dp.planning import rounds_plan_for_estimator
+        from ._dp_planning import rounds_plan_for_estimator
 
         return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 

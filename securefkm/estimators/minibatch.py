@@ -33,7 +33,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     max_rounds : int or None
         T, the number of global rounds. None (default): 200 without DP; with a
         ``GaussianDP`` layer that leaves its per-round noise to the budget, the rounds the DP
-        rule picks for that budget (:func:`protocols.dp.planning.rounds_plan_for_estimator`,
+        rule picks for that budget (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`,
         ``dp_plan_``). Pass a number to opt out.
     tol : float
         Stop early when the centres move less than tol and no cluster is on a small-size streak.
@@ -112,7 +112,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         return True
 
     def _plan_dp(self, data, layers, seed):
-        from protocols.dp.planning import rounds_plan_for_estimator
+        from ._dp_planning import rounds_plan_for_estimator
 
         return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 
