@@ -34,8 +34,9 @@ coordinate e the server takes the median of the summed vote histogram, each vote
 uniformly over its bin (:func:`securefkm.algorithms.dwf.histogram_quantile`). Let ``G`` be the
 honest votes' cumulative mass (total ``h``) and ``A`` the malicious votes' (total
 ``a <= m``: the number of malicious clients, one vote each, or their ``M`` records with
-``vote_weight="records"``; this needs the aggregator to check that each client's votes in a
-row are non-negative and total 1, resp. at most its count). The median ``x*`` solves
+``vote_weight="records"``; this needs every client's votes in a row to be non-negative and
+total at most 1, resp. its count, which no aggregator checks under secure aggregation:
+``kind="vote-stuffing"`` shows what a malformed histogram does). The median ``x*`` solves
 ``G(x*) + A(x*) = (h + a) / 2`` with ``0 <= A <= a``, hence
 
     (h - m) / 2  <=  G(x*)  <=  (h + m) / 2,
