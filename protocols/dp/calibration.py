@@ -70,7 +70,7 @@ class Calibration:
         return cached[1]
 
     def centred_pairs(self, specs) -> dict[str, str]:
-        """{sum field: its weights field} noised translated by the box centre (see "Centred sums")."""
+        """{sum field: its weights field} noised translated by the box centre (docs/protocols/dp-mechanism.md, "Centred sums")."""
         if self.bounds is None or not self.centre_sums:
             return {}
         return self.weighted_pairs(specs)

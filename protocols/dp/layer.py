@@ -1,161 +1,18 @@
 """GaussianDP: record-level differential privacy for the sum-fields of every round.
 
-Mechanism (one round)
----------------------
-A round releases the sum over clients of its sum-fields f = 1..F (those the algorithm
-declares with :class:`~securefkm.messages.FieldSpec`). Adding or removing one record
-changes field f by at most Delta_f in L2 norm (``securefkm.messages.FIELD_KINDS``):
+Each round's released sum-fields get independent discrete Gaussian noise calibrated so that
+the round is one Gaussian mechanism of L2 sensitivity 1 after normalising each field by its
+per-record bound (``count`` 1, ``sum`` R or the box's half-diagonal when centred, ``score``
+(2R)^2, ``value`` only in local mode); the accountant (PRV by default) composes the rounds
+each client's records took part in, without amplification by client sampling. Three modes
+say who adds the noise: ``central`` (the server, after a secure aggregator's exact sum, or
+the aggregator's other party when it adds the noise itself), ``distributed`` (each client a
+share, under PairwiseMasking or Paillier; Kairouz, Liu & Steinke 2021) and ``local`` (each
+client all of it).
 
-====================  ==========================================================
-kind                  Delta_f (R = clip, or the largest norm in the ``bounds`` box)
-====================  ==========================================================
-``count``             1 (a record adds non-negative weights summing to <= 1)
-``sum``               R (a record adds w_j x to row j with sum_j w_j <= 1, ||x|| <= R)
-``score``             (2R)^2 (a squared distance; ``bounds``: squared box diameter)
-``value``             unbounded: refused, except in ``mode="local"`` (see below)
-====================  ==========================================================
-
-Centred sums (``bounds`` only, ``centre_sums=True``, the default). A ``sum`` field that
-declares its weights (``FieldSpec.weighted_by``: row j is sum_i w_ij x_i and the count field
-holds sum_i w_ij) is noised translated: the layer releases ``T = S - N c`` (c the box centre,
-N the exact weights) with Delta = R_c = ||(high - low) / 2||, the box's half-diagonal, and
-the noisy count N', and the algorithm receives ``S' = T' + N' c`` -- post-processing of the
-two released fields, so the same proof applies with R_c in place of R (a record adds w_ij
-(x_i - c) to row j of T, ||x_i - c|| <= R_c, sum_j w_ij <= 1). R_c <= R always, and for a box
-far from the origin much smaller (digits' [0, 16]^64: 64 instead of 128). In distributed and
-local mode each client sends ``T_i' + N_i' c`` (the sums add up to ``T' + N' c``).
-
-Means projected into the domain (``project_means=True``, the default). For the same declared
-pairs, each released row with a positive noisy weight N'_j gets ``S'_j = N'_j P(S'_j / N'_j)``,
-P the projection onto the records' domain (the ``bounds`` box, or the ``clip`` ball). Every
-record lies in that convex set, so the true mean S_j / N_j does too, and the projection of
-the noisy mean is never farther from it (per coordinate for the box, in L2 for the ball).
-Post-processing of released values with public parameters: no privacy cost. Without it a
-cluster with few records gets a noisy centre far outside the data, which the next round's
-assignments then follow. Seeding rounds (``init.*``) are left alone: their aggregation
-shrinks the raw noisy bucket means (which needs them unbiased) and clips the result itself.
-
-Every field gets independent Gaussian noise of standard deviation
-``sigma_f = z * sqrt(F) * Delta'_f`` (Delta'_f = Delta_f plus the lattice rounding term
-below). **Proof that this is one Gaussian mechanism with noise multiplier z.** Divide
-field f by ``sqrt(F) Delta'_f``; the release becomes ``g(D) + N(0, z^2 I)`` with
-``g(D)_f = S_f(D) / (sqrt(F) Delta'_f)``, and for neighbouring D, D'
-``||g(D) - g(D')||_2^2 = sum_f ||S_f(D) - S_f(D')||^2 / (F Delta'_f^2) <= sum_f 1/F = 1``.
-So the round is the Gaussian mechanism with L2 sensitivity 1 and noise z, i.e. *one*
-composition in the accountant (Dwork & Roth 2014, Thm A.1; Balle & Wang 2018 for the
-exact (epsilon, delta) curve used by the PRV accountant). For DWF's training round
-(counts + coordinate sums, F = 2) with equal shares (``count_share=None``): sigma_count =
-sqrt(2) z, sigma_sum = sqrt(2) z clip; the default ``count_share="auto"`` splits the same
-unit budget unequally (see ``_field_weights``), still one Gaussian mechanism.
-Post-processing (the server's division, centre update) keeps the guarantee.
-
-Noise is exact discrete Gaussian (Canonne, Kamath & Steinke 2020) drawn from the OS CSPRNG
-(:mod:`protocols.dp.sampler`), or with ``rng="seeded"`` from a keyed ChaCha20 stream
-(:func:`protocols.dp.noise.keystream`; studies only). Values are first rounded to a lattice ``gamma_f Z``; the
-rounded difference of neighbours is at most ``Delta_f + sqrt(n_f) gamma_f`` (each of the
-n_f coordinates of each of the two vectors moves by <= gamma_f / 2), which is the
-``Delta'_f`` used above. The discrete Gaussian on the lattice with integer-lattice shifts
-has the same zCDP as the continuous one (CKS20 Thm 14); the PRV/RDP accountants treat it
-as continuous, an approximation CKS20 sec. 4 show to be negligible for sigma/gamma >= 1
-(here sigma/gamma ~ 2^20 in central and local modes).
-
-Accounting: no amplification by client sampling
-------------------------------------------------
-The guarantee is *record-level*. Client sampling does **not** amplify it: a record's
-presence is tied to its client's other records (whose presence reveals whether the client
-was sampled), and in the distributed and local modes the server itself chose and saw the
-participants. So every round in which a record's client contributes is one full
-composition at sampling rate 1, and rounds without the client cost that record nothing.
-The layer counts, per client, the rounds it contributed to (``agg.contributors``);
-the epsilon reported is that of the most-used client. With a
-:class:`~protocols.participation.ParticipationCap` (``max_rounds=R``) in the stack the
-calibration uses ``min(planned_rounds, R)`` compositions -- the cap is enforced by the
-clients themselves -- which is the way to spend the budget on fewer, less noisy rounds.
-
-Weighted round schedules
-------------------------
-``round_weights={action: w}`` (default: every round weight 1) gives the rounds of an action
-the noise multiplier ``z_a = z / sqrt(w_a)``. Each round is still one Gaussian mechanism
-(sensitivity 1 after the normalisation above), now with its own noise; the accountant gets
-the heterogeneous history ``[(z_a, 1, n_a), ...]`` and the PRV accountant composes these
-different mechanisms numerically. ``setup`` calibrates the base z by bisection so that the
-*planned* schedule meets the target: per action the rounds the algorithm plans
-(``planned_actions(max_rounds)``; an algorithm without it is assumed to spend every planned
-round at the largest weight, an over-estimate), times the number of runs, and with a
-ParticipationCap of R only the R heaviest rounds. In mu-GDP terms (exact at full
-participation) a round of weight w gets the share ``w / sum_a w_a n_a`` of mu^2: e.g.
-``{"init.private": 0.5}`` with DWF's seeding and one Lloyd round gives the seeding a third
-of the budget. What is *charged* is always the noise actually used: each client's rounds
-are counted per noise level, and the reported epsilon is that of the history taking, per
-level, the most rounds any client took (exact under full participation, an upper bound
-otherwise). ``before_round`` refuses a round that would take this history past the target.
-
-``last_round_weights={action: w}`` gives the *last* planned round of an action in each run
-weight w instead (its other rounds keep their ``round_weights`` weight). Which round that is
-comes from the algorithm's ``planned_sequence(max_rounds)`` (the actions of one run's rounds in
-order, public) and the runtime's round index ``ctx.round``, so the server and every client
-(distributed mode) pick the same round; an algorithm without ``planned_sequence`` gets no
-last-round weights, in the calibration and in the noise alike. The DP plan uses it for its
-final Lloyd round (:mod:`protocols.dp.planning`): that round's noise is what stays in the
-returned centres.
-
-Modes and trust models
-----------------------
-``mode="central"`` -- *trusted aggregator*. Clients send exact sum-fields (use a secure
-aggregator if the server should not see them); the server adds the noise to the decoded
-aggregate in ``server_aggregate`` before the algorithm uses it. The server (or whoever runs
-the aggregation) must be trusted: it sees the un-noised sums; only what it releases
-afterwards (centres, transcripts of the aggregate) is DP. Does not protect against a
-curious server.
-
-``mode="distributed"`` -- *no trusted party, honest-majority secure aggregation*
-(Kairouz, Liu & Steinke 2021, "The Distributed Discrete Gaussian Mechanism for Federated
-Learning with Secure Aggregation"). Each client rounds its sum-fields to the secure
-aggregator's fixed-point lattice (``codec.resolution``; integer fields to Z) and adds a
-discrete Gaussian share of variance ``sigma_f^2 / H`` (raised, if needed, to the
-smallest lattice variance whose KLS21 tau below is <= 1e-6 -- e.g. ~1.8 lattice units^2 for
-4 clients on an integer count field), where H = clients_per_round - ``missing_shares``: the
-shares a released sum may lack are those of dropped clients (at most clients_per_round -
-``min_clients``) and of surviving clients that add none (malicious, or colluding with the
-server); the default counts the aggregator's dropout allowance plus its declared colluders
-(``Aggregator.designed_corrupt``), so the sum over at least ``min_clients`` survivors, of
-whom that many add nothing, carries variance >= sigma_f^2. The server learns only the noised
-sum. Requires a secure aggregator (PairwiseMasking / Paillier) after this layer. Caveats:
-(i) a sum of discrete Gaussians is not exactly a discrete Gaussian; KLS21 (Thm 1) bound the
-gap by ``tau = 10 sum_{k=1}^{m-1} exp(-2 pi^2 s^2 k/(k+1))`` with s^2 the per-client
-lattice variance; ``report()["kls21_tau"]`` gives it (negligible when s >= 1), and the
-accountant treats the sum as a Gaussian; (ii) if fewer than ``min_clients`` clients survive
-the noise is smaller than calibrated -- clients decline when fewer than ``min_clients`` are
-sampled; the secure aggregators (PairwiseMasking, Paillier) do not decode a sum of fewer
-than ``min_clients`` survivors (``survivors_needed``: they abort before anything is released,
-and the round is retried), and by default ``min_clients`` is the survivors the aggregator is
-designed for (PairwiseMasking: all but its ``dropout_fraction``). With an aggregator that
-does not honour it, the round is aborted *after* decoding if fewer survived (the server has
-then seen an under-noised sum; the accountant charges that round at the actual noise); (iii)
-clients that withhold or subtract their own shares beyond ``missing_shares`` lower the noise
-(the protection report states the assumption). Does not protect against a server that lies about who was sampled to make
-clients add too little noise beyond (ii).
-
-``mode="local"`` -- *no trust in anyone*. Each client noises its own message with the full
-sigma_f (sum-fields *and* set-fields), so the guarantee holds even though the server sees
-each message separately; no secure aggregator needed. Epsilon is still per record of that
-client, against an adversary who sees every individual message. Fields with no per-record
-bound (``value`` sum-fields such as EWF's local centres, and the set-field ``centres``) are
-projected row-wise onto the declared ball (``clip``) or box (``bounds``) -- the only
-transformation applied to an algorithm's output, done because the user chose local
-mode -- and charged sensitivity ``2 R sqrt(rows)`` (box: diameter * sqrt(rows)), the worst
-case of one record moving every local centre; for rounds releasing only such fields this
-is also client-level DP. The set-field ``sizes`` has no useful bound and is refused.
-Noise is the sum of n client noises: far noisier aggregates than the other modes.
-
-Clipping and bounds
--------------------
-``clip=R``: ``client_data`` scales each record with ||x|| > R to norm R (McMahan et al.
-2018; explicit because the user asked for it). ``bounds=(low, high)``: the records must lie
-in the box; a record outside raises :class:`~securefkm.exceptions.InputError` (no silent
-clipping). Caveat for ``score`` fields: the bound (2R)^2 also needs the broadcast centres
-in the ball/box; the layer cannot see them (hooks receive no broadcast), so algorithms must
-keep their score centres inside (projection of the centres is a core change proposed).
+The mechanism, the proof of the joint sensitivity, the lattice rounding term, weighted round
+schedules, each mode's trust model and the clipping rules are in
+docs/protocols/dp-mechanism.md; how to call the layer is in docs/protocols/differential-privacy.md.
 """
 
 from __future__ import annotations
@@ -227,40 +84,68 @@ def _check_weights(weights, name: str, example: str) -> dict | None:
 class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
-    Parameters: ``epsilon``, ``delta`` -- the target for the whole fit (all runs);
-    ``clip`` (L2 radius, records clipped) or ``bounds`` ((low, high) box, records checked);
-    ``mode`` in {"central", "distributed", "local"}; ``accountant`` "prv" (default) or
-    "rdp"; ``min_clients`` (distributed mode: survivors the noise is sized for; default
-    the survivors the secure aggregator is designed for, ``Aggregator.designed_survivors``:
-    with PairwiseMasking all but its ``dropout_fraction`` (10%) of clients_per_round, else
-    clients_per_round; the secure aggregator then refuses to decode a sum of fewer);
-    ``missing_shares`` (distributed mode: noise shares a released sum may lack, dropped
-    clients and surviving clients that add no noise; default clients_per_round - min_clients
-    plus ``Aggregator.designed_corrupt``, PairwiseMasking's 5% ``corrupt_fraction``; each share
-    is sized for the remaining clients); ``noise_multiplier`` (skip calibration, still enforce
-    the target); ``allow_plain_set_fields`` (central/distributed: let set-fields such as
-    explicitly requested k-means++ seeding through un-noised; privacy_spent is then
-    reported as infinite); ``count_share`` (share c of each round's sensitivity budget for
-    the count fields, the rest for the other fields; ``"auto"`` (default): c = 1/(1 + 2 sqrt(d))
-    for a round of counts and sums of width d, see ``calibration.auto_count_share``; ``None``: equal
-    shares); ``round_weights`` ({action: w}, default w = 1:
-    a round of that action gets noise multiplier z / sqrt(w), i.e. w times a weight-1 round's
-    share of the budget; z is calibrated so that the whole planned schedule meets the target,
-    see "Weighted round schedules" in the module docstring); ``last_round_weights`` ({action: w}:
-    the last planned round of that action in each run gets weight w instead, e.g. the DP plan's
-    ``{"train": R - 1}``: the final Lloyd round, whose noise stays in the returned centres, as
-    much of the budget as the R - 1 before it together; needs the algorithm's
-    ``planned_sequence``, see "Weighted round schedules"); ``centre_sums`` (``bounds`` only,
-    default True: sums that declare their weights are noised translated by the box centre,
-    sensitivity the box's half-diagonal; see "Centred sums"); ``project_means`` (default True:
-    the noisy mean of every released weighted sum is projected into the records' domain, the
-    box or the clip ball; see "Means projected into the domain"); ``rng`` ("system", default: noise
-    from the OS CSPRNG; "seeded": from a ChaCha20 stream keyed by HKDF of the fit's
-    ``random_state`` and a (run, round, action, client or server, field) label, so a fit is a
-    deterministic function of its seeds in every mode and backend -- for reproducible studies
-    only: whoever knows the seed can subtract the noise, so never deploy it; the Flower app
-    refuses it, see :func:`refuse_seeded_noise`). See the module docstring for the
-    mechanism, the proof of the joint sensitivity and each mode's trust model.
+    The mechanism, its proofs and each mode's trust model: docs/protocols/dp-mechanism.md.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The target for the whole fit (all runs and rounds); ``privacy_spent_`` never exceeds it.
+    clip : float, optional
+        L2 radius: records longer than it are scaled onto it (the domain is the ball).
+    bounds : (low, high), optional
+        The records' box (numbers or per-feature arrays); a record outside is refused, not
+        clipped. Default: the estimator's ``init_bounds``. One of ``clip`` or ``bounds`` is needed.
+    mode : {"central", "distributed", "local"}
+        Who adds the noise: the server (or an aggregator that adds it itself, e.g.
+        ``ValidatedAggregation``'s Helper), each client a share under a secure aggregator, or
+        each client all of it.
+    accountant : {"prv", "rdp"}
+        The privacy accountant (opacus's); "prv" is tight, "rdp" an upper bound.
+    min_clients : int, optional
+        Distributed mode: survivors the noise is sized for. Default: the survivors the secure
+        aggregator is designed for (``Aggregator.designed_survivors``: with PairwiseMasking all
+        but its ``dropout_fraction`` of ``clients_per_round``), which then refuses to decode a
+        sum of fewer.
+    missing_shares : int, optional
+        Distributed mode: noise shares a released sum may lack (dropped clients and surviving
+        clients that add no noise). Default: ``clients_per_round - min_clients`` plus the
+        aggregator's declared colluders (``Aggregator.designed_corrupt``, PairwiseMasking's 5%);
+        each share is sized for the remaining clients.
+    noise_multiplier : float, optional
+        Skip calibration and use this z; the target is still enforced (a round that would pass
+        it is refused).
+    allow_plain_set_fields : bool
+        Central and distributed modes: let set-fields (e.g. explicitly requested k-means++
+        seeding) through un-noised; ``privacy_spent_`` is then infinite.
+    count_share : float, "auto" or None
+        Share of each round's sensitivity budget for the count fields. "auto":
+        ``1 / (1 + 2 sqrt(d))`` for a round of counts and d-wide sums; None: equal shares.
+    round_weights : dict, optional
+        ``{action: w}`` (default 1): a round of that action gets noise multiplier
+        ``z / sqrt(w)``, i.e. w times a weight-1 round's share; z is calibrated so the planned
+        schedule meets the target.
+    last_round_weights : dict, optional
+        ``{action: w}``: the last planned round of that action in each run gets weight w (the DP
+        plan's ``{"train": R - 1}``); needs the algorithm's ``planned_sequence``.
+    shrink : {"coordinate", "vector", "hierarchical", "step"}, optional
+        Shrink noisy per-cluster means (post-processing with the public sigmas); the DP plan
+        picks "step" when left unset.
+    centre_sums : bool
+        ``bounds`` only: sums that declare their weights are noised translated by the box
+        centre (sensitivity the half-diagonal).
+    project_means : bool
+        Project every released noisy mean into the records' domain (post-processing).
+    rng : {"system", "seeded"}
+        Noise from the OS CSPRNG, or from ChaCha20 keystreams keyed by the fit's
+        ``random_state`` and a (run, round, action, owner, field) label: reproducible studies
+        only (whoever knows the seed can subtract the noise); the Flower app refuses it.
+    radius : float or "auto", optional
+        Lloyd rounds after the first clip records to this distance from their nearest
+        broadcast centre and noise the sums relative to it (needs ``bounds``); "auto":
+        the DP plan's radius.
+    n_records : int, optional
+        The number of records the DP plan treats as public (default: the data's, in
+        simulation); deployments must declare it.
     """
 
     side = "client"

@@ -18,7 +18,7 @@ class PostProcessing:
 
     def _projected(self, sums: dict, specs, action=None, ctx=None, n_contributors: int | None = None) -> dict:
         """``project_means``: rows with a positive weight get their mean projected into the
-        records' domain (see "Means projected into the domain"); a new dict. Not in seeding
+        records' domain (docs/protocols/dp-mechanism.md); a new dict. Not in seeding
         rounds (``init.*``): they shrink the raw noisy bucket means (an empirical-Bayes
         estimate that needs them unbiased) and clip the result themselves. A ``mean`` field (each
         contributor's rows are points of the domain) released as a sum over ``n_contributors``

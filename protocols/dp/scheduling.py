@@ -1,6 +1,6 @@
 """Round scheduling and charging of :class:`~protocols.dp.GaussianDP`: per-action round
 weights, the planned schedule the noise is calibrated for, and the per-client history the
-accountant is charged with (see "Weighted round schedules" in :mod:`protocols.dp.layer`)."""
+accountant is charged with (docs/protocols/dp-mechanism.md, "Weighted round schedules")."""
 
 from __future__ import annotations
 
