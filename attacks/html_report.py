@@ -340,10 +340,12 @@ def privacy_utility_figure(summary, dataset: str, algorithms: list[str], stacks:
     dp = [(st, stack_epsilon(v)) for st, v in stacks.items() if stack_epsilon(v) is not None]
     families = list(dict.fromkeys(stack_family(st) for st, _ in dp))
     eps_values = [e for _, e in dp]
-    util = {}
+    util, states = {}, {}
     for s in summary:
-        if s["dataset"] == dataset and s["attack"] != AUDIT and np.isfinite(s["utility_mean"]):
-            util.setdefault((s["algorithm"], s["stack"]), s)
+        if s["dataset"] == dataset and s["attack"] != AUDIT:
+            states.setdefault((s["algorithm"], s["stack"]), []).append(cell_state(s))
+            if np.isfinite(s["utility_mean"]):
+                util.setdefault((s["algorithm"], s["stack"]), s)
     nr, nc = _grid(len(algorithms), 4)
     fig = plt.figure(figsize=(3.3 * nc + 0.4, 3.1 * nr + 0.8), layout="constrained")
     gs = fig.add_gridspec(2 * nr, nc, height_ratios=[4, 1] * nr)
@@ -369,7 +371,7 @@ def privacy_utility_figure(summary, dataset: str, algorithms: list[str], stacks:
                     ys.append(s["utility_mean"])
                     many = s["ok_seeds"] > 1 and np.isfinite(s["utility_se"])
                     es.append(s["utility_se"] if many else 0.0)
-                elif fit_state(summary, dataset, alg, st) in ("refused", "error"):
+                elif "refused" in states.get((alg, st), ()):
                     ref.append(e)
             colour = colours(f_i % 10)
             if xs:

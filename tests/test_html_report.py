@@ -6,14 +6,11 @@ figures and the sortable table are there."""
 
 import base64
 import html
-import io
 import math
 import os
 import re
-import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 from attacks import html_report as hr
