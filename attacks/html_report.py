@@ -493,7 +493,8 @@ figcaption dl{margin:4px 0}figcaption dt{font-weight:bold;float:left;clear:left;
 section.panel{border:1px solid #bbb;border-radius:4px;padding:4px 14px;margin:16px 0}
 code{background:#f4f4f4}.scroll{overflow-x:auto}th.sortable{cursor:pointer}th[aria-sort=ascending]::after{content:" \\25B2"}
 th[aria-sort=descending]::after{content:" \\25BC"}tr.filters th{background:#f8f8f8}
-tr.filters input,tr.filters select{width:100%;box-sizing:border-box;font-size:11px}"""
+tr.filters input,tr.filters select{width:100%;box-sizing:border-box;font-size:11px}
+#cells td{white-space:nowrap}#cells td:last-child{white-space:normal;min-width:30em}"""
 
 #: the sorting and filtering of the cell table (no library, no network)
 _SCRIPT = r"""
