@@ -37,8 +37,9 @@ Attacks (``Poisoning(kind=...)``):
 ``"vote-stuffing"``
     ``"robust-adaptive"`` with every vote weighing ``amount`` (default 100) instead of 1 (or
     its count): a malformed vote histogram. The median's bound assumes each client's votes in
-    a row total at most 1 (its count with ``vote_weight="records"``); nothing checks that
-    under secure aggregation, and this kind shows what follows when it is not checked.
+    a row total at most 1 (its count with ``vote_weight="records"``); pairwise masking and
+    Paillier carry whatever a client sends, and this kind shows what follows when nothing
+    checks it.
 
 ``Poisoning(...).evaluate(estimator, data)`` refits the estimator's configuration with the
 malicious clients (``n_malicious`` of them, drawn with ``random_state``, or ``clients=``) and

@@ -35,7 +35,7 @@ uniformly over its bin (:func:`securefkm.algorithms.dwf.histogram_quantile`). Le
 honest votes' cumulative mass (total ``h``) and ``A`` the malicious votes' (total
 ``a <= m``: the number of malicious clients, one vote each, or their ``M`` records with
 ``vote_weight="records"``; this needs every client's votes in a row to be non-negative and
-total at most 1, resp. its count, which no aggregator checks under secure aggregation:
+total at most 1, resp. its count, which pairwise masking and Paillier do not check:
 ``kind="vote-stuffing"`` shows what a malformed histogram does). The median ``x*`` solves
 ``G(x*) + A(x*) = (h + a) / 2`` with ``0 <= A <= a``, hence
 
