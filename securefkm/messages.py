@@ -74,10 +74,16 @@ class FieldSpec:
     integer: bool = False
     cells: int = 1
     weighted_by: str | None = None
+    #: ``value`` fields of whole numbers only: every vector along the last axis is one-hot or
+    #: all zero (a vote histogram); validated aggregation proves it of every client's field
+    one_hot: bool = False
 
     def __post_init__(self):
         if self.kind not in FIELD_KINDS:
             raise InputError(f"FieldSpec.kind must be one of {FIELD_KINDS}, got {self.kind!r}.")
+        if self.one_hot and (self.kind != "value" or not self.integer or len(self.shape) < 2):
+            raise InputError(f"FieldSpec {self.name!r}: one_hot is for integer 'value' fields of at least two "
+                             f"axes, got kind {self.kind!r}, integer={self.integer}, shape {self.shape}.")
         if self.weighted_by is not None and (self.kind != "sum" or len(self.shape) != 2):
             raise InputError(f"FieldSpec {self.name!r}: weighted_by is only for 'sum' fields of shape (k, d), "
                              f"got kind {self.kind!r} and shape {self.shape}.")

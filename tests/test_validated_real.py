@@ -262,3 +262,88 @@ def test_verification_over_the_cores_equals_the_serial_loop(monkeypatch):
     np.testing.assert_array_equal(spread.cluster_centers_, serial.cluster_centers_)
     assert _faults(spread) == _faults(serial)
     assert set(_faults(serial)[0]) == {1, 2, 4}
+
+
+# ---------------------------------------------------------------- robust aggregation's votes, proven
+def _vote_clients():
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(400, centers=3, n_features=2, cluster_std=0.05, center_box=(0.2, 0.8), random_state=4)
+    X = np.clip(X, 0.0, 1.0)
+    return np.array_split(X[np.random.default_rng(4).permutation(len(X))], 8)
+
+
+def _kmeans_start():
+    from sklearn.cluster import KMeans
+
+    return KMeans(3, n_init=10, random_state=0).fit(np.vstack(_vote_clients())).cluster_centers_
+
+
+def _median(crypto, protection, **kw):
+    from securefkm.registry import make_estimator
+
+    est = make_estimator("dwf", n_clusters=3, random_state=0, max_rounds=6, crypto=crypto, init=_kmeans_start(),
+                         init_bounds=BOX, aggregation="median", vote_bins=16, protection=protection, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return est.fit(_vote_clients())
+
+
+def test_validated_votes_name_the_vote_stuffer_where_masking_carries_it():
+    """Under validation every client's vote histogram is proven one-hot per cluster and
+    coordinate: the client whose votes weigh 100 is named and left out, and the median moves
+    no more than under the strongest well-formed attack; under masking it moves far."""
+    from attacks.poisoning import Poisoning
+
+    data = _vote_clients()
+    validated = _median("real", [ValidatedAggregation()])
+    stuffed = Poisoning("vote-stuffing", 1, random_state=1).evaluate(validated, data)
+    well_formed = Poisoning("robust-adaptive", 1, random_state=1).evaluate(validated, data)
+    assert stuffed.detected == stuffed.malicious and stuffed.attacked_rounds > 0
+    assert stuffed.displacement_max <= well_formed.displacement_max + 1e-9
+    masked = _median("real", ["masking"])
+    carried = Poisoning("vote-stuffing", 1, random_state=1).evaluate(masked, data)
+    assert carried.detected == () and carried.displacement_max > 5 * max(stuffed.displacement_max, 1e-3)
+
+
+def test_validated_votes_real_equals_ideal_and_the_release_holds_the_histogram():
+    policies = {2: PoisoningPolicy("robust-adaptive", box=BOX)}
+    from securefkm.registry import make_estimator
+
+    outs = []
+    for crypto in ("real", "ideal"):
+        est = make_estimator("dwf", n_clusters=3, random_state=0, max_rounds=3, crypto=crypto, init=_kmeans_start(),
+                             init_bounds=BOX, aggregation="median", vote_bins=16,
+                             protection=[ValidatedAggregation()], backend="local")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs.append(est.fit(_vote_clients(), client_policies=policies))
+    real, ideal = outs
+    np.testing.assert_array_equal(real.cluster_centers_, ideal.cluster_centers_)
+    for a, b in zip(real.transcript_.rounds, ideal.transcript_.rounds):
+        for name in a.aggregate:
+            np.testing.assert_array_equal(a.aggregate[name], b.aggregate[name])
+    votes = real.transcript_.rounds[0].aggregate["votes"]
+    counts = real.transcript_.rounds[0].aggregate["weights"]
+    # one vote per client, cluster and coordinate where the client has records: at most 8 per row
+    assert votes.shape == (3, 2, 16) and np.all(votes.sum(-1) <= 8) and np.all((votes.sum(-1) > 0) == (counts > 0)[:, None])
+
+
+def test_record_weighted_votes_are_refused_by_validation_with_the_reason():
+    from securefkm.exceptions import ProtectionConfigError
+
+    with pytest.raises(ProtectionConfigError, match="votes"):
+        _median("ideal", [ValidatedAggregation()], vote_weight="records")
+
+
+def test_the_median_bound_with_proven_votes_is_reported_and_holds():
+    """The protection report's median bound (one malicious client, its votes proven well
+    formed) against the strongest well-formed attack's per-round moves on the same seeds."""
+    from attacks.poisoning import Poisoning
+
+    data = _vote_clients()
+    est = _median("ideal", [ValidatedAggregation()])
+    rep = est.protection_report_["ValidatedAggregation"]
+    assert "votes proven well formed" in rep["influence"] and rep["influence_median_max"] > 0
+    poisoned = Poisoning("robust-adaptive", 1, random_state=1).evaluate(est, data)
+    assert poisoned.displacement_max <= est.protection_report_["ValidatedAggregation"]["influence_median_max"] * 6

@@ -307,3 +307,63 @@ def test_default_chunk_length_minimises_proof_length():
     best = min(ClusterValidity(k=5, d=4, n_max=1000, widths=[65536] * 4, chunk_length=ch).proof_len()
                for ch in (1, 8, 16, 30, 33, 35, 37, 40, 48, 64, 100, 1100))
     assert cv.chunk_length == 36 and cv.proof_len() == 135 <= best
+
+
+# --- vote histograms (votes=(V, B)) ---------------------------------------------------------
+def vote_vdaf():
+    return Prio3.for_circuit(ClusterValidity(k=K, d=D, n_max=NMAX, widths=W, votes=(D, 4)))
+
+
+def one_hot(j_bins):
+    """Votes k x D x 4: cluster j votes bin j_bins[j] in every coordinate (None: no vote)."""
+    return [[[int(b is not None and i == b) for i in range(4)] for _ in range(D)] for b in j_bins]
+
+
+def test_votes_valid_histograms_accepted_and_summed_exactly():
+    v = vote_vdaf()
+    cv = v.flp.valid
+    meas = [([2, 0, 1], [[3, 5], [0, 0], [4, 0]], one_hot([1, None, 3])),
+            ([0, 4, 0], [[0, 0], [8, 9], [0, 0]], one_hot([None, 0, None])),
+            ([1, 1, 1], [[5, 7], [0, 7], [5, 0]], one_hot([1, 2, 3]))]
+    outs = []
+    for i, m in enumerate(meas):
+        enc = cv.encode(m)
+        assert cv.encode_lenient(m) == enc and accepts(v, enc, i)
+        nonce, rand = seeded(v, i)
+        public, shares = v.shard_encoded(CTX, enc, nonce, rand)
+        outs.append(run(v, public, shares, nonce))
+    aggs = [v.aggregate(None, [o[a] for o in outs]) for a in range(2)]
+    counts, sums, votes = v.unshard(None, aggs, len(meas))
+    assert counts.tolist() == [3, 5, 2] and sums.tolist() == [[8, 12], [8, 16], [9, 0]]
+    assert votes.tolist() == np.sum([np.array(m[2]) for m in meas], axis=0).tolist()
+
+
+@pytest.mark.parametrize("why", ["two votes in a coordinate", "a vote of 2", "a negative vote",
+                                 "one coordinate left out"])
+def test_votes_malformed_histograms_rejected(why):
+    v = vote_vdaf()
+    cv = v.flp.valid
+    votes = one_hot([0, None, 2])
+    if why == "two votes in a coordinate":
+        votes[0][1][3] = 1
+    elif why == "a vote of 2":
+        votes[0][0] = [2, 0, 0, 0]
+        votes[0][1] = [2, 0, 0, 0]
+    elif why == "a negative vote":
+        votes[2][0] = [1, -1, 1, 0]
+    else:
+        votes[2][1] = [0, 0, 0, 0]
+    m = ([1, 0, 1], [[0, 0], [0, 0], [0, 0]], votes)
+    with pytest.raises(ValueError):
+        cv.encode(m)
+    assert not accepts(v, cv.encode_lenient(m)), why
+
+
+def test_votes_shape_is_checked():
+    cv = vote_vdaf().flp.valid
+    with pytest.raises(ValueError, match="counts, shifted_sums, votes"):
+        cv.encode(([0, 0, 0], [[0, 0]] * 3))
+    with pytest.raises(ValueError, match="votes must be"):
+        cv.encode(([0, 0, 0], [[0, 0]] * 3, [[[0] * 3] * D] * K))
+    with pytest.raises(ValueError, match="bins >= 2"):
+        ClusterValidity(k=K, d=D, n_max=NMAX, widths=W, votes=(D, 1))

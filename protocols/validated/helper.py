@@ -162,6 +162,8 @@ class ValidationTicket:
     frac_bits: int
     min_clients: int
     noise: NoisePlan | None = None
+    #: the vote histogram's (coordinates, bins) the circuit checks, or None
+    votes: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ def application_context(ticket: ValidationTicket) -> bytes:
     h.update(struct.pack(">q", ticket.frac_bits))
     h.update(struct.pack(f">{len(ticket.widths)}q", *ticket.widths))
     h.update(b"\x00" if ticket.noise is None else b"\x01" + ticket.noise.encode())
+    h.update(b"\x00" if ticket.votes is None else b"\x01" + struct.pack(">qq", *ticket.votes))
     return DOMAIN_CONTEXT + h.digest()
 
 
@@ -279,7 +282,7 @@ class ValidationHelper:
 
     # ------------------------------------------------------------------ rounds
     def open_round(self, run: int, round: int, attempt: int, digest: bytes, k: int, widths, frac_bits: int,
-                   noise: NoisePlan | None = None):
+                   noise: NoisePlan | None = None, votes: tuple[int, int] | None = None):
         """A fresh ticket for one round attempt and the Prio3 verification key (for the Leader only);
         ``noise``: the central DP noise this Helper adds to the round's aggregate share."""
         if noise is not None and not isinstance(noise, NoisePlan):
@@ -290,7 +293,8 @@ class ValidationHelper:
                                 f"one opened {self._last_round}", round=int(round), stage=STAGE)
         self._last_round = ident
         ticket = ValidationTicket(secrets.token_bytes(16), int(run), int(round), int(attempt), bytes(digest),
-                                  int(k), tuple(int(w) for w in widths), int(frac_bits), self.min_clients, noise)
+                                  int(k), tuple(int(w) for w in widths), int(frac_bits), self.min_clients, noise,
+                                  None if votes is None else (int(votes[0]), int(votes[1])))
         vdaf = self.vdaf(ticket, 1)
         verify_key = os.urandom(vdaf.VERIFY_KEY_SIZE)
         self._rounds[ticket.nonce] = _Round(ticket, verify_key, set(), {}, {})
@@ -301,7 +305,7 @@ class ValidationHelper:
 
     def vdaf(self, ticket: ValidationTicket, n_max: int):
         """The Prio3 instance of a report with ``n_max`` records under ``ticket`` (cached)."""
-        return make_vdaf(ticket.k, tuple(ticket.widths), int(n_max))
+        return make_vdaf(ticket.k, tuple(ticket.widths), int(n_max), ticket.votes)
 
     def verify(self, nonce: bytes, reports: dict[int, HelperReport]) -> tuple[dict[int, bytes], dict[int, str]]:
         """Check each forwarded report; ``(verifier messages of the valid ones, reasons of the refused ones)``."""
@@ -329,7 +333,7 @@ class ValidationHelper:
                 continue
             r.seen_nonces.add(rep.report_nonce)
             todo.append((cid, key, rep))
-        shared = (ticket.k, tuple(ticket.widths), r.verify_key, ctx, self._hpke.private_bytes_raw(),
+        shared = (ticket.k, tuple(ticket.widths), ticket.votes, r.verify_key, ctx, self._hpke.private_bytes_raw(),
                   self._bundle.fingerprint)
         for (cid, _, _), (out_share, vmsg, why) in zip(todo, map_reports(_helper_verify, shared, todo)):
             if why is not None:
@@ -385,13 +389,13 @@ class ValidationHelper:
         raise TypeError("a ValidationHelper holds private keys and is not copied; run it as its own service")
 
 
-def _helper_verify(k, widths, verify_key, ctx, hpke_private, fingerprint, cid, key, rep):
+def _helper_verify(k, widths, votes, verify_key, ctx, hpke_private, fingerprint, cid, key, rep):
     """The Helper's check of one report: ``(output share, encoded verifier message, None)`` or
     ``(None, None, why)``; module level, so the checks can run in the Helper's worker processes."""
     from protocols.vdaf import VdafError
 
     try:
-        vdaf = make_vdaf(k, widths, rep.n_max)
+        vdaf = make_vdaf(k, widths, rep.n_max, votes)
         if not _signature_ok(key, fingerprint, ctx, cid, rep):
             return None, None, "its signature does not verify against the client's enrolled key"
         plain = SUITE.decrypt(rep.sealed_helper_share, X25519PrivateKey.from_private_bytes(hpke_private),
@@ -420,9 +424,9 @@ def _signature_ok(key: bytes, fingerprint: bytes, ctx: bytes, cid: int, rep: Hel
 
 
 @functools.lru_cache(maxsize=256)
-def make_vdaf(k: int, widths: tuple, n_max: int):
+def make_vdaf(k: int, widths: tuple, n_max: int, votes: tuple[int, int] | None = None):
     """The Prio3 instance validating one client's clustering update (ClusterValidity circuit)."""
     from protocols.vdaf import ClusterValidity, Prio3
 
-    valid = ClusterValidity(k=int(k), d=len(widths), n_max=int(n_max), widths=list(widths))
+    valid = ClusterValidity(k=int(k), d=len(widths), n_max=int(n_max), widths=list(widths), votes=votes)
     return Prio3.for_circuit(valid, num_proofs=1)

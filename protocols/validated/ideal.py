@@ -33,6 +33,7 @@ class _Ticket:
     widths: tuple
     frac_bits: int
     noise: H.NoisePlan | None = None
+    votes: tuple | None = None
 
 
 class _IdealHelper:
@@ -71,10 +72,11 @@ class IdealValidatedAggregation(ValidatedAggregation, ideal_of=ValidatedAggregat
 
     def client_session(self, client, ctx, sums):
         lay = self.layout(ctx)
-        counts, shifted = lay.measurement(sums)
+        counts, shifted, *votes = lay.measurement(sums)
         ident = (ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, lay.k, lay.widths, lay.frac_bits,
-                 self.noise_plan(ctx, lay))
-        return _IdealClient((counts, shifted, self.n_max(client.client_id, client.n_records)), ident)
+                 self.noise_plan(ctx, lay), lay.vote_shape)
+        return _IdealClient((counts, shifted, self.n_max(client.client_id, client.n_records),
+                             votes[0] if votes else None), ident)
 
     def server_session(self, ctx):
         return _IdealServer(self, ctx)
@@ -95,6 +97,9 @@ class _IdealClient(ClientSession):
         if (t.k, t.widths, t.frac_bits) != self.ident[4:7]:
             raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits) differ from "
                                   "this client's own")
+        if t.votes != self.ident[8]:
+            raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits, votes) differ "
+                                  "from this client's own")
         if t.noise != self.ident[7]:
             raise ProtocolRefusal("round ticket's DP noise plan (the noise the Helper adds) differs from this client's "
                                   "own calibration of the round")
@@ -107,7 +112,7 @@ class _IdealServer(ServerSession):
         self.layer, self.ctx = layer, ctx
         self.lay = layer.layout(ctx)
         self.ticket = _Ticket(ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths,
-                              self.lay.frac_bits, layer.noise_plan(ctx, self.lay))
+                              self.lay.frac_bits, layer.noise_plan(ctx, self.lay), self.lay.vote_shape)
         self.valid: dict[int, tuple] = {}
 
     def messages(self, stage, alive):
@@ -117,8 +122,8 @@ class _IdealServer(ServerSession):
         for c, r in replies.items():
             if not isinstance(r, Sealed):
                 continue
-            counts, shifted, _ = m = r.open()
-            if is_valid(counts, shifted, self.layer.n_max(int(c)), self.lay.widths):
+            counts, shifted, _, votes = m = r.open()
+            if is_valid(counts, shifted, self.layer.n_max(int(c)), self.lay.widths, votes):
                 self.valid[int(c)] = m
             else:
                 self.faults[int(c)] = f"stage {H.STAGE!r}: {H.INVALID}"
@@ -140,5 +145,10 @@ class _IdealServer(ServerSession):
             n_c, n_t = H.release_noise(self.ticket.noise, k, layer.noise_sources(ctx))
             counts = [c + n for c, n in zip(counts, n_c)]
             shifted = [[t + n for t, n in zip(row, nrow)] for row, nrow in zip(shifted, n_t)]
+        votes = None
+        if self.lay.votes is not None:
+            _, vd, vb = self.lay.votes
+            votes = [[[sum(self.valid[c][3][j][e][b] for c in accepted) for b in range(vb)] for e in range(vd)]
+                     for j in range(k)]
         layer.helper.n_aggregates += 1
-        return self.lay.decode(counts, shifted), accepted
+        return self.lay.decode(counts, shifted, votes), accepted

@@ -246,6 +246,8 @@ class ValidatedAggregation(Aggregator):
         if ctx.specs and agg.sums and lay is not None and lay.count in agg.sums and len(lay.columns) == 1 \
                 and lay.columns[0][1] > 1:
             self._last_counts = np.asarray(agg.sums[lay.count], dtype=np.float64).copy()
+            if lay.votes is not None and lay.votes[0] in agg.sums:
+                self._last_votes = np.asarray(agg.sums[lay.votes[0]], dtype=np.float64).copy()
 
     def influence(self, n_malicious: int = 1) -> dict | None:
         """How far ``n_malicious`` clients, each declaring the most records any client may hold,
@@ -260,7 +262,19 @@ class ValidatedAggregation(Aggregator):
         m = int(n_malicious)
         # the released counts hold the malicious clients' own: the honest mass is at least this much less
         honest = np.maximum(counts - m * per_client, 0.0)
-        return influence_report(m, m * per_client, honest, self._domain)
+        out = influence_report(m, m * per_client, honest, self._domain)
+        votes = getattr(self, "_last_votes", None)
+        if votes is not None and votes.sum() > 0:
+            from protocols.influence import median_shift_bound
+
+            # proven well-formed votes: each client at most one per (cluster, coordinate); against
+            # the released histogram (which holds the m malicious votes too) 2 m votes bound them
+            med = median_shift_bound(2 * m, votes, self._domain)
+            out.update(median=med, median_max=float(med.max()))
+            out["lines"].append(f"with aggregation='median' and its votes proven well formed: at most "
+                                f"{med.max():.2g} per round ({m} malicious vote{'s' if m != 1 else ''} per cluster "
+                                "and coordinate)")
+        return out
 
     def report(self) -> dict:
         if self.helper is None:
@@ -269,8 +283,10 @@ class ValidatedAggregation(Aggregator):
                "max_records": self.max_records, "helper_aggregates": self.helper.n_aggregates}
         bound = self.influence(1)
         if bound is not None:
-            out["influence"] = bound["lines"][0]
+            out["influence"] = "; ".join(bound["lines"])
             out["influence_max"] = bound["max"]
+            if "median_max" in bound:
+                out["influence_median_max"] = bound["median_max"]
         return out
 
     def server_view(self, algorithm, aggregator):
@@ -313,12 +329,13 @@ class ValidatedAggregation(Aggregator):
         if state is None or state.get("helper") != self.bundle.fingerprint:
             state = self._enroll(client)
         lay = self.layout(ctx)
-        counts, shifted = lay.measurement(sums)
+        counts, shifted, *votes = lay.measurement(sums)
         return ValidatedClientSession(
             client_id=client.client_id, counts=counts, shifted=shifted, n_max=self.n_max(client.client_id, client.n_records),
             k=lay.k, widths=lay.widths, frac_bits=lay.frac_bits, signing_key=state["signing_key"],
             trusted_helper_key=self.trusted_helper_key, run=ctx.run, round=ctx.round, attempt=ctx.attempt,
             digest=ctx.broadcast_digest, min_clients=self.min_clients, noise=self.noise_plan(ctx, lay),
+            vote_shape=lay.vote_shape, votes=votes[0] if votes else None,
         )
 
     def server_session(self, ctx: RoundContext) -> ServerSession:
@@ -364,6 +381,8 @@ class ValidatedClientSession(ClientSession):
     digest: bytes
     min_clients: int
     noise: H.NoisePlan | None = None
+    vote_shape: tuple[int, int] | None = None  # the circuit's vote histogram (coordinates, bins)
+    votes: list | None = None  # this client's votes (k x coordinates x bins)
 
     def check_request(self, message) -> H.ValidationTicket:
         if not isinstance(message, H.ValidationRequest):
@@ -375,9 +394,10 @@ class ValidatedClientSession(ClientSession):
         t = message.ticket
         if (t.run, t.round, t.attempt, t.digest) != (self.run, self.round, self.attempt, self.digest):
             raise ProtocolRefusal("round ticket does not match the round and broadcast this client computed")
-        if (t.k, tuple(t.widths), t.frac_bits) != (self.k, tuple(self.widths), self.frac_bits):
-            raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits) differ from "
-                                  "this client's own")
+        if (t.k, tuple(t.widths), t.frac_bits, t.votes) != (self.k, tuple(self.widths), self.frac_bits,
+                                                            self.vote_shape):
+            raise ProtocolRefusal("round ticket's circuit parameters (clusters, box widths, frac_bits, votes) differ "
+                                  "from this client's own")
         if t.noise != self.noise:
             raise ProtocolRefusal("round ticket's DP noise plan (the noise the Helper adds) differs from this client's "
                                   "own calibration of the round")
@@ -390,10 +410,10 @@ class ValidatedClientSession(ClientSession):
         if stage != H.STAGE:
             raise ProtocolRefusal(f"validated-aggregation client got unknown stage {stage!r}")
         t = self.check_request(message)
-        vdaf = H.make_vdaf(self.k, tuple(self.widths), self.n_max)
+        vdaf = H.make_vdaf(self.k, tuple(self.widths), self.n_max, self.vote_shape)
         ctx = H.application_context(t)
         nonce = os.urandom(vdaf.NONCE_SIZE)
-        encoded = encode_for_proof(vdaf, self.counts, self.shifted)
+        encoded = encode_for_proof(vdaf, self.counts, self.shifted, self.votes)
         public, shares = vdaf.shard_encoded(ctx, encoded, nonce, os.urandom(vdaf.RAND_SIZE))
         public_b = vdaf.encode_public_share(public)
         leader_b = vdaf.encode_input_share(0, shares[0])
@@ -402,24 +422,24 @@ class ValidatedClientSession(ClientSession):
                                  info=H.seal_info(ctx, self.client_id, nonce))
         sig = H.sign_report(self.signing_key, H.report_payload(message.bundle.fingerprint, ctx, self.client_id, nonce,
                                                                public_b, sealed))
-        self.counts = self.shifted = None  # the measurement leaves the session with the report
+        self.counts = self.shifted = self.votes = None  # the measurement leaves with the report
         return H.ValidatedReport(self.client_id, nonce, public_b, leader_b, sealed, sig)
 
 
-def encode_for_proof(vdaf, counts, shifted) -> list[int]:
+def encode_for_proof(vdaf, counts, shifted, votes=None) -> list[int]:
     """The client's encoded measurement (:meth:`protocols.vdaf.ClusterValidity.encode_lenient`):
     the circuit's encoding for a valid update; for an invalid one (a lie passed through the
     honest code path), an encoding that keeps the true values and fails the proof's bit check,
     so the client is caught at verification like any malicious sender."""
-    return vdaf.flp.valid.encode_lenient((counts, shifted))
+    return vdaf.flp.valid.encode_lenient((counts, shifted) if votes is None else (counts, shifted, votes))
 
 
-def _leader_verify(k, widths, verify_key, app_ctx, c, n_max, nonce, public_b, leader_b):
+def _leader_verify(k, widths, votes, verify_key, app_ctx, c, n_max, nonce, public_b, leader_b):
     """The Leader's check of one report: ``(verify state, encoded verifier share, None)`` or
     ``(None, None, why)``; module level, so the checks can run in worker processes."""
     from protocols.vdaf import VdafError
 
-    vdaf = H.make_vdaf(k, widths, n_max)
+    vdaf = H.make_vdaf(k, widths, n_max, votes)
     try:
         if not isinstance(nonce, bytes) or len(nonce) != vdaf.NONCE_SIZE:
             raise VdafError(f"field report_nonce is not {vdaf.NONCE_SIZE} bytes")
@@ -437,7 +457,7 @@ class _ValidatedServer(ServerSession):
         self.lay = layer.layout(ctx)
         self.ticket, self.verify_key = layer.helper.open_round(
             ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths, self.lay.frac_bits,
-            layer.noise_plan(ctx, self.lay))
+            layer.noise_plan(ctx, self.lay), self.lay.vote_shape)
         self.app_ctx = H.application_context(self.ticket)
         self.out_shares: dict[int, object] = {}
 
@@ -463,13 +483,14 @@ class _ValidatedServer(ServerSession):
                 self._fault(c, f"field client_id is {rep.client_id!r}, not the sender's id {c}")
                 continue
             todo.append((c, layer.n_max(c), rep.report_nonce, rep.public_share, rep.leader_share))
-        results = map_reports(_leader_verify, (self.lay.k, self.lay.widths, self.verify_key, self.app_ctx), todo)
+        results = map_reports(_leader_verify, (self.lay.k, self.lay.widths, self.lay.vote_shape, self.verify_key,
+                                               self.app_ctx), todo)
         for (c, n_max, *_), (state, vshare_b, why) in zip(todo, results):
             if why is not None:
                 self._fault(c, why)
                 continue
             rep = replies[c]
-            states[c] = (H.make_vdaf(self.lay.k, self.lay.widths, n_max), state)
+            states[c] = (H.make_vdaf(self.lay.k, self.lay.widths, n_max, self.lay.vote_shape), state)
             forwarded[c] = H.HelperReport(rep.report_nonce, rep.public_share, rep.sealed_helper_share, rep.signature,
                                           n_max, vshare_b)
         if not forwarded:
@@ -492,14 +513,14 @@ class _ValidatedServer(ServerSession):
             layer.helper.close_round(self.ticket.nonce)
             raise too_few
         helper_share = layer.helper.aggregate(self.ticket.nonce, accepted, layer.noise_sources(ctx))
-        vdaf = H.make_vdaf(self.lay.k, self.lay.widths, 1)
+        vdaf = H.make_vdaf(self.lay.k, self.lay.widths, 1, self.lay.vote_shape)
         leader_share = vdaf.aggregate(None, [self.out_shares[c] for c in accepted])
         if self.ticket.noise is None:
-            counts, shifted = vdaf.unshard(None, [leader_share, helper_share], len(accepted))
+            parts = vdaf.unshard(None, [leader_share, helper_share], len(accepted))
         else:  # noisy: values may be negative, read the field elements as signed
             q = vdaf.field.MODULUS
             flat = [(a + b) % q for a, b in zip(leader_share, helper_share)]
             flat = [x - q if x > q // 2 else x for x in flat]
-            k = self.lay.k
-            counts, shifted = flat[:k], [flat[k + j * self.lay.d:k + (j + 1) * self.lay.d] for j in range(k)]
-        return self.lay.decode(counts, shifted), accepted
+            k, d = self.lay.k, self.lay.d
+            parts = (flat[:k], [flat[k + j * d:k + (j + 1) * d] for j in range(k)])
+        return self.lay.decode(*parts), accepted

@@ -8,7 +8,10 @@ by them, so it applies to rounds whose sum-fields are exactly
   ``sum`` fields ``weighted_by`` that count (coordinate sums, each record in the declared box
   ``[low, high]``), and, next to a count of shape ``(1,)``, a ``score`` field (inertia: each
   record's squared distance to a centre of the box, in ``[0, diam^2]``) or a ``distance``
-  field (``[0, diam]``).
+  field (``[0, diam]``);
+* optionally one vote histogram (a ``value`` field declared ``one_hot``, shape ``(k, V, B)``:
+  DWF's robust aggregation with ``vote_weight="client"``): per cluster, every coordinate one
+  vote of 1 in one of B bins, or no votes at all.
 
 The layout (:class:`Layout`) is derived from the round's :class:`~securefkm.messages.FieldSpec`
 s and the declared box alone, so every party (client, server, helper) builds the same one.
@@ -47,6 +50,8 @@ class Layout:
     lo: tuple[int, ...]  # per column, encoded units
     widths: tuple[int, ...]  # per column, encoded units
     frac_bits: int
+    #: a one-hot vote histogram field (name, coordinates, bins), or None
+    votes: tuple[str, int, int] | None = None
 
     @property
     def d(self) -> int:
@@ -56,12 +61,17 @@ class Layout:
     def scale(self) -> int:
         return 1 << self.frac_bits
 
+    @property
+    def vote_shape(self) -> tuple[int, int] | None:
+        """``(coordinates, bins)`` of the vote histogram the circuit checks, or None."""
+        return None if self.votes is None else (self.votes[1], self.votes[2])
+
     def key(self) -> tuple:
         """What fixes the circuit: equal keys give the same circuit for the same ``n_max``."""
-        return (self.k, self.d, self.widths)
+        return (self.k, self.d, self.widths, self.vote_shape)
 
     # ------------------------------------------------------------------ client side
-    def measurement(self, sums: dict[str, np.ndarray]) -> tuple[list[int], list[list[int]]]:
+    def measurement(self, sums: dict[str, np.ndarray]) -> tuple:
         """A client's ``(counts, shifted sums)`` as Python integers, whatever their values: an
         invalid update gives an invalid measurement (its proof then fails), never an error
         here, so that a client that lies is caught by the proof, not by its own encoder."""
@@ -78,12 +88,18 @@ class Layout:
         for j in range(self.k):
             row = [int(np.rint(x * self.scale)) - counts[j] * self.lo[e] for e, x in enumerate(values[j])]
             shifted.append(row)
-        return counts, shifted
+        if self.votes is None:
+            return counts, shifted
+        name, vd, vb = self.votes
+        raw = np.asarray(sums[name], dtype=np.float64).reshape(self.k, vd, vb)
+        raw = np.nan_to_num(raw, nan=-1.0, posinf=-1.0, neginf=-1.0)
+        return counts, shifted, [[[_to_int(x) for x in b] for b in row] for row in raw]
 
     # ------------------------------------------------------------------ server side
-    def decode(self, counts, shifted) -> dict[str, np.ndarray]:
+    def decode(self, counts, shifted, votes=None) -> dict[str, np.ndarray]:
         """The released sums from the aggregate counts ``C_j`` and shifted sums ``T_je``:
-        ``S_je = (T_je + C_j lo_e) / scale`` (exact integers until the one division)."""
+        ``S_je = (T_je + C_j lo_e) / scale`` (exact integers until the one division), and the
+        vote histogram as it was summed."""
         C = [int(c) for c in counts]
         out = {self.count: np.array(C, dtype=np.float64)}
         col = 0
@@ -94,6 +110,10 @@ class Layout:
                     block[j, e] = (int(shifted[j][col + e]) + C[j] * self.lo[col + e]) / self.scale
             out[name] = block
             col += width
+        if self.votes is not None:
+            name, vd, vb = self.votes
+            out[name] = np.array([[[int(x) for x in b] for b in row] for row in votes], dtype=np.float64).reshape(
+                self.k, vd, vb)
         return out
 
 
@@ -103,12 +123,19 @@ def _to_int(v: float) -> int:
     return int(r) if r == v else -1
 
 
-def is_valid(counts, shifted, n_max: int, widths) -> bool:
+def is_valid(counts, shifted, n_max: int, widths, votes=None) -> bool:
     """The clustering validity predicate (what the circuit proves): counts whole and
-    non-negative with total at most ``n_max``, each shifted sum in ``[0, c_j w_e]``."""
+    non-negative with total at most ``n_max``, each shifted sum in ``[0, c_j w_e]``, and with
+    a vote histogram, per cluster every coordinate one vote of 1 or none, all alike."""
     if any(c < 0 for c in counts) or sum(counts) > n_max:
         return False
-    return all(0 <= t <= c * w for c, row in zip(counts, shifted) for t, w in zip(row, widths))
+    if not all(0 <= t <= c * w for c, row in zip(counts, shifted) for t, w in zip(row, widths)):
+        return False
+    for row in votes or ():
+        totals = {sum(b) for b in row}
+        if any(x not in (0, 1) for b in row for x in b) or len(totals) > 1 or totals - {0, 1}:
+            return False
+    return True
 
 
 def layout_for(specs, low, high, frac_bits: int) -> Layout:
@@ -129,9 +156,13 @@ def layout_for(specs, low, high, frac_bits: int) -> Layout:
         high = np.asarray(high, dtype=np.float64).ravel()
         scale = 1 << frac_bits
         columns, lo, widths = [], [], []
+        votes = None
         diam = float(np.linalg.norm(high - low)) if low.size else 0.0
         for s in specs:
             if s is count:
+                continue
+            if s.one_hot and s.kind == "value" and len(s.shape) == 3 and s.shape[0] == k and votes is None:
+                votes = (s.name, int(s.shape[1]), int(s.shape[2]))
                 continue
             if s.kind == "sum" and s.weighted_by == count.name and len(s.shape) == 2 and s.shape[0] == k:
                 d = s.shape[1]
@@ -158,4 +189,4 @@ def layout_for(specs, low, high, frac_bits: int) -> Layout:
             "max_local_steps=1) or MiniBatchFederatedKMeans with local_epochs=1, batch_size=None, client_rate=1, or use PairwiseMasking/Paillier "
             "without validation for this algorithm."
         )
-    return Layout(count.name, tuple(columns), int(k), tuple(lo), tuple(widths), int(frac_bits))
+    return Layout(count.name, tuple(columns), int(k), tuple(lo), tuple(widths), int(frac_bits), votes)

@@ -289,13 +289,29 @@ class ClusterValidity(Valid):
 
     ``truncate`` returns ``[c_0..c_{k-1}, t_00..t_{k-1,d-1}]``; summed over ``n`` clients it is
     exact while ``n <= max_clients()`` (``n * n_max * max(widths) < p``).
+
+    ``votes=(V, B)`` adds a vote histogram (DWF's robust aggregation): per cluster j and
+    coordinate e, B bits ``v_jeb`` then a slack bit ``s_je``; the circuit checks (all bits by
+    output 0) ``sum_b v_jeb + s_je = 1`` (k V outputs: at most one vote per coordinate) and
+    ``sum_b v_jeb = sum_b v_j0b`` (k (V - 1) outputs: every coordinate of a cluster votes, or
+    none); the measurement is then ``(counts, shifted_sums, votes)`` and ``truncate`` appends
+    the k V B vote bits, so the aggregate is the clients' vote histogram.
     """
 
     EVAL_OUTPUT_LEN: int
 
     def __init__(self, k: int, d: int, n_max: int, widths, chunk_length: int | None = None, field=Field128,
-                 n_clients: int | None = None):
+                 n_clients: int | None = None, votes: tuple[int, int] | None = None):
         k, d, n_max = _as_int(k, "k"), _as_int(d, "d"), _as_int(n_max, "n_max")
+        if votes is not None:
+            try:
+                vd, vb = (_as_int(x, "votes") for x in votes)
+            except (TypeError, ValueError):
+                raise ValueError(f"votes must be (coordinates, bins), got {votes!r}") from None
+            if vd < 1 or vb < 2:
+                raise ValueError(f"votes=(coordinates, bins) needs coordinates >= 1 and bins >= 2, got {votes!r}")
+            votes = (vd, vb)
+        self.votes = votes
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if d < 1:
@@ -319,7 +335,8 @@ class ClusterValidity(Valid):
         self._top = top
         if n_clients is not None:
             self.check_clients(n_clients)
-        self.MEAS_LEN = k * self.cb + self.cb + 2 * k * sum(self.tb)
+        self._vote_len = 0 if votes is None else k * votes[0] * (votes[1] + 1)
+        self.MEAS_LEN = k * self.cb + self.cb + 2 * k * sum(self.tb) + self._vote_len
         if chunk_length is None:
             chunk_length = self.best_chunk_length(self.MEAS_LEN)
         chunk_length = _as_int(chunk_length, "chunk_length")
@@ -329,8 +346,9 @@ class ClusterValidity(Valid):
         self.GADGETS = [ParallelSum(Mul(), chunk_length)]
         self.GADGET_CALLS = [(self.MEAS_LEN + chunk_length - 1) // chunk_length]
         self.JOINT_RAND_LEN = self.GADGET_CALLS[0]
-        self.OUTPUT_LEN = k + k * d
-        self.EVAL_OUTPUT_LEN = 2 + k * d
+        vd, vb = votes or (0, 0)
+        self.OUTPUT_LEN = k + k * d + k * vd * vb
+        self.EVAL_OUTPUT_LEN = 2 + k * d + k * vd + k * max(vd - 1, 0)
         # offsets into the encoding
         self._slack_at = k * self.cb
         self._t_at = []
@@ -341,6 +359,7 @@ class ClusterValidity(Valid):
                 row.append(pos)
                 pos += 2 * self.tb[e]
             self._t_at.append(row)
+        self._v_at = pos  # vote rows (j, e): vb bits then one slack bit each
 
     @staticmethod
     def best_chunk_length(meas_len: int) -> int:
@@ -371,11 +390,27 @@ class ClusterValidity(Valid):
                              f"{self.field.__name__}; at most max_clients()={self.max_clients()} clients")
 
     # --- encoding --------------------------------------------------------------------------
-    def _check(self, measurement):
+    def _split(self, measurement):
+        """``(counts, shifted, votes or None)`` of a measurement of this circuit's form."""
         try:
-            counts, shifted = measurement
-        except (TypeError, ValueError):
-            raise ValueError("measurement must be (counts, shifted_sums)") from None
+            parts = tuple(measurement)
+        except TypeError:
+            parts = ()
+        want = 2 if self.votes is None else 3
+        if len(parts) != want:
+            raise ValueError("measurement must be (counts, shifted_sums)" if self.votes is None else
+                             "measurement must be (counts, shifted_sums, votes)")
+        votes = None
+        if self.votes is not None:
+            vd, vb = self.votes
+            votes = [[list(b) for b in row] for row in parts[2]]
+            if len(votes) != self.k or any(len(r) != vd or any(len(b) != vb for b in r) for r in votes):
+                raise ValueError(f"votes must be k x {vd} x {vb} = {self.k} x {vd} x {vb}")
+            votes = [[[_as_int(x, "votes[j][e][b]") for x in b] for b in r] for r in votes]
+        return parts[0], parts[1], votes
+
+    def _check(self, measurement):
+        counts, shifted, votes = self._split(measurement)
         counts = [_as_int(c, "counts[j]") for c in list(counts)]
         if len(counts) != self.k:
             raise ValueError(f"counts must have k={self.k} entries, got {len(counts)}")
@@ -392,13 +427,18 @@ class ClusterValidity(Valid):
                 if not 0 <= rows[j][e] <= counts[j] * self.widths[e]:
                     raise ValueError(f"shifted sum t[{j}][{e}]={rows[j][e]} outside [0, c_j*widths[e]="
                                      f"{counts[j] * self.widths[e]}]")
-        return counts, rows
+        if votes is not None:
+            for j, row in enumerate(votes):
+                totals = [sum(b) for b in row]
+                if any(x not in (0, 1) for b in row for x in b) or any(t > 1 for t in totals):
+                    raise ValueError(f"votes of cluster {j}: each coordinate holds at most one vote of 1")
+                if len(set(totals)) > 1:
+                    raise ValueError(f"votes of cluster {j}: every coordinate votes, or none")
+        return counts, rows, votes
 
     def encode(self, measurement) -> list[int]:
-        counts, rows = self._check(measurement)
-        return self.encode_parts(counts, rows, self.n_max - sum(counts),
-                                 [[counts[j] * self.widths[e] - rows[j][e] for e in range(self.d)]
-                                  for j in range(self.k)])
+        counts, rows, votes = self._check(measurement)
+        return self.encode_lenient((counts, rows) if votes is None else (counts, rows, votes))
 
     def encode_lenient(self, measurement) -> list[int]:
         """The encoding of any integer measurement of the right shape, valid or not.
@@ -411,10 +451,7 @@ class ClusterValidity(Valid):
         of an error at the client. A client whose update breaks the predicate (a lie, or a
         bug) is thereby caught where a malicious one would be: at verification.
         """
-        try:
-            counts, shifted = measurement
-        except (TypeError, ValueError):
-            raise ValueError("measurement must be (counts, shifted_sums)") from None
+        counts, shifted, votes = self._split(measurement)
         counts = [_as_int(c, "counts[j]") for c in list(counts)]
         rows = [list(r) for r in list(shifted)]
         if len(counts) != self.k or len(rows) != self.k or any(len(r) != self.d for r in rows):
@@ -438,6 +475,9 @@ class ClusterValidity(Valid):
                 b = self.tb[e]
                 out += digits(rows[j][e], b)
                 out += digits(counts[j] * self.widths[e] - rows[j][e], b)
+        for row in votes or ():
+            for b in row:
+                out += [x % q for x in b] + [(1 - sum(b)) % q]  # bits, and the slack 1 - sum
         return out
 
     def encode_parts(self, counts, rows, count_slack, sum_slacks) -> list[int]:
@@ -480,6 +520,21 @@ class ClusterValidity(Valid):
                 t = self._value(meas, pos, b)
                 u = self._value(meas, pos + b, b)
                 out.append((t + u - self.widths[e] * counts[j]) % q)
+        if self.votes is not None:
+            vd, vb = self.votes
+            one = F.inv(num_shares)
+            pos = self._v_at
+            totals = []
+            for j in range(self.k):
+                row = []
+                for _e in range(vd):
+                    total = sum(meas[pos:pos + vb]) % q
+                    out.append((total + meas[pos + vb] - one) % q)  # sum of votes + slack = 1
+                    row.append(total)
+                    pos += vb + 1
+                totals.append(row)
+            for row in totals:  # every coordinate of a cluster votes, or none
+                out += [(t - row[0]) % q for t in row[1:]]
         return out
 
     def truncate(self, meas):
@@ -487,6 +542,11 @@ class ClusterValidity(Valid):
         for j in range(self.k):
             for e in range(self.d):
                 out.append(self._value(meas, self._t_at[j][e], self.tb[e]))
+        if self.votes is not None:
+            vd, vb = self.votes
+            for r in range(self.k * vd):
+                pos = self._v_at + r * (vb + 1)
+                out += list(meas[pos:pos + vb])
         return out
 
     def decode(self, output, num_measurements: int):
@@ -495,5 +555,8 @@ class ClusterValidity(Valid):
         self.check_clients(n)
         dtype = np.int64 if n * self._top < 2**63 else object
         counts = np.array([int(x) for x in output[:self.k]], dtype=dtype)
-        sums = np.array([int(x) for x in output[self.k:]], dtype=dtype).reshape(self.k, self.d)
-        return counts, sums
+        end = self.k + self.k * self.d
+        sums = np.array([int(x) for x in output[self.k:end]], dtype=dtype).reshape(self.k, self.d)
+        if self.votes is None:
+            return counts, sums
+        return counts, sums, np.array([int(x) for x in output[end:]], dtype=dtype).reshape(self.k, *self.votes)

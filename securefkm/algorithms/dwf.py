@@ -225,8 +225,10 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             if self.max_local_steps > 1:  # eq. 4 fallback needs the unweighted local centres
                 specs += (FieldSpec("centres", (k, d), "mean", cells=rows_moved),)
             if broadcast.params.get("aggregation") == "median":
-                # whole votes (integer) of no record-level bound the kinds express: 'value'
-                specs += (FieldSpec("votes", (k, d, int(broadcast.params["vote_bins"])), "value", integer=True),)
+                # whole votes (integer) of no record-level bound the kinds express: 'value';
+                # one vote per (cluster, coordinate) with vote_weight="client": one-hot rows
+                specs += (FieldSpec("votes", (k, d, int(broadcast.params["vote_bins"])), "value", integer=True,
+                                    one_hot=broadcast.params.get("vote_weight", "client") == "client"),)
             return specs
         if broadcast.action == "score":
             return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))

@@ -558,6 +558,7 @@ def _schemas() -> dict[tuple[str, str], Type]:
                                                                  "width": Int(1, MAX_ITEMS)}), as_tuple=True),
                     "offsets": List(Int(), max_len=1 << 20, as_tuple=True),
                 })),
+                "votes": Optional(List(Int(1, MAX_ITEMS), max_len=2, as_tuple=True)),
             }),
         }),
         (validated.STAGE, "reply"): Record(validated.ValidatedReport, {
