@@ -179,3 +179,22 @@ def test_attacked_rounds_counts_the_rounds_with_a_pair_to_rewrite(clients):
         kfed.fit(clients)
     nothing = Poisoning("adaptive", 1, random_state=1).evaluate(kfed, clients)
     assert nothing.attacked_rounds == 0 and nothing.displacement_max == 0.0
+
+
+def test_attack_matrix_cell_numbers_or_not_applicable():
+    """The attack benchmark's poisoning cell: numbers on DWF, 'not applicable' with the reason on a
+    fit with no (count, sum) pair (k-FED's secure mode without DP) instead of a displacement of 0."""
+    from attacks import matrix
+
+    ds = {"name": "wine", "split": "iid", "n_clients": 10}
+    data, k, box, held = matrix.load(ds, 0)
+    cell = {"seed": 0}
+    out = {}
+    for alg in ("dwf", "kfed+secure"):
+        est = matrix.make_fit(alg, ["masking"], k, box, 0, 5, "ideal", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(data)
+            out[alg] = matrix._attack("poisoning", est, data, cell, held, box)
+    assert out["dwf"]["poison_displacement"] > 0.1 and "status" not in out["dwf"]
+    assert out["kfed+secure"]["status"].startswith("not applicable: no round of this fit sends a (count, sum) pair")
