@@ -116,7 +116,7 @@ def quick_config(out: str = "bench-attacks", seeds: int | None = None) -> BenchC
         "dp(eps=1)+masking": [matrix.dp_spec(1.0), "masking"],
     }
     attacks = ["small-cluster", "differencing", "aggregate-differencing", "fuzzy-equations", "crafted-centroids",
-               "model-inconsistency", "membership", "poisoning"]
+               "model-inconsistency", "membership", "poisoning", "poisoning-out-of-range"]
     return BenchConfig(stacks=stacks, attacks=attacks, seeds=list(range(seeds or 1)), out=out, max_rounds=10,
                        active_rounds=40, audit_trials=20000)
 

@@ -53,8 +53,9 @@ NUMERIC = ("records_recovered", "n_records", "fraction_recovered", "clients_expo
 AUDIT = "dp-audit"
 MEMBERSHIP = "membership"
 POISONING = "poisoning"
+POISONING_RANGE = "poisoning-out-of-range"
 #: attacks that are not record recovery: drawn in their own figure (membership) or only tabled (poisoning)
-NOT_RECOVERY = (MEMBERSHIP, POISONING, AUDIT)
+NOT_RECOVERY = (MEMBERSHIP, POISONING, POISONING_RANGE, AUDIT)
 
 #: what each attack assumes of the adversary (the captions and the threat-model table)
 THREAT = {
@@ -77,6 +78,8 @@ THREAT = {
                 "training members; score = minus the distance to the nearest centre",
     POISONING: "10% of the clients malicious (adaptive: every lie inside the range checks); an integrity attack, "
                "tabled as centre displacement, utility left and the fraction detected",
+    POISONING_RANGE: "10% of the clients malicious, coordinate sums scaled 10,000 times beyond the box; what "
+                     "validated aggregation detects and excludes (tabled like the adaptive attack)",
     AUDIT: "distinguishing game on one DWF round through the stack's real GaussianDP layer: a canary at full "
            "sensitivity alone in its cell, the auditor sees the noised aggregate (a distributed layer is audited "
            "as its central equivalent); Clopper-Pearson lower bound at 95% confidence",
@@ -867,7 +870,7 @@ def summary_markdown(summary, attacks, stacks=None) -> str:
                 cells.append("n/a" if s is None or s["status"].startswith("not applicable") else "error")
             elif at == "membership":
                 cells.append(f"AUC {s['membership_auc_mean']:.2f}")
-            elif at == "poisoning":  # how far the malicious clients moved a centre, and the utility left
+            elif at in (POISONING, POISONING_RANGE):  # how far the malicious clients moved a centre, utility left
                 cells.append(f"move {s['poison_displacement_mean']:.3g}, utility {s['poison_utility_mean']:.2f}")
             else:
                 cells.append(f"{s['records_recovered_mean']:.3g}")

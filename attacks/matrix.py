@@ -27,8 +27,10 @@ from securefkm.exceptions import InputError, NoParticipantsError, ProtectionConf
 
 PASSIVE = ("small-cluster", "differencing", "aggregate-differencing", "fuzzy-equations")
 ACTIVE = ("crafted-centroids", "model-inconsistency", "active-aggregate-differencing", "sybil")
-#: malicious clients against the fit (attacks.poisoning): the adaptive attack, 10% of the clients
-POISONING = ("poisoning",)
+#: malicious clients against the fit (attacks.poisoning), 10% of the clients: the adaptive attack
+#: (every lie inside the range checks) and sums scaled out of range (what validation catches)
+POISON_KINDS = {"poisoning": "adaptive", "poisoning-out-of-range": "sum-scaling"}
+POISONING = tuple(POISON_KINDS)
 ATTACKS = PASSIVE + ACTIVE + ("membership",) + POISONING
 CRISP = ("dwf", "ewf", "minibatch")
 FUZZY = ("fcm", "fcm-fedavg")
@@ -60,6 +62,7 @@ def default_stacks(epsilons=(1.0,)) -> dict:
         "rounding+cap": [{"name": "rounding", "count_multiple": 5, "decimals": 1}, {"name": "cap", "max_rounds": 8}],
         "masking": ["masking"],
         "paillier": ["paillier"],
+        "validated": ["validated"],  # proven-valid inputs (Prio3 with a Helper): poisoning is named
     }
     for e in epsilons:
         stacks[f"dp-local(eps={e:g})"] = [dp_spec(e, "local")]
@@ -120,7 +123,7 @@ def applicability(attack: str, algorithm: str, specs, k: int) -> str | None:
     """None when ``attack`` applies to (algorithm, stack, k), else the reason it does not."""
     base, params = split_algorithm(algorithm)
     secure = _secure_aggregator(specs)
-    if attack == "poisoning":
+    if attack in POISONING:
         if base == "ewf":
             return "EWF sends per-cell means without counts; the poisoning attacks rewrite (count, sum) pairs"
         if base in SET_VALUED and not params.get("secure_mode"):
@@ -216,13 +219,15 @@ def dataset_label(spec: dict) -> str:
 
 # ------------------------------------------------------------------ fits
 def with_box(specs, box) -> list:
-    """A dp spec without ``bounds``/``clip`` gets the dataset's declared box, and seeded noise
+    """A dp or validated spec without ``bounds``/``clip`` gets the dataset's declared box, and seeded noise
     (``rng="seeded"``: the same cell gives the same release, so cached and parallel results
     equal a serial run) where this tree's GaussianDP offers it."""
     from securefkm.specs import LayerSpec
 
     out = []
     for s in specs:
+        if LayerSpec.of(s).name == "validated" and "bounds" not in dict(LayerSpec.of(s)):
+            s = {**dict(LayerSpec.of(s)), "bounds": list(box)}  # the fits active attacks build carry no init_bounds
         if LayerSpec.of(s).name == "dp":
             s = dict(LayerSpec.of(s))
             if "bounds" not in s and "clip" not in s:
@@ -339,12 +344,12 @@ def _attack(name, est, data, cell, held, box=None) -> dict:
     from . import active, passive
 
     seed = cell["seed"]
-    if name == "poisoning":
-        # the strongest in-range attack (passes every range check), 10% of the clients
+    if name in POISONING:
+        # 10% of the clients: the strongest in-range attack, or sums scaled far out of range
         from .poisoning import Poisoning
 
         m = max(1, len(data.clients) // 10)
-        rep = Poisoning("adaptive", m, box=box, random_state=30_000 + seed).evaluate(est, data)
+        rep = Poisoning(POISON_KINDS[name], m, box=box, random_state=30_000 + seed).evaluate(est, data)
         if rep.attacked_rounds == 0:  # no (count, sum) pair in any round: the "poisoned" fit is the honest one
             return {"status": not_applicable("no round of this fit sends a (count, sum) pair (its sums are "
                                              "'value' fields), which is what the poisoning attacks rewrite")}
