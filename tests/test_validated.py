@@ -205,3 +205,14 @@ def _own_counts(X, centres):
 def _own_sums(X, centres):
     lab = np.argmin(((X[:, None] - centres[None]) ** 2).sum(-1), axis=1)
     return np.stack([np.rint(X[lab == j].sum(0) * 2**16) / 2**16 for j in range(len(centres))])
+
+
+def test_several_starts_score_their_runs_through_validation():
+    """n_init > 1: the scoring round's inertia (a (1,) score field) is released in its declared shape."""
+    est = WeightedFederatedKMeans(3, init="uniform", n_init=3, init_bounds=BOX, max_rounds=3, random_state=0,
+                                  crypto="ideal", protection=[ValidatedAggregation()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(_clients())
+    scored = [r for r in est.transcript_.rounds if r.action == "score"]
+    assert len(scored) == 3 and all(np.shape(r.aggregate["inertia"]) == (1,) for r in scored)

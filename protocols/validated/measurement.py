@@ -52,6 +52,8 @@ class Layout:
     frac_bits: int
     #: a one-hot vote histogram field (name, coordinates, bins), or None
     votes: tuple[str, int, int] | None = None
+    #: each value field's declared shape (its release is given that shape)
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def d(self) -> int:
@@ -108,7 +110,7 @@ class Layout:
             for j in range(self.k):
                 for e in range(width):
                     block[j, e] = (int(shifted[j][col + e]) + C[j] * self.lo[col + e]) / self.scale
-            out[name] = block
+            out[name] = block.reshape(dict(self.shapes).get(name, block.shape))
             col += width
         if self.votes is not None:
             name, vd, vb = self.votes
@@ -189,4 +191,5 @@ def layout_for(specs, low, high, frac_bits: int) -> Layout:
             "max_local_steps=1) or MiniBatchFederatedKMeans with local_epochs=1, batch_size=None, client_rate=1, or use PairwiseMasking/Paillier "
             "without validation for this algorithm."
         )
-    return Layout(count.name, tuple(columns), int(k), tuple(lo), tuple(widths), int(frac_bits), votes)
+    shapes = tuple((s.name, tuple(s.shape)) for s in specs if any(s.name == c for c, _ in columns))
+    return Layout(count.name, tuple(columns), int(k), tuple(lo), tuple(widths), int(frac_bits), votes, shapes)
