@@ -198,3 +198,16 @@ def test_attack_matrix_cell_numbers_or_not_applicable():
             out[alg] = matrix._attack("poisoning", est, data, cell, held, box)
     assert out["dwf"]["poison_displacement"] > 0.1 and "status" not in out["dwf"]
     assert out["kfed+secure"]["status"].startswith("not applicable: no round of this fit sends a (count, sum) pair")
+
+
+def test_the_runtime_guard_counts_a_secure_mode_s_sub_rounds():
+    """A poisoned secure mode runs each global round's secure k-means to server_max_iter (its
+    movement never falls below tol): the runtime's guard against runs that never end allows
+    for those sub-rounds (Algorithm.round_limit) instead of raising 'made N rounds without
+    finishing' (aligning+secure in the attack benchmark under the adaptive attack did)."""
+    from securefkm.algorithms.aligning import AligningFederatedKMeansAlgorithm
+
+    algo = AligningFederatedKMeansAlgorithm(4, secure_mode=True, max_rounds=30, server_max_iter=300)
+    assert algo.round_limit(30) >= 30 * (1 + 2 * 300)
+    plain = AligningFederatedKMeansAlgorithm(4, max_rounds=30)
+    assert plain.round_limit(30) == plain.planned_rounds(30)

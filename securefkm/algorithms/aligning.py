@@ -258,6 +258,14 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         per_round = 1 + self.server_max_iter
         return min(max_rounds, 2 + self.server_max_iter + self.max_rounds * per_round)
 
+    def round_limit(self, max_rounds):
+        if not self.secure_mode:
+            return self.planned_rounds(max_rounds)
+        # seeding, then per global round its train round and a secure k-means of at most
+        # server_max_iter iterations per stage (coarse and fine)
+        per_round = 1 + 2 * self.server_max_iter
+        return 2 + 2 * self.server_max_iter + max(max_rounds, self.max_rounds) * per_round
+
     # ----------------------------------------------------------------- client
     def client_update(self, X, broadcast, rng, memory=None):
         action = broadcast.action

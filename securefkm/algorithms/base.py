@@ -104,6 +104,12 @@ class Algorithm(ABC):
         """Upper bound on rounds that touch client data (DP layers calibrate on it)."""
         return max_rounds
 
+    def round_limit(self, max_rounds: int) -> int:
+        """Most rounds one run can take when every inner loop runs to its own cap (secure
+        modes' server k-means sub-rounds); the runtime's guard against a run that never ends
+        is a multiple of it. Default: :meth:`planned_rounds`."""
+        return self.planned_rounds(max_rounds)
+
     def close(self, state: AlgorithmState) -> AlgorithmState | None:
         """The state that runs the algorithm's closing phases (e.g. a federated score request)
         once the training round budget ``max_rounds`` is spent, or None: no closing phase, the

@@ -415,7 +415,7 @@ class Federation:
             aborts = list(aborts)
         start = time.perf_counter()
         # guards against an algorithm that never advances (secure modes run many sub-rounds)
-        hard_cap = 10 * max(self.max_rounds, self.algorithm.planned_rounds(self.max_rounds)) + 1000
+        hard_cap = 10 * max(self.max_rounds, self.algorithm.round_limit(self.max_rounds)) + 1000
         with tqdm(
             total=self.max_rounds,
             desc=f"{self.algorithm.name} run {run}",
