@@ -175,3 +175,16 @@ def test_the_documented_wine_cell_under_real_masking():
     assert rows[("median", 0)]["utility"] >= 0.95
     assert rows[("median", 3)]["kept"] >= 0.9 and rows[("median", 3)]["move"] < 0.3
     assert rows[("mean", 3)]["kept"] < 0.7 and rows[("mean", 3)]["move"] > 1.0
+
+
+def test_the_median_s_default_start_is_data_free(clients):
+    """init='auto' with aggregation='median': no seeding round (a mean malicious clients move),
+    k points in the declared box instead, with or without protection."""
+    for protection in ([], ["masking"]):
+        est = make_estimator("dwf", n_clusters=4, random_state=0, max_rounds=3, crypto="ideal", init_bounds=BOX,
+                             aggregation="median", protection=protection)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(clients)
+        actions = {r.action for r in est.transcript_.rounds}
+        assert not any(a.startswith("init.") for a in actions) and actions <= {"train", "score"}

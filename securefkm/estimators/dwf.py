@@ -49,7 +49,10 @@ class WeightedFederatedKMeans(FederatedClusterer):
         non-IID clients k-means++ on one random client puts every seed in that client's
         blob) and, under protection, "private": a seeding round of per-bucket counts and
         coordinate sums over a data-independent partition of ``init_bounds``, protected by
-        the same layers (and DP budget) as the training rounds.
+        the same layers (and DP budget) as the training rounds. With ``aggregation="median"``
+        it is "uniform": k data-free points in ``init_bounds`` (a seeding round is a mean of
+        counts and sums, which malicious clients move; pass ``n_init`` > 1 to keep the best of
+        several by the federated score).
     init_bounds : (low, high) or None
         Declared data range, for init="uniform" and for the median's vote bins.
     aggregation : {"mean", "median"}
@@ -157,6 +160,8 @@ class WeightedFederatedKMeans(FederatedClusterer):
             self._refuse_dp_votes()
         if plan is not None and plan.private_start:
             init = "private"
+        elif self.aggregation == "median" and isinstance(self.init, str) and self.init == "auto":
+            init = "uniform"  # a seeding round is a mean of counts and sums: malicious clients move it
         else:
             init = plan.start if plan is not None and plan.start is not None else resolve_init(
                 self.init, self._protection_layers(), init_bounds, n_clusters=self.n_clusters, n_features=n_features,
