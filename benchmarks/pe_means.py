@@ -2,7 +2,8 @@
 Clustering through Private Evolution", arXiv 2606.00342) as a DP baseline, run in its own
 protocol, and the library's DWF defaults in the same protocol.
 
-Written from the paper's description of the mechanism; not the authors' code. PE-means keeps a
+Written from the mechanism as the paper and its published artifact describe it (the artifact's
+experiment configuration gives the parameters below); not the authors' code. PE-means keeps a
 population of candidate centres inside the public ball of radius r and evolves it for T
 generations. Each generation:
 
