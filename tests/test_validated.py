@@ -216,3 +216,16 @@ def test_several_starts_score_their_runs_through_validation():
         est.fit(_clients())
     scored = [r for r in est.transcript_.rounds if r.action == "score"]
     assert len(scored) == 3 and all(np.shape(r.aggregate["inertia"]) == (1,) for r in scored)
+
+
+def test_deployments_refuse_validation_without_a_helper_service():
+    from securefkm.exceptions import InputError
+    from securefkm.flower.spec import RunSpec, build_federation
+
+    spec = RunSpec("dwf", {"n_clusters": 3, "init_bounds": [0.0, 1.0]}, ["validated"], 0)
+    with pytest.raises(InputError, match="not available over Flower.*Helper"):
+        build_federation(spec, 4, 2, None)
+    from securefkm.flower.deploy import _preflight
+
+    with pytest.raises(InputError, match="not available over Flower"):  # before any process starts
+        _preflight(spec, [np.random.default_rng(0).random((10, 2)) for _ in range(3)], ["a", "b", "c"])

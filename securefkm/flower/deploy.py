@@ -742,6 +742,9 @@ def _preflight(spec: RunSpec, data, paths) -> None:
     from ..layers import validate_stack
 
     est = spec.estimator()
+    from .spec import refuse_in_process_helper
+
+    refuse_in_process_helper(est.protection)
     # the same checks the ServerApp's Federation makes: e.g. an aggregator on plain set-fields
     validate_stack(clone_layers(est.protection), est._make_algorithm(n_features, len(paths)))
     # and the estimators' refusal of a secure sum over too few clients (one SuperNode)
