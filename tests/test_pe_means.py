@@ -110,3 +110,26 @@ def test_mutants_and_start_stay_in_the_ball():
 def test_records_outside_the_ball_are_refused():
     with pytest.raises(ValueError, match="outside"):
         pm.pe_means(np.array([[2.0, 0.0], [0.0, 0.1]]), 1, 1.0, 1e-3)
+
+
+def test_verdict_uses_the_run_spread_and_the_rounding():
+    res = {"auc": 0.2899, "auc_sd": 0.039, "runs": 50}
+    ok, z = pm.verdict(res, 0.2894)
+    assert ok == "yes" and abs(z) < 1
+    assert pm.verdict({"auc": 0.36, "auc_sd": 0.039, "runs": 50}, 0.2894)[0] == "no"
+    # a spread far below the published rounding: equal to 4 digits is reproduced
+    assert pm.verdict({"auc": 0.07782, "auc_sd": 1e-6, "runs": 10}, 0.0778)[0] == "yes"
+    assert pm.verdict({"auc": 0.0790, "auc_sd": 1e-6, "runs": 10}, 0.0778)[0] == "no"
+
+
+def test_published_table_and_data_sets():
+    assert pm.PUBLISHED["iris"] == {"PE-means": 0.2894, "Google": 0.6892, "FastLloyd": 0.3979}
+    names = {f"blobs-K{k}-D{d}" for k in (4, 16, 64) for d in (4, 16, 64, 128)}
+    assert set(pm.PUBLISHED) == {"iris"} | names
+    X, k = pm.load("blobs-K16-D4")
+    assert X.shape == (20000, 4) and k == 16
+    assert np.linalg.norm(X, axis=1).max() == pytest.approx(1.0)
+    X, k = pm.load("iris")
+    assert X.shape == (150, 4) and k == 3
+    with pytest.raises(ValueError):
+        pm.load("wine")
