@@ -225,10 +225,15 @@ def _estimator_setup(estimator, dataset, extra_clients=()):
 
 
 def _run(estimator, clients, algorithm, policy, max_rounds, random_state):
+    layers = clone_layers(getattr(estimator, "protection", None))
+    domain = estimator.declared_domain(clients[0].shape[1]) if hasattr(estimator, "declared_domain") else None
+    for layer in layers:  # as a fit declares it (a validated sum needs the box)
+        if domain is not None and hasattr(layer, "declare_domain"):
+            layer.declare_domain(domain)
     fed = Federation(
         algorithm,
         clients,
-        protection=clone_layers(getattr(estimator, "protection", None)),
+        protection=layers,
         clients_per_round=getattr(estimator, "clients_per_round", 1.0),
         max_rounds=max_rounds,
         random_state=random_state,

@@ -229,3 +229,19 @@ def test_deployments_refuse_validation_without_a_helper_service():
 
     with pytest.raises(InputError, match="not available over Flower"):  # before any process starts
         _preflight(spec, [np.random.default_rng(0).random((10, 2)) for _ in range(3)], ["a", "b", "c"])
+
+
+def test_active_attacks_run_against_a_validated_fit():
+    """The active attacks build their own federation from ``protection``: the estimator's
+    declared box reaches ValidatedAggregation there too (estimator.declared_domain)."""
+    from attacks import CraftedCentroids
+
+    data = _clients()
+    est = _dwf(init=START)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(data)
+        report = CraftedCentroids(target=0, max_rounds=8).evaluate(est, data)
+    # a round of the target alone is below min_clients: nothing is released about it
+    assert report.records_recovered == 0 and report.to_dict()["extra"]["detected"]
+    assert est.declared_domain(2) is not None

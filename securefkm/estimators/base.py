@@ -279,6 +279,13 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         """``init_bounds`` after reconciling it with a GaussianDP ``bounds`` (one domain)."""
         return resolve_domain(getattr(self, "init_bounds", None), self._protection_layers(), n_features)
 
+    def declared_domain(self, n_features: int | None = None):
+        """The records' declared box ``(low, high)`` of this estimator's fits (``init_bounds``
+        reconciled with the layers' own declarations), or None; for callers that build a
+        federation of their own from ``protection`` (the active attacks), to declare it on
+        their copies of the layers as a fit does."""
+        return self._declared_bounds(n_features)
+
     def _protection_layers(self) -> list:
         """The layers of ``protection``: while a fit is prepared, the fit's own copies (built
         once per fit, :meth:`_prepare`); otherwise built from ``protection``."""
