@@ -124,7 +124,9 @@ class ValidatedAggregation(Aggregator):
             raise ProtectionConfigError(
                 "ValidatedAggregation proves each coordinate sum lies within count x the records' box, so the box "
                 "must be declared: pass init_bounds=(low, high) to the estimator (the public range of every "
-                "feature), or ValidatedAggregation(bounds=(low, high))."
+                "feature), or ValidatedAggregation(bounds=(low, high)).",
+                cli="ValidatedAggregation proves each coordinate sum lies within count x the records' box, so the "
+                "box must be declared: pass --param init_bounds=[low,high] (the public range of every feature).",
             )
 
     def validate_stack(self, stack, algorithm) -> None:
