@@ -347,3 +347,15 @@ def test_the_median_bound_with_proven_votes_is_reported_and_holds():
     assert "votes proven well formed" in rep["influence"] and rep["influence_median_max"] > 0
     poisoned = Poisoning("robust-adaptive", 1, random_state=1).evaluate(est, data)
     assert poisoned.displacement_max <= est.protection_report_["ValidatedAggregation"]["influence_median_max"] * 6
+
+
+def test_a_given_helper_is_the_one_the_fit_uses():
+    """ValidatedAggregation(helper=...) survives the fit's copy of the layers (a service is
+    shared, not copied): the given Helper releases every round's share."""
+    helper = ValidationHelper()
+    est = WeightedFederatedKMeans(3, init=START, init_bounds=BOX, max_rounds=2, random_state=0, backend="local",
+                                  protection=[ValidatedAggregation(helper=helper)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(_clients())
+    assert helper.n_aggregates == 2 == est.protection_report_["ValidatedAggregation"]["helper_aggregates"]

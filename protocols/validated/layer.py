@@ -205,9 +205,14 @@ class ValidatedAggregation(Aggregator):
                              f"the federation has {info.n_clients}. Lower min_clients.")
         if self._domain is None:
             self.declare_domain(None)
-        self.helper = self._given_helper or H.ValidationHelper(min_clients=self.min_clients)
-        self.bundle = self.helper.public_bundle()
-        self.trusted_helper_key = self.bundle.helper_key
+        node = getattr(self, "_node_trust", None)
+        if node is not None:  # a deployment's client node: no Helper here, only the key it trusts
+            self.helper, self.bundle = None, None
+            self.trusted_helper_key = node[0]
+        else:
+            self.helper = self._given_helper or H.ValidationHelper(min_clients=self.min_clients)
+            self.bundle = self.helper.public_bundle()
+            self.trusted_helper_key = self.bundle.helper_key
         self._sizes = None if info.client_sizes is None else tuple(int(n) for n in info.client_sizes)
         if self.max_records is None and self._sizes is None:
             raise ProtectionConfigError(
@@ -229,6 +234,8 @@ class ValidatedAggregation(Aggregator):
         return layout_for(ctx.specs, low, high, self.frac_bits)
 
     def before_round(self, ctx: RoundContext) -> None:
+        if self.helper is None and getattr(self, "_node_trust", None) is not None:
+            return  # a client node: the server checks the round
         if self.helper is None:
             raise InputError("ValidatedAggregation used before setup(); run it through a Federation or estimator.")
         if not ctx.specs:
@@ -303,9 +310,34 @@ class ValidatedAggregation(Aggregator):
                  "is not detected; the sum itself is not hidden (GaussianDP(mode='central') noises it)")
         return sees, trust
 
+    # ------------------------------------------------------------------ deployments
+    def use_helper(self, helper) -> None:
+        """The server's Helper in a deployment: a handle on the Helper service
+        (:class:`securefkm.flower.RemoteHelper`), run by a party other than the server."""
+        self._given_helper = helper
+
+    def trust_helper(self, helper_key: bytes, signing_key: bytes) -> None:
+        """A deployment's client node: the Helper key it trusts (from its own directory) and
+        its own Ed25519 signing key, the one the Helper enrolled from the directory."""
+        if not (isinstance(helper_key, bytes) and len(helper_key) == 32 and isinstance(signing_key, bytes)
+                and len(signing_key) == 32):
+            raise InputError("trust_helper needs the Helper's 32-byte Ed25519 public key and the node's 32-byte "
+                             "private key.")
+        self._node_trust = (helper_key, signing_key)
+
+    def __deepcopy__(self, memo):
+        """A fit's copy shares the Helper given to it (a service, not data to copy)."""
+        import copy
+
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            new.__dict__[k] = v if k in ("_given_helper", "helper") else copy.deepcopy(v, memo)
+        return new
+
     def __getstate__(self):
-        """A copy (a worker process running clients) carries the Helper's public bundle, never
-        the Helper: its keys stay with the party that runs it."""
+        """A pickled copy (a worker process running clients) carries the Helper's public
+        bundle, never the Helper: its keys stay with the party that runs it."""
         state = dict(self.__dict__)
         state["helper"] = state["_given_helper"] = None
         return state
@@ -327,9 +359,13 @@ class ValidatedAggregation(Aggregator):
             self._enroll(client)
 
     def client_session(self, client: ClientContext, ctx: RoundContext, sums) -> ClientSession:
-        state = client.state.get("validated")
-        if state is None or state.get("helper") != self.bundle.fingerprint:
-            state = self._enroll(client)
+        node = getattr(self, "_node_trust", None)
+        if node is not None:
+            state = {"signing_key": node[1]}
+        else:
+            state = client.state.get("validated")
+            if state is None or state.get("helper") != self.bundle.fingerprint:
+                state = self._enroll(client)
         lay = self.layout(ctx)
         counts, shifted, *votes = lay.measurement(sums)
         return ValidatedClientSession(

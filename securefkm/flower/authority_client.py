@@ -26,6 +26,7 @@ from .authority_wire import (
     bundle_from_json,
     contribution_to_json,
     field,
+    hex_bytes,
     hex_int,
     loads,
     ticket_from_json,
@@ -249,3 +250,131 @@ class BundleView:
         raise RuntimeError("a client node never talks to the key authority")
 
     open_round = close_round = decrypt_aggregate = enroll = _never
+
+
+class RemoteHelper(RemoteAuthority):
+    """The ServerApp's handle on the validation Helper hosted by the key authority service
+    (one session = one run's Helper: fresh HPKE key, the directory's nodes enrolled).
+
+    :class:`~protocols.validated.ValidationHelper`'s interface over the service's JSON API;
+    its refusals raise :class:`~protocols.validated.HelperRefusal` as in process. The
+    session's bundle is checked against the directory's authority key, the key the nodes
+    trust. Same ``url`` and TLS files as :class:`RemoteAuthority`.
+    """
+
+    def __init__(self, url: str, directory: Directory, **kwargs):
+        super().__init__(url, directory, **kwargs)
+        self.n_aggregates = 0
+        self._min_clients = None
+
+    def _helper_call(self, op: str, body: dict) -> dict:
+        from protocols.paillier import AuthorityRefusal
+        from protocols.validated import HelperRefusal
+        from protocols.validated.helper import STAGE
+
+        try:
+            if op == "helper_session":
+                return self._call("POST", op, body)
+            self.public_bundle()
+            return self._call("POST", op, {"session": self.session, **body})
+        except AuthorityRefusal as exc:
+            raise HelperRefusal(str(exc), stage=STAGE) from None
+
+    def public_bundle(self):
+        from .helper_wire import bundle_from_json
+
+        if self._bundle is None:
+            out = self._helper_call("helper_session", {})
+            try:
+                session = field(out, "session")
+                if not isinstance(session, str) or not 0 < len(session) <= 256:
+                    raise BadRequest("field session must be a short string")
+                bundle = bundle_from_json(field(out, "bundle"))
+                self._min_clients = as_int(field(out, "min_clients"), "min_clients")
+            except BadRequest as exc:
+                raise AuthorityUnavailable(f"validation helper at {self.url} sent a malformed session: {exc}") from None
+            if self.directory.authority_key is None:
+                raise InputError("the directory has no authority key, which the nodes trust as the Helper's; add it "
+                                 "(`securefkm provision directory --authority KEYS/authority.pub`).")
+            try:
+                bundle.verify(self.directory.authority_key)
+            except ValueError as exc:
+                raise InputError(f"validation helper at {self.url}: {exc} (not the directory's authority key).") from None
+            self.session, self._bundle = str(session), bundle
+        return self._bundle
+
+    def end_session(self) -> None:
+        if self.session is not None:
+            session, self.session, self._bundle = self.session, None, None
+            self._call("POST", "helper_end_session", {"session": session})
+
+    @property
+    def identity_key(self) -> bytes:
+        return self.public_bundle().helper_key
+
+    @property
+    def min_clients(self) -> int:
+        self.public_bundle()
+        return int(self._min_clients)
+
+    def vdaf(self, ticket, n_max: int):
+        from protocols.validated.helper import make_vdaf
+
+        return make_vdaf(ticket.k, tuple(ticket.widths), int(n_max), ticket.votes)
+
+    def open_round(self, run, round, attempt, digest, k, widths, frac_bits, noise=None, votes=None):
+        from .helper_wire import noise_to_json, ticket_from_json
+
+        out = self._helper_call("helper_open_round", {
+            "run": int(run), "round": int(round), "attempt": int(attempt), "digest": bytes(digest).hex(), "k": int(k),
+            "widths": [int(w) for w in widths], "frac_bits": int(frac_bits), "noise": noise_to_json(noise),
+            "votes": None if votes is None else [int(v) for v in votes]})
+        try:
+            ticket = ticket_from_json(field(out, "ticket"))
+            verify_key = hex_bytes(field(out, "verify_key"), "verify_key", max_size=64)
+            asked = (int(run), int(round), int(attempt), bytes(digest), int(k), tuple(int(w) for w in widths),
+                     int(frac_bits), noise, None if votes is None else tuple(int(v) for v in votes))
+            if (ticket.run, ticket.round, ticket.attempt, ticket.digest, ticket.k, ticket.widths, ticket.frac_bits,
+                    ticket.noise, ticket.votes) != asked:
+                raise BadRequest("the ticket is not for the round asked for")
+        except BadRequest as exc:
+            raise AuthorityUnavailable(f"validation helper at {self.url} sent a malformed ticket: {exc}") from None
+        return ticket, verify_key
+
+    def close_round(self, nonce: bytes) -> None:
+        self._helper_call("helper_close_round", {"nonce": bytes(nonce).hex()})
+
+    def verify(self, nonce: bytes, reports: dict):
+        from .helper_wire import report_to_json
+
+        out = self._helper_call("helper_verify", {
+            "nonce": bytes(nonce).hex(), "reports": [report_to_json(c, r) for c, r in reports.items()]})
+        try:
+            msgs, refused = field(out, "messages"), field(out, "refused")
+            if not isinstance(msgs, dict) or not isinstance(refused, dict):
+                raise BadRequest("fields messages and refused must be objects")
+            sent = {int(c) for c in reports}
+            messages = {int(c): hex_bytes(v, "messages", max_size=1 << 16) for c, v in msgs.items()}
+            why = {int(c): str(v)[:500] for c, v in refused.items()}
+            if not set(messages) | set(why) <= sent or set(messages) & set(why):
+                raise BadRequest("the verdicts name clients whose reports were not sent, or one client twice")
+        except (BadRequest, ValueError) as exc:
+            raise AuthorityUnavailable(f"validation helper at {self.url} sent malformed verdicts: {exc}") from None
+        return messages, why
+
+    def aggregate(self, nonce: bytes, accepted, noise_sources=None):
+        from .helper_wire import share_from_json
+
+        if noise_sources is not None:
+            raise InputError("a deployment's Helper draws its noise itself (GaussianDP(rng='seeded') is refused).")
+        out = self._helper_call("helper_aggregate", {"nonce": bytes(nonce).hex(),
+                                                     "accepted": [int(c) for c in accepted]})
+        try:
+            share = share_from_json(field(out, "share"))
+        except BadRequest as exc:
+            raise AuthorityUnavailable(f"validation helper at {self.url} sent a malformed share: {exc}") from None
+        self.n_aggregates += 1
+        return share
+
+    def enroll(self, client_id: int, verify_key: bytes) -> None:
+        raise InputError("enrollment is out of band in a deployment: add the node's key to the directory.")

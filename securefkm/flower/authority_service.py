@@ -206,6 +206,28 @@ class AuthorityService:
             self._last_used[sid] = self._clock()
         return sid, authority.public_bundle()
 
+    def begin_helper_session(self) -> tuple[str, object]:
+        """``(session id, the Helper)`` of a new validation-Helper session: a
+        :class:`~protocols.validated.ValidationHelper` with a fresh HPKE key, its bundle signed
+        with this service's identity (the nodes' trusted key), the directory's nodes enrolled."""
+        from protocols.paillier import AuthorityRefusal
+        from protocols.paillier.authority import STAGE
+        from protocols.validated import ValidationHelper
+
+        self.expire_idle()
+        with self.lock:
+            if len(self._sessions) >= self.max_sessions:
+                raise AuthorityRefusal(f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); "
+                                       "end finished runs first", stage=STAGE)
+        helper = ValidationHelper(min_clients=self.min_clients, identity=self._identity)
+        for cid, key in enumerate(self.directory.nodes):
+            helper.enroll(cid, key)
+        sid = secrets.token_hex(16)
+        with self.lock:
+            self._sessions[sid] = helper
+            self._last_used[sid] = self._clock()
+        return sid, helper
+
     def expire_idle(self) -> list[str]:
         """End every session unused for ``session_ttl`` seconds; their ids."""
         now = self._clock()
@@ -236,11 +258,14 @@ class AuthorityService:
             self._sessions.pop(session, None)
             self._last_used.pop(session, None)
             self._ended.add(session)
-        if authority is not None:
+        if authority is not None and hasattr(authority, "_private_key"):
             # Drop every reference to the private key. CPython cannot wipe the big ints
             # themselves; the key only ever lived in this process's memory.
             authority._private_key = None
             authority._open.clear()
+        elif authority is not None:  # a Helper: its HPKE key and every open round
+            authority._hpke = None
+            authority._rounds.clear()
 
     def request_limit(self) -> int:
         """Bytes of the largest legitimate request for this service's declared sizes
@@ -292,6 +317,53 @@ _SESSION_OPS = {"open_round": _op_open_round, "close_round": _op_close_round,
                 "decrypt_aggregate": _op_decrypt_aggregate}
 
 
+# ------------------------------------------------------------------ operations (the validation Helper's own)
+def _op_helper_open_round(body, helper) -> dict:
+    from .helper_wire import noise_from_json, ticket_to_json
+
+    votes = body.get("votes")
+    if votes is not None and (not isinstance(votes, list) or len(votes) != 2):
+        raise BadRequest("votes must be [coordinates, bins] or null")
+    widths = field(body, "widths")
+    if not isinstance(widths, list) or len(widths) > 1 << 16:
+        raise BadRequest("widths must be a list of integers")
+    ticket, verify_key = helper.open_round(
+        as_int(field(body, "run"), "run"), as_int(field(body, "round"), "round"),
+        as_int(field(body, "attempt"), "attempt"), hex_bytes(field(body, "digest"), "digest"),
+        as_int(field(body, "k"), "k"), [as_int(w, "widths") for w in widths],
+        as_int(field(body, "frac_bits"), "frac_bits"), noise_from_json(body.get("noise")),
+        None if votes is None else tuple(as_int(v, "votes") for v in votes))
+    return {"ticket": ticket_to_json(ticket), "verify_key": verify_key.hex()}
+
+
+def _op_helper_verify(body, helper) -> dict:
+    from .helper_wire import reports_from_json
+
+    messages, refused = helper.verify(hex_bytes(field(body, "nonce"), "nonce", size=16),
+                                      reports_from_json(field(body, "reports")))
+    return {"messages": {str(c): m.hex() for c, m in messages.items()},
+            "refused": {str(c): why for c, why in refused.items()}}
+
+
+def _op_helper_aggregate(body, helper) -> dict:
+    from .helper_wire import share_to_json
+
+    accepted = field(body, "accepted")
+    if not isinstance(accepted, list) or len(accepted) > 1 << 20:
+        raise BadRequest("accepted must be a list of client ids")
+    share = helper.aggregate(hex_bytes(field(body, "nonce"), "nonce", size=16), [as_int(c, "accepted") for c in accepted])
+    return {"share": share_to_json(share)}
+
+
+def _op_helper_close_round(body, helper) -> dict:
+    helper.close_round(hex_bytes(field(body, "nonce"), "nonce", size=16))
+    return {"ok": True}
+
+
+_HELPER_OPS = {"helper_open_round": _op_helper_open_round, "helper_verify": _op_helper_verify,
+               "helper_aggregate": _op_helper_aggregate, "helper_close_round": _op_helper_close_round}
+
+
 def handle(service: AuthorityService, method: str, path: str, body: bytes | None) -> tuple[int, dict]:
     """One request -> ``(status, JSON body)``. Synchronous (runs in a worker thread)."""
     from protocols.paillier import AuthorityRefusal
@@ -299,7 +371,8 @@ def handle(service: AuthorityService, method: str, path: str, body: bytes | None
     if not path.startswith(API + "/"):
         return 404, {"error": "not_found", "message": f"no such operation {path!r}"}
     name = path[len(API) + 1:]
-    if name not in {"identity", "session", "end_session", *_SESSION_OPS}:
+    if name not in {"identity", "session", "end_session", "helper_session", "helper_end_session", *_SESSION_OPS,
+                    *_HELPER_OPS}:
         return 404, {"error": "not_found", "message": f"no such operation {path!r}"}
     want = "GET" if name == "identity" else "POST"
     if method != want:
@@ -315,11 +388,32 @@ def handle(service: AuthorityService, method: str, path: str, body: bytes | None
         if name == "session":
             sid, bundle = service.begin_session()
             return 200, {"session": sid, "bundle": bundle_to_json(bundle)}
-        if name == "end_session":
+        if name == "helper_session":
+            from .helper_wire import bundle_to_json as helper_bundle_json
+
+            sid, helper = service.begin_helper_session()
+            return 200, {"session": sid, "bundle": helper_bundle_json(helper.public_bundle()),
+                         "min_clients": helper.min_clients}
+        if name in ("end_session", "helper_end_session"):
             service.end_session(field(obj, "session"))
             return 200, {"ok": True}
         with service.lock:
             authority = service.authority(field(obj, "session"))
+            from protocols.validated import HelperRefusal, ValidationHelper
+
+            if (name in _HELPER_OPS) != isinstance(authority, ValidationHelper):
+                raise AuthorityRefusal(f"session {str(field(obj, 'session'))[:8]}... is not a "
+                                       f"{'validation Helper' if name in _HELPER_OPS else 'Paillier'} session",
+                                       stage="authority")
+            if name in _HELPER_OPS:
+                try:
+                    return 200, _HELPER_OPS[name](obj, authority)
+                except HelperRefusal as exc:
+                    raise AuthorityRefusal(str(exc), stage="authority") from None
+                except BadRequest:
+                    raise
+                except (ValueError, TypeError) as exc:  # e.g. circuit parameters the Helper cannot build
+                    raise BadRequest(f"{name}: {exc}") from None
             if name == "open_round":
                 n_ct = as_int(field(obj, "n_ciphertexts"), "n_ciphertexts")
                 if n_ct > service.max_ciphertexts:
