@@ -325,6 +325,43 @@ def test_fake_grid_paillier_equals_in_process(tmp_path, clients, task_identity, 
     assert service.open_sessions == 0  # the run ended its session: that key is destroyed
 
 
+def test_fake_grid_validated_equals_in_process(tmp_path, clients, task_identity, authority_service):
+    """ValidatedAggregation over Flower: the Helper is the key authority service's (mutual TLS),
+    the nodes sign their reports with their directory keys and trust the directory's
+    authority key as the Helper's; a lying node is named and left out, as in process."""
+    pki, url, service, tls = authority_service
+    box = [float(np.min(clients)) - 1.0, float(np.max(clients)) + 1.0]
+    spec = RunSpec("dwf", {**UNIFORM, "init_bounds": box}, [{"name": "validated", "max_records": 80}], random_state=14)
+    result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
+                              directory=str(pki.directory_path), authority_url=url, authority_tls=tls,
+                              stage_timeout=20)
+    assert order == [0, 1, 2] and result["errors"] == {}
+    ref = in_process(spec, clients)
+    np.testing.assert_array_equal(result["centres"], ref.cluster_centers_)
+    assert_same_structure(result["transcript"], ref.transcript_)
+    validated = [r for r in result["transcript"] if "validated_input" in [s.stage for s in r.stages]]
+    assert validated and result["protection_report"]["ValidatedAggregation"]["helper_aggregates"] == len(validated)
+    assert service.open_sessions == 0  # the run ended the Helper's session
+
+
+def test_fake_grid_validated_with_the_helper_s_dp_noise(tmp_path, clients, task_identity, authority_service):
+    """Central DP under validation over Flower: the Helper service adds the noise (its own
+    CSPRNG) under the plan every node computes from the declared record count; the run spends
+    at most its budget and no round is refused."""
+    pki, url, service, tls = authority_service
+    box = [float(np.min(clients)) - 1.0, float(np.max(clients)) + 1.0]
+    spec = RunSpec("dwf", {"n_clusters": 3, "init_bounds": box}, [
+        {"name": "dp", "epsilon": 2.0, "delta": 1e-5, "mode": "central", "n_records": 240},
+        {"name": "validated", "max_records": 80}], random_state=15)
+    result, order = _fake_run(tmp_path, clients, spec, node_configs=[pki.node_config(i) for i in range(3)],
+                              directory=str(pki.directory_path), authority_url=url, authority_tls=tls,
+                              stage_timeout=20)
+    assert result["errors"] == {} and all(r.aborted is None for r in result["transcript"])
+    eps = result["protection_report"]["GaussianDP"]["privacy_spent"][0]
+    assert 0 < eps <= 2.0 + 1e-9
+    assert "Helper" in result["protection_report"]["GaussianDP"]["server_sees"]
+
+
 def test_fake_grid_signed_masking_equals_plain(tmp_path, clients, task_identity):
     from securefkm.flower.provision import provision_local
 

@@ -147,7 +147,8 @@ def test_no_loader_that_can_run_code():
 
 @pytest.mark.parametrize("protection", [["paillier"], [{"name": "masking", "sign_keys": True}],
                                         [{"name": "dp", "epsilon": 1, "delta": 1e-5, "bounds": [-12, 12],
-                                          "mode": "local"}]])
+                                          "mode": "local"}],
+                                        [{"name": "dp", "epsilon": 1, "delta": 1e-5, "mode": "central"}, "validated"]])
 def test_transcripts_of_every_stack_roundtrip(protection):
     """What a ServerApp saves (transcript, protection report) holds only allow-listed types."""
     from sklearn.datasets import make_blobs

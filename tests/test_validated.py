@@ -218,17 +218,17 @@ def test_several_starts_score_their_runs_through_validation():
     assert len(scored) == 3 and all(np.shape(r.aggregate["inertia"]) == (1,) for r in scored)
 
 
-def test_deployments_refuse_validation_without_a_helper_service():
+def test_deployments_need_the_provisioned_helper():
+    """Over Flower the Helper is the key authority service's: a spec with validation and no
+    provisioning (directory, authority-url) is refused naming them."""
     from securefkm.exceptions import InputError
+    from securefkm.flower.provision import requirements
     from securefkm.flower.spec import RunSpec, build_federation
 
     spec = RunSpec("dwf", {"n_clusters": 3, "init_bounds": [0.0, 1.0]}, ["validated"], 0)
-    with pytest.raises(InputError, match="not available over Flower.*Helper"):
+    assert requirements(spec.protection) == requirements(["paillier"]).__class__(True, True, True)
+    with pytest.raises(InputError, match="ValidatedAggregation.*provisioned node identities.*authority-url"):
         build_federation(spec, 4, 2, None)
-    from securefkm.flower.deploy import _preflight
-
-    with pytest.raises(InputError, match="not available over Flower"):  # before any process starts
-        _preflight(spec, [np.random.default_rng(0).random((10, 2)) for _ in range(3)], ["a", "b", "c"])
 
 
 def test_active_attacks_run_against_a_validated_fit():

@@ -195,8 +195,8 @@ class ValidatedAggregation(Aggregator):
         """Byte sources of the Helper's noise: GaussianDP(rng="seeded")'s keystreams labelled
         by the round and field (owner "helper"), or the OS CSPRNG."""
         dp = getattr(self, "_dp", None)
-        if dp is None:
-            return None
+        if dp is None or getattr(dp, "rng", "system") == "system":
+            return None  # the Helper's own CSPRNG
         return lambda field: dp._source(ctx, "helper", field)
 
     def setup(self, info) -> None:

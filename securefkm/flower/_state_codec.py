@@ -51,6 +51,8 @@ def _classes() -> dict[str, type]:
     from protocols.dp.accounting import PrivacyAccountant
     from protocols.paillier.authority import (DecryptedAggregate, EncryptedContribution, EncryptRequest,
                                               PublicBundle, RoundTicket)
+    from protocols.validated.helper import (HelperBundle, NoiseField, NoisePlan, ValidatedReport, ValidationRequest,
+                                            ValidationTicket)
 
     from ..algorithms.base import AlgorithmState
     from ..algorithms.secure_centres import SecureServerKMeans
@@ -61,7 +63,8 @@ def _classes() -> dict[str, type]:
 
     found = [AlgorithmState, SecureServerKMeans, Broadcast, FieldSpec, UpdateRequest, Transcript, RoundRecord, StageRecord,
              AbortedRound, Exclusion, PrivacyAccountant, ProtectionReport, LayerView,
-             PublicBundle, RoundTicket, EncryptRequest, EncryptedContribution, DecryptedAggregate]
+             PublicBundle, RoundTicket, EncryptRequest, EncryptedContribution, DecryptedAggregate,
+             HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport]
     return {f"{c.__module__}.{c.__qualname__}": c for c in found}
 
 

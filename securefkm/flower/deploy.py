@@ -603,8 +603,11 @@ class LocalDeployment:
             from ..specs import find_layer
 
             paillier = find_layer(spec.protection, "paillier") or {}
+            validated = find_layer(spec.protection, "validated") or {}
+            # the service's floor (the Helper's and the authority's min_clients) is the spec's largest
+            floor = max(int(paillier.get("min_clients", 2)), int(validated.get("min_clients", 2)))
             extra["authority_url"] = self.start_authority(key_size=int(paillier.get("key_size", 2048)),
-                                                          min_clients=int(paillier.get("min_clients", 2)))
+                                                          min_clients=floor)
             extra.update({k.replace("-", "_"): v for k, v in self.authority_run_config().items()})
         config = RunConfig(
             spec=spec.to_json(),
@@ -699,22 +702,29 @@ def declare_records(spec: RunSpec, paths) -> RunSpec:
 
     entries = layer_specs(spec.protection)
     missing = [i for i, p in enumerate(entries) if p.name == "dp" and p.get("n_records") is None]
-    if not missing:
+    # ValidatedAggregation proves counts against each client's record bound: the largest CSV's
+    uncapped = [i for i, p in enumerate(entries) if p.name == "validated" and p.get("max_records") is None]
+    if not missing and not uncapped:
         return spec
     from .clientapp import read_client_csv
 
-    total = 0
+    sizes = []
     for path in paths:
         try:
-            total += read_client_csv(str(path)).shape[0]
+            sizes.append(read_client_csv(str(path)).shape[0])
         except InputError:
             continue
+    total = sum(sizes)
     if total == 0:
         return spec
     for i in missing:
         entries[i] = {**entries[i], "n_records": total}
         log.info("GaussianDP plans from n_records=%d, counted from the %d client CSVs (declared public)",
                  total, len(paths))
+    for i in uncapped:
+        entries[i] = {**entries[i], "max_records": max(sizes)}
+        log.info("ValidatedAggregation bounds every client's counts by max_records=%d, the largest client CSV "
+                 "(declared public)", max(sizes))
     return RunSpec(spec.algorithm, dict(spec.params), [dict(e) for e in entries], spec.random_state)
 
 
@@ -742,9 +752,6 @@ def _preflight(spec: RunSpec, data, paths) -> None:
     from ..layers import validate_stack
 
     est = spec.estimator()
-    from .spec import refuse_in_process_helper
-
-    refuse_in_process_helper(est.protection)
     # the same checks the ServerApp's Federation makes: e.g. an aggregator on plain set-fields
     validate_stack(clone_layers(est.protection), est._make_algorithm(n_features, len(paths)))
     # and the estimators' refusal of a secure sum over too few clients (one SuperNode)
@@ -788,9 +795,13 @@ def deploy(data=None, *, csv_dir=None, algorithm: str = "dwf", params: dict | No
         if declared is not spec:
             from ..specs import find_layer
 
-            n = find_layer(declared.protection, "dp")["n_records"]
-            say(f"DP plans its rounds from n_records={n}, counted from the client CSVs (declared public, as an "
-                "in-process fit declares it)")
+            dp, validated = find_layer(declared.protection, "dp"), find_layer(declared.protection, "validated")
+            if dp is not None and dp.get("n_records") is not None:
+                say(f"DP plans its rounds from n_records={dp['n_records']}, counted from the client CSVs (declared "
+                    "public, as an in-process fit declares it)")
+            if validated is not None and validated.get("max_records") is not None:
+                say(f"ValidatedAggregation proves every client's counts against max_records="
+                    f"{validated['max_records']}, the largest client CSV (declared public)")
             spec = declared
         nodes = f"{len(paths)} SuperNode{'s' if len(paths) != 1 else ''}"
         say(f"starting a SuperLink and {nodes} on 127.0.0.1 (one per client CSV)")

@@ -74,8 +74,9 @@ IDENTIFY_STAGE = "identify"
 # ------------------------------------------------------------------ what a spec needs
 @dataclass(frozen=True)
 class Requirements:
-    identity: bool = False   # node identity keys + directory (Paillier, masking sign_keys)
-    authority: bool = False  # a Paillier key authority service
+    identity: bool = False   # node identity keys + directory (Paillier, masking sign_keys, validation)
+    authority: bool = False  # the key authority service (Paillier's keys, or the validation Helper)
+    helper: bool = False     # the validation Helper, hosted by the key authority service
 
     def __bool__(self) -> bool:
         return self.identity
@@ -84,14 +85,16 @@ class Requirements:
 def requirements(protection) -> Requirements:
     """What a list of layer specs (or a :class:`RunSpec`) needs provisioned in a deployment."""
     protection = getattr(protection, "protection", protection) or []
-    identity = authority = False
+    identity = authority = helper = False
     for layer in protection:
         name = layer if isinstance(layer, str) else layer.get("name") if isinstance(layer, dict) else None
         if name == "paillier":
             identity = authority = True
+        elif name == "validated":
+            identity = authority = helper = True
         elif name == "masking" and isinstance(layer, dict) and layer.get("sign_keys"):
             identity = True
-    return Requirements(identity, authority)
+    return Requirements(identity, authority, helper)
 
 
 # ------------------------------------------------------------------ identify stage
@@ -123,28 +126,42 @@ def new_challenge() -> bytes:
 def _layers_of(protection):
     from protocols.masking import PairwiseMasking
     from protocols.paillier import Paillier
+    from protocols.validated import ValidatedAggregation
 
     for layer in protection:
         if isinstance(layer, PairwiseMasking) and layer.sign_keys:
             yield "masking", layer
         elif isinstance(layer, Paillier):
             yield "paillier", layer
+        elif isinstance(layer, ValidatedAggregation):
+            yield "validated", layer
 
 
 class ServerProvisioning:
-    """The ServerApp's view: the directory and (Paillier) the client of the authority service."""
+    """The ServerApp's view: the directory and the clients of the authority service (Paillier's
+    keys; the validation Helper)."""
 
-    def __init__(self, directory: Directory, authority=None):
+    def __init__(self, directory: Directory, authority=None, helper=None):
         self.directory = directory
         self.authority = authority
+        self.helper = helper
 
     def key(self) -> tuple:
-        return ("server", self.directory.digest, getattr(self.authority, "url", None))
+        return ("server", self.directory.digest, getattr(self.authority, "url", None),
+                getattr(self.helper, "url", None))
 
     def apply(self, protection) -> None:
         for kind, layer in _layers_of(protection):
             if kind == "masking":
                 layer.registry = DirectoryRegistry(self.directory)
+            elif kind == "validated":
+                if self.helper is None:
+                    raise InputError(
+                        "protection 'validated' over Flower needs the validation Helper, which the key authority "
+                        f"service hosts: set the run config {RUN_AUTHORITY_URL!r} to its address "
+                        "(`securefkm authority serve ...`)."
+                    )
+                layer.use_helper(self.helper)
             else:
                 if self.authority is None:
                     raise InputError(
@@ -201,6 +218,11 @@ class NodeProvisioning:
         for kind, layer in _layers_of(protection):
             if kind == "masking":
                 layer.registry = DirectoryRegistry(self.directory, client_id=self.client_id, private=self.private)
+            elif kind == "validated":
+                if self.directory.authority_key is None:
+                    raise InputError("this node's directory has no authority key, the key it trusts as the "
+                                     "validation Helper's; add the authority's verify key to the directory file.")
+                layer.trust_helper(self.directory.authority_key, self.private)
             else:
                 if self.bundle is None:
                     raise InputError("no verified Paillier public bundle on this node: the server skipped the identify stage.")

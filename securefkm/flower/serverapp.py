@@ -166,19 +166,26 @@ def server_provisioning(spec: RunSpec, directory, authority_url, tls: dict | Non
             "`securefkm provision directory`, docs/deployment.md)."
         )
     d = directory_from_config(directory, f"run config {RUN_DIRECTORY!r}")
-    authority = None
+    authority = helper = None
     if needs.authority:
         if not authority_url:
             raise InputError(
-                f"protection 'paillier' needs the key authority service: set the run config {RUN_AUTHORITY_URL!r} "
-                "to its address, e.g. 'http://127.0.0.1:8471' (`securefkm authority serve`, docs/deployment.md)."
+                f"protection {'validated' if needs.helper else 'paillier'!r} needs the key authority service: set "
+                f"the run config {RUN_AUTHORITY_URL!r} to its address, e.g. 'http://127.0.0.1:8471' "
+                "(`securefkm authority serve`, docs/deployment.md)."
             )
-        from .authority_client import RemoteAuthority
+        from ..specs import find_layer
+        from .authority_client import RemoteAuthority, RemoteHelper
 
         tls = tls or {}
-        authority = RemoteAuthority(authority_url, d, ca=tls.get("ca"), cert=tls.get("cert"), key=tls.get("key"))
-        authority.public_bundle()  # fail now, with the reason, if unreachable or not the pinned authority
-    return ServerProvisioning(d, authority)
+        files = {"ca": tls.get("ca"), "cert": tls.get("cert"), "key": tls.get("key")}
+        if find_layer(spec.protection, "paillier") is not None:
+            authority = RemoteAuthority(authority_url, d, **files)
+            authority.public_bundle()  # fail now, with the reason, if unreachable or not the pinned authority
+        if needs.helper:
+            helper = RemoteHelper(authority_url, d, **files)
+            helper.public_bundle()  # the same checks, for the Helper's session
+    return ServerProvisioning(d, authority, helper)
 
 
 def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_timeout: float = 60.0,
@@ -204,9 +211,11 @@ def run_federation(grid, spec: RunSpec, *, n_nodes: int, n_features: int, stage_
                                node_wait_timeout=node_wait_timeout, poll_interval=poll_interval,
                                progress_path=progress_path, min_nodes=min_nodes, checkpoint=checkpoint)
     finally:
-        if provisioning is not None and provisioning.authority is not None:
+        for service in (() if provisioning is None else (provisioning.authority, provisioning.helper)):
+            if service is None:
+                continue
             try:
-                provisioning.authority.end_session()
+                service.end_session()
             except Exception as exc:  # the run's outcome matters more; the authority logs it too
                 log.warning("could not end the key authority session: %s", exc)
 

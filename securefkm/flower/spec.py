@@ -133,22 +133,6 @@ class RunSpec:
         return make_estimator(self.algorithm, protection=self.protection, random_state=self.random_state, **params)
 
 
-def refuse_in_process_helper(protection) -> None:
-    """ValidatedAggregation needs its Helper run by another party; a deployment has no Helper
-    service yet, and one built in the ServerApp's process would be the server itself."""
-    from ..specs import LayerSpec
-
-    for layer in protection or ():
-        name = getattr(layer, "name", None) if not isinstance(layer, (str, dict)) else LayerSpec.of(layer).name
-        if name in ("validated", "ValidatedAggregation"):
-            raise InputError(
-                "ValidatedAggregation is not available over Flower: its Helper aggregator must be run by a "
-                "party other than the server, and deployments have no Helper service yet. Use it in simulation "
-                "(fit in process), or PairwiseMasking / Paillier in deployments (docs/protocols/"
-                "validated-aggregation.md, 'Backends and deployments')."
-            )
-
-
 def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, *, server_policy=None, verbose=None,
                      provisioning=None):
     """(estimator, Federation) exactly as ``estimator.fit`` builds them, over ``transport``.
@@ -172,14 +156,13 @@ def build_federation(spec: RunSpec, n_clients: int, n_features: int, transport, 
     from protocols.dp import refuse_seeded_noise
 
     refuse_seeded_noise(est.protection)  # deployments never run recomputable DP noise
-    refuse_in_process_helper(est.protection)
     if provisioning is not None:
         provisioning.apply(est.protection)
     elif spec.requirements():
         raise InputError(
-            "this spec's protection (Paillier or masking sign_keys=True) needs provisioned node "
-            "identities over Flower: give the run config 'directory' (and 'authority-url' for "
-            "Paillier) and every SuperNode the node config 'identity-key' and 'directory'; "
+            "this spec's protection (Paillier, ValidatedAggregation or masking sign_keys=True) needs "
+            "provisioned node identities over Flower: give the run config 'directory' (and 'authority-url' for "
+            "Paillier and ValidatedAggregation) and every SuperNode the node config 'identity-key' and 'directory'; "
             "`securefkm deploy` / deploy() provision a local deployment automatically "
             "(docs/deployment.md, 'Paillier and signed-key masking')."
         )
