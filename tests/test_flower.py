@@ -568,6 +568,23 @@ def test_deployment_paillier_equals_in_process(deployment, clients):
 
 
 @pytest.mark.flower
+@pytest.mark.slow
+def test_deployment_validated_equals_in_process(deployment, clients):
+    """SuperLink + 3 SuperNodes + the key authority process hosting the Helper run DWF under
+    ValidatedAggregation: the release equals the in-process fit's, the Helper's session ends."""
+    box = [float(np.min(clients)) - 1.0, float(np.max(clients)) + 1.0]
+    spec = RunSpec("dwf", {**DEP_PARAMS, "init_bounds": box}, ["validated"], random_state=16)
+    result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
+    order = deployment.client_order()
+    ref = in_process(spec, [clients[i] for i in order])
+    np.testing.assert_array_equal(result.centres, ref.cluster_centers_)
+    assert_same_structure(result.transcript, ref.transcript_)
+    assert result.errors == {} and result.protection_report["ValidatedAggregation"]["helper_aggregates"] == len(
+        result.transcript)
+    assert deployment.authority is None  # stopped after the run
+
+
+@pytest.mark.flower
 def test_deployment_dp_reports_privacy_spent(deployment, clients):
     spec = RunSpec("dwf", {**DEP_PARAMS, "max_rounds": 1}, [{"name": "dp", "epsilon": 2.0, "delta": 1e-5, "clip": 15.0}, "masking"], random_state=4)
     result = deployment.run(spec, stage_timeout=STAGE_TIMEOUT, timeout=900)
