@@ -111,7 +111,7 @@ class Calibration:
             # each row is a point of the domain (a mean of records, or the broadcast centre); one
             # record changes at most ``cells`` rows, each by at most the domain's diameter
             return math.sqrt(getattr(spec, "cells", 1)) * self._diameter(d)
-        if self.mode == "local" and len(spec.shape) >= 1 and spec.shape[-1] == d:
+        if self._strategy.noises_everything and len(spec.shape) >= 1 and spec.shape[-1] == d:
             rows = spec.size // d
             return self._diameter(d) * math.sqrt(rows)  # already the whole range: no factor
         raise ProtectionConfigError(self._value_message(spec))
@@ -127,7 +127,7 @@ class Calibration:
 
     # ------------------------------------------------------------------ sigmas
     def _noised_specs(self, specs):
-        return tuple(s for s in specs if s.kind != "value" or self.mode == "local")
+        return tuple(s for s in specs if s.kind != "value" or self._strategy.noises_everything)
 
     def _aggregator_grid(self, spec: FieldSpec) -> float | None:
         """The secure aggregator's own noise lattice for ``spec`` when it adds the central noise."""
@@ -143,12 +143,7 @@ class Calibration:
         grid = self._aggregator_grid(spec)
         if grid is not None:
             return float(grid)
-        if self.mode == "distributed":
-            if spec.integer:
-                return 1.0
-            per = getattr(self._codec, "resolution_for", None)
-            return float(per(spec)) if per is not None else float(self._codec.resolution)
-        return 0.0
+        return self._strategy.lattice_step(self, spec)
 
     def field_sigmas(
         self, specs, extra_deltas: dict | None = None, action: str | None = None, ctx=None

@@ -24,14 +24,9 @@ from collections import Counter
 import numpy as np
 
 from securefkm.validation import check_bounds, check_choice, check_float, check_int
-from securefkm.exceptions import (
-    InputError,
-    PrivacyBudgetExceededError,
-    ProtectionConfigError,
-    RoundAbortedError,
-)
+from securefkm.exceptions import InputError, PrivacyBudgetExceededError, ProtectionConfigError
 from securefkm.layers import Layer
-from securefkm.messages import AggregatedUpdate, Update, check_sums, stack_sums
+from securefkm.messages import AggregatedUpdate, Update
 
 from .accounting import (
     PrivacyAccountant,
@@ -40,10 +35,10 @@ from .accounting import (
     noise_multiplier_for_schedule,
 )
 from .calibration import Calibration
-from .noise import RNGS, keystream, kls21_tau, noise_on_lattice, noise_on_lattice_many
+from .modes import STRATEGIES, Distributed, Mode
+from .noise import RNGS, keystream, noise_on_lattice, noise_on_lattice_many
 from .postprocessing import PostProcessing
 from .radius import RadiusBounded
-from .sampler import round_up_variance, sample_discrete_gaussian_batch
 from .scheduling import Scheduling
 
 MODES = ("central", "distributed", "local")
@@ -58,7 +53,6 @@ class DeltaWarning(UserWarning):
     """``delta`` above 1/n for n records: a mechanism may then release a whole record outright
     with probability delta and still meet the guarantee (Dwork & Roth 2014, sec. 2.3)."""
 
-SET_FIELDS_BOUNDED = ("centres",)
 
 DOMAIN_MISSING = (
     "GaussianDP needs the records' domain for its sensitivity: pass bounds=(low, high) (records must lie in "
@@ -219,7 +213,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self.allow_plain_set_fields = bool(allow_plain_set_fields)
         # distributed noise only makes sense under a secure aggregator (instance attribute
         # shadows the base-class ClassVar; the runtime reads it per instance).
-        self.requires_secure_aggregator = self.mode == "distributed"
+        self.requires_secure_aggregator = self._strategy.requires_secure_aggregator
         self._repr_params = {"epsilon": self.epsilon, "delta": self.delta}
         if bounds is not None:  # the data domain the sensitivity assumes: part of what was declared
             self._repr_params["bounds"] = tuple(v.tolist() if v.ndim else float(v) for v in self.bounds)
@@ -299,34 +293,26 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._aggregator = aggs[0] if aggs else None
         me = next(i for i, layer in enumerate(stack) if layer is self)
         for i, layer in enumerate(stack):
-            if isinstance(layer, Rounding) and (i < me or self.mode == "central"):
+            if isinstance(layer, Rounding) and (i < me or not self._strategy.noises_on_clients):
                 raise ProtectionConfigError(
                     f"Rounding runs before GaussianDP(mode={self.mode!r}) adds its noise, which changes the "
                     "per-record sensitivity (one record can move a rounded count by a whole multiple). "
                     + ("Place Rounding after GaussianDP (rounding noised values is post-processing)."
-                       if self.mode != "central" else
+                       if self._strategy.noises_on_clients else
                        "In central mode the noise is added on the server, after every client layer: drop "
                        "Rounding or use mode='distributed' with Rounding after GaussianDP.")
                 )
         # Suppression before the noise lets one record switch a whole cluster of p records.
         self._sens_factor = 1.0
         for i, layer in enumerate(stack):
-            if isinstance(layer, MinClusterSize) and (i < me or self.mode == "central"):
+            if isinstance(layer, MinClusterSize) and (i < me or not self._strategy.noises_on_clients):
                 self._sens_factor = max(1.0, float(layer.p))
         refusal = aggs[0].client_noise_refusal(self.mode) if aggs else None
         if refusal is not None:
             raise ProtectionConfigError(refusal)
-        if self.mode == "distributed":
-            agg = aggs[0] if aggs else None
-            codec = getattr(agg, "codec", None)
-            if codec is None or getattr(codec, "resolution", None) is None:
-                raise ProtectionConfigError(
-                    f"GaussianDP(mode='distributed') adds noise on the secure aggregator's integer lattice "
-                    f"but {getattr(agg, 'name', 'the aggregator')} exposes no codec.resolution; use "
-                    "PairwiseMasking() or Paillier() after GaussianDP in protection."
-                )
-            self._codec = codec
-        if getattr(algorithm, "uses_set_fields", False) and not (self.allow_plain_set_fields and self.mode != "local"):
+        self._strategy.check_stack(self, aggs[0] if aggs else None)
+        if getattr(algorithm, "uses_set_fields", False) and not (
+                self.allow_plain_set_fields and not self._strategy.noises_everything):
             raise ProtectionConfigError(set_fields_message(algorithm, self.mode))
 
     def setup(self, info):
@@ -364,56 +350,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._levels = {}
         self._top = Counter()
         self._plain_rounds = 0
-        if self.mode == "distributed" and self.min_clients is None:
-            # the survivors the aggregator is designed to complete with (PairwiseMasking: all
-            # but its dropout_fraction), so that its declared dropouts still leave the
-            # calibrated noise in the sum; survivors_needed() makes it abort below that
-            agg = self._aggregator  # None only for a layer set up outside a validated stack
-            self.min_clients = int(agg.designed_survivors(info.clients_per_round)) if agg else info.clients_per_round
-        if self.mode == "distributed" and self.min_clients > info.clients_per_round:
-            raise ProtectionConfigError(
-                f"GaussianDP min_clients={self.min_clients} exceeds clients_per_round={info.clients_per_round}; "
-                "no round could carry the calibrated noise. Lower min_clients or sample more clients."
-            )
-        if self.mode == "distributed":
-            self._size_shares(info)
-
-    def _size_shares(self, info):
-        """The honest noise shares H every released sum holds, and the shares may be missing.
-
-        Of ``clients_per_round`` = n sampled clients, a released sum can lack the noise share
-        of ``n - min_clients`` clients that dropped (the aggregator decodes no fewer
-        survivors) and of the clients that survive but add no noise (malicious, or colluding
-        with the server: they know their own share). ``missing_shares`` M counts both;
-        default: the dropouts plus the aggregator's declared colluders
-        (``Aggregator.designed_corrupt``: PairwiseMasking's ``corrupt_fraction``, 5%). Each
-        share then has variance sigma^2 / H with H = n - M, so a sum over any survivors of
-        whom at most M - (n - min_clients) add nothing still carries >= sigma^2.
-        """
-        n = int(info.clients_per_round)
-        dropped = n - int(self.min_clients)
-        agg = self._aggregator
-        if self.missing_shares is None:
-            corrupt = int(agg.designed_corrupt(n)) if agg is not None else 0
-            missing = dropped + corrupt
-        else:
-            missing = int(self.missing_shares)
-            if missing < dropped:
-                raise ProtectionConfigError(
-                    f"GaussianDP missing_shares={missing} is below the {dropped} dropouts a round may "
-                    f"complete with (clients_per_round={n} less min_clients={self.min_clients}); a sum "
-                    f"missing them would carry less noise than calibrated: pass missing_shares >= {dropped}."
-                )
-        if missing >= n:
-            raise ProtectionConfigError(
-                f"GaussianDP: {missing} of clients_per_round={n} noise shares may be missing "
-                f"({dropped} dropouts + {missing - dropped} clients adding no noise), so no share is sure "
-                "to reach the sum: sample more clients per round, or lower missing_shares / the "
-                "aggregator's dropout_fraction and corrupt_fraction."
-            )
-        self._colluders = missing - dropped
-        self._honest_shares = n - missing
-        self._info_clients = n
+        self._strategy.setup(self, info)
 
     def _warn_about_trust_and_delta(self, info):
         """Fit-time warnings: central noise with the server seeing plain updates, and a
@@ -440,16 +377,12 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     def before_round(self, ctx):
         specs = ctx.specs
         for s in specs:
-            if s.kind == "value" and self.mode != "local":
+            if s.kind == "value" and not self._strategy.noises_everything:
                 raise ProtectionConfigError(self._value_message(s))
-        if self.mode == "distributed" and specs and len(ctx.sampled) < self.min_clients:
-            raise RoundAbortedError(
-                f"GaussianDP(mode='distributed') needs at least min_clients={self.min_clients} clients in a "
-                f"round, {len(ctx.sampled)} were sampled (action {ctx.action!r}); the noise would be too small.",
-                round=ctx.round,
-                stage="before_round",
-            )
-        if not specs and self.mode != "local":
+        refusal = self._strategy.round_refusal(self, ctx)
+        if refusal is not None:
+            raise refusal
+        if not specs and not self._strategy.noises_everything:
             return
         cap = self._cap.max_rounds if self._cap is not None else None
         z = self._z_for(ctx.action, ctx)
@@ -480,9 +413,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         secure aggregator that honours it (PairwiseMasking, Paillier) aborts before decoding a sum of
         fewer: nothing is released, nothing charged, and the round is retried; the check
         after decoding below stays for aggregators that do not."""
-        if self.mode == "distributed" and self.min_clients is not None and self._noised_specs(ctx.specs):
-            return int(self.min_clients)
-        return 0
+        return self._strategy.survivors_needed(self, ctx)
 
     def client_data(self, X, client, ctx):
         if self.clip is not None:
@@ -532,7 +463,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         return False
 
     def _refuse_plain_items(self, update: Update, ctx) -> None:
-        if update.items and self.mode != "local" and not self.allow_plain_set_fields:
+        if update.items and not self._strategy.noises_everything and not self.allow_plain_set_fields:
             raise ProtectionConfigError(
                 f"GaussianDP(mode={self.mode!r}): round action {ctx.action!r} sends set-fields "
                 f"{sorted(update.items)} that this mode cannot noise. Use an init that sends no data "
@@ -547,12 +478,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         # one path for a deployed client (a batch of one) and a round of simulated clients
         for update in updates:
             self._refuse_plain_items(update, ctx)
-        updates = self._domain_means(updates, ctx)
-        if self.mode == "central":
-            return list(updates)
-        if self.mode == "local":
-            return self._local_noise(updates, clients, ctx)
-        return self._distributed_shares(updates, clients, ctx)
+        return self._strategy.client_updates(self, self._domain_means(updates, ctx), clients, ctx)
 
     def _domain_means(self, updates, ctx):
         """Every client projects the rows of its ``mean`` fields into the declared domain before
@@ -565,80 +491,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         return [Update(sums={**u.sums, **{m: self._project_rows(u.sums[m], self._d) for m in means if m in u.sums}},
                        items=u.items) for u in updates]
 
-    def _local_noise(self, updates, clients, ctx):
-        """Local mode: every client noises its own sums (projected values) and bounded set-fields
-        to the full sigma; all clients' draws in one pass of the sampler (:meth:`_noise_fine_many`)."""
-        d = self._d
-        tasks, staged = [], []  # tasks: (dict to write, key, value, sigma, step, source)
-        for update, client in zip(updates, clients):
-            extra = {}
-            items = dict(update.items)
-            for name, arr in items.items():
-                arr = np.asarray(arr)
-                if name not in SET_FIELDS_BOUNDED or arr.size == 0:
-                    if name == "sizes" or arr.size:
-                        raise ProtectionConfigError(
-                            f"GaussianDP(mode='local') cannot bound the set-field {name!r} per record "
-                            f"(only {SET_FIELDS_BOUNDED} are bounded by projection); run the algorithm in its "
-                            "record-level secure mode (secure_mode=True), whose rounds are per-cluster counts "
-                            "and coordinate sums that every DP mode bounds."
-                        )
-                    continue
-                rows = arr.size // d
-                extra[name] = (self._diameter(d) * math.sqrt(rows), arr.size)
-            noised = self._noised_specs(ctx.specs)
-            sigmas = self.field_sigmas(noised, extra, action=ctx.action, ctx=ctx)
-            pairs = self.centred_pairs(noised)
-            sums = self._translate(update.sums, pairs, -1, ctx)
-            for s in ctx.specs:
-                val = np.asarray(sums[s.name], dtype=np.float64)
-                if s.kind in ("value", "mean"):
-                    val = self._project_rows(val, d)
-                tasks.append((sums, s.name, val, *sigmas[s.name][:2], self._source(ctx, client.client_id, s.name)))
-            for name in extra:
-                tasks.append((items, name, self._project_rows(items[name], d), *sigmas[name][:2],
-                              self._source(ctx, client.client_id, name)))
-            staged.append((sums, items, pairs))
-        noisy = self._noise_fine_many(*[list(col) for col in zip(*tasks)][2:]) if tasks else []
-        for (target, key, *_), value in zip(tasks, noisy):
-            target[key] = value
-        return [Update(sums=self._translate(sums, pairs, +1, ctx), items=items) for sums, items, pairs in staged]
-
     _noise_fine_many = staticmethod(noise_on_lattice_many)
-
-    def _distributed_shares(self, updates, clients, ctx):
-        """Every client's update plus its noise share N_Z(0, s^2) per field on the lattice
-        (KLS21), all shares drawn in one pass of the sampler; each client's share still comes
-        from its own byte source, so it is what that client alone would draw."""
-        if ctx.specs and len(ctx.sampled) < self.min_clients:
-            return [None] * len(updates)  # the share would be too small: decline (KLS21, dropout-robust sizing)
-        sigmas = self.field_sigmas(ctx.specs, action=ctx.action, ctx=ctx)  # a 'value' field raises here too
-        pairs = self.centred_pairs(ctx.specs)
-        steps = {s.name: sigmas[s.name][1] for s in ctx.specs}
-        shares = {s.name: round_up_variance(self._share_variance(*sigmas[s.name][:2])) for s in ctx.specs}
-        stacked = stack_sums([u.sums for u in updates], ctx.specs)
-        if stacked is None:  # a malformed update (an algorithm bug): check_sums names the field
-            for update in updates:
-                check_sums(update.sums, ctx.specs)
-            raise InputError("GaussianDP: a client's sum-fields are not numeric arrays; the noise cannot be added.")
-        # every client's fields stacked along a first axis: the translation and the lattice
-        # rounding are elementwise, so row i is bit for bit what client i computes alone; the
-        # sampler still serves one request per (client, field) from that client's own source
-        centred = self._translate(stacked, pairs, -1, ctx)
-        lattices = {s.name: np.rint(centred[s.name] / steps[s.name]) for s in ctx.specs}
-        requests = [(c, s) for c in clients for s in ctx.specs]  # client-major, fields in spec order
-        sources = None if self.rng == "system" else [self._source(ctx, c.client_id, s.name) for c, s in requests]
-        draws = sample_discrete_gaussian_batch(
-            [shares[s.name] for _, s in requests], [s.size for _, s in requests], sources, flat=True,
-        ).reshape(len(updates), -1)  # row i: client i's draws, its fields one after the other
-        offset = 0
-        for s in ctx.specs:
-            lattices[s.name] += draws[:, offset:offset + s.size].reshape(lattices[s.name].shape)
-            offset += s.size
-        noisy = self._translate({s.name: lattices[s.name] * steps[s.name] for s in ctx.specs}, pairs, +1, ctx)
-        names = [s.name for s in ctx.specs]
-        rows = zip(*(list(noisy[name]) for name in names))  # client i's row of every field (views)
-        return [Update(sums=dict(zip(names, row)), items=update.items) for row, update in zip(rows, updates)]
 
     _noise_fine = staticmethod(noise_on_lattice)
 
@@ -656,47 +509,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             return agg
         sigmas = self.field_sigmas(specs, action=ctx.action, ctx=ctx)
         self._last_sigmas = {k: v[0] for k, v in sigmas.items()}
-        if self.mode == "distributed":
-            m = self.min_clients
-            self._tau = max(
-                [self._tau]
-                + [kls21_tau(self._share_variance(sig, step), agg.n_contributors) for sig, step, _ in sigmas.values()]
-            )
-            if agg.n_contributors < m:
-                # Under-noised sum already decoded: abort; the runtime sees that the aggregate
-                # was released and charges it through after_aborted_round at the actual noise.
-                factor = self._noise_factor(agg.n_contributors)
-                z_round = self._z_for(ctx.action, ctx)
-                raise RoundAbortedError(
-                    f"GaussianDP(mode='distributed'): only {agg.n_contributors} clients survived, fewer than "
-                    f"min_clients={m}; the aggregate carries too little noise and is discarded (charged at "
-                    f"noise multiplier {z_round * factor:.3g}). Lower min_clients to the aggregator's dropout threshold.",
-                    round=ctx.round,
-                    stage="server_aggregate",
-                )
-            shrunk = self._projected(self._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx.action, ctx,
-                                     agg.n_contributors)
-            return AggregatedUpdate(sums=shrunk, items=agg.items, contributors=agg.contributors, specs=agg.specs)
-        if self.mode == "local":
-            return AggregatedUpdate(sums=self._projected(agg.sums, specs, ctx.action, ctx, agg.n_contributors), items=agg.items,
-                                    contributors=agg.contributors, specs=agg.specs)
-        if self.aggregator_noises(specs):  # the aggregator's other party added the noise
-            sums = self._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx)
-            return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx, agg.n_contributors),
-                                    items=agg.items, contributors=agg.contributors, specs=agg.specs)
-        pairs = self.centred_pairs(specs)
-        sums = self._translate(agg.sums, pairs, -1, ctx)
-        for s in specs:
-            sigma, step, _ = sigmas[s.name]
-            sums[s.name] = self._noise_fine(sums[s.name], sigma, step, self._source(ctx, "server", s.name))
-        sums = self._shrunk(self._translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx)
-        return AggregatedUpdate(sums=self._projected(sums, specs, ctx.action, ctx, agg.n_contributors), items=agg.items,
-                                contributors=agg.contributors,
-                                specs=agg.specs)
+        return self._strategy.server_aggregate(self, agg, ctx, specs, sigmas)
 
     def after_round(self, ctx, agg):
-        released = bool(self._noised_specs(ctx.specs)) or (self.mode == "local" and agg.items)
-        if agg.items and self.mode != "local":
+        released = bool(self._noised_specs(ctx.specs)) or (self._strategy.noises_everything and agg.items)
+        if agg.items and not self._strategy.noises_everything:
             self._plain_rounds += 1
         if released:
             self._charge(agg.contributors, self._z_for(ctx.action, ctx))
@@ -707,56 +524,23 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         actually added, z * sqrt(n / min_clients); local), locally noised set-fields, or plain
         set-fields (privacy_spent becomes infinite, as in ``after_round``). Central mode: the
         decoded sum reached only the trusted curator and nothing was released: no charge."""
-        if leaked.items and self.mode != "local":
+        if leaked.items and not self._strategy.noises_everything:
             self._plain_rounds += 1
-        noised_sum = bool(leaked.sums) and self.mode != "central" and bool(self._noised_specs(ctx.specs))
-        if not (noised_sum or (self.mode == "local" and leaked.items)):
-            return
-        z = self._z_for(ctx.action, ctx)
-        if self.mode == "distributed" and leaked.sums and leaked.n_contributors < self.min_clients:
-            z *= self._noise_factor(leaked.n_contributors)
-        self._charge(leaked.contributors, z)
+        z = self._strategy.aborted_noise(self, ctx, leaked)
+        if z is not None:
+            self._charge(leaked.contributors, z)
 
-    def _missing_statement(self) -> str:
-        missing = self._missing_total()
-        return (f"the noise of every released sum holds with up to {missing} of the "
-                f"{self._info_clients} sampled clients' noise shares missing ({missing - self._colluders} "
-                f"dropouts and {self._colluders} surviving clients that add no noise: malicious, or colluding "
-                f"with the server; each share is sized for the other {self._honest_shares}); more clients "
-                "that withhold their share lower the real epsilon (missing_shares=)")
-
-    def _missing_total(self) -> int:
-        return self._info_clients - self._honest_shares
-
-    def _noise_factor(self, n_contributors: int) -> float:
-        """Noise std of a sum of ``n_contributors`` survivors' shares (at most ``_colluders`` of
-        them adding nothing), relative to the calibrated sigma."""
-        honest = max(int(n_contributors) - self._colluders, 0)
-        return math.sqrt(honest / self._honest_shares) if self._honest_shares else 0.0
+    @property
+    def _strategy(self) -> Mode:
+        """Who adds the noise (:mod:`protocols.dp.modes`): derived from ``mode``, never saved."""
+        return STRATEGIES[self.mode]
 
     def perturbs_client_messages(self) -> bool:
-        return self.mode in ("local", "distributed")  # central: the server noises exact updates
+        return self._strategy.noises_on_clients  # central: the server noises exact updates
 
     def server_view(self, algorithm, aggregator):
         eps = f"(epsilon={self.epsilon:g}, delta={self.delta:g})"
-        if self.mode == "local":
-            return (f"each client's update with that client's own Gaussian noise {eps} per record",
-                    "no one: every message is noised before it leaves the client")
-        if self.mode == "distributed":
-            assumed = (self._missing_statement() if self._honest_shares is not None else
-                       "the noise shares the fit is sized for")
-            return (f"only the noisy sum {eps}: each client adds a share of the noise under the secure aggregator",
-                    f"the secure aggregator's assumptions, and {assumed}")
-        party = getattr(getattr(self, "_aggregator", None), "noise_party", None)
-        if party is not None:
-            return (f"only the noisy sum {eps}: {party} adds the noise inside the secure aggregation, before the "
-                    "server can decode the sum",
-                    f"{party}: it must add the noise honestly and not collude with the server")
-        sees = ("every client's exact sum-fields in plain (no secure aggregator)" if not aggregator.secure
-                else "the exact sum of the clients' sum-fields (decoded by the secure aggregator)")
-        return (f"{sees}; noise {eps} is added on the server and only what it releases afterwards is private",
-                "the server (central DP): it sees the un-noised values and must add the noise honestly; "
-                "it gives no protection against a curious server")
+        return self._strategy.server_view(self, eps, algorithm, aggregator)
 
     def report(self):
         if self._acc is None:
@@ -779,7 +563,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             "mode": self.mode,
             "min_clients": self.min_clients if self.mode == "distributed" else None,
             "missing_shares": (None if self.mode != "distributed" or self._honest_shares is None
-                               else self._missing_statement()),
+                               else Distributed.missing_statement(self)),
             "target": (self.epsilon, self.delta),
             "planned_compositions": self._planned,
             "max_client_rounds": max(self._counts.values(), default=0),
