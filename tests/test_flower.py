@@ -655,6 +655,7 @@ def test_deployment_serverapp_killed_mid_fit_resumes(deployment, clients, tmp_pa
 
 
 @pytest.mark.flower
+@pytest.mark.slow  # over a minute with every process; run by `pytest -m slow`
 def test_deployment_killed_node_is_a_dropout(deployment, clients):
     """Runs last in this module: it kills one SuperNode of the shared deployment."""
     spec = RunSpec("dwf", DEP_PARAMS, [{"name": "masking", "threshold": 2}], random_state=6)
@@ -683,6 +684,7 @@ def test_fake_grid_dp_reports_privacy_spent(tmp_path, clients, task_identity):
 
 
 @pytest.mark.flower
+@pytest.mark.slow  # over a minute with every process; run by `pytest -m slow`
 def test_deployment_malformed_node(clients, tmp_path):
     """Its own deployment: two good nodes and one whose CSV holds text."""
     paths = write_client_csvs(clients[:2], tmp_path / "data")
