@@ -124,19 +124,31 @@ class RemoteAuthority:
         return self._call("POST", op, {"session": self.session, **body})
 
     # -- the session
+    #: the operation that opens a session, and what the service is called in errors
+    _session_op, _what = "session", "key authority"
+
+    def _decode_bundle(self, obj):
+        if not isinstance(obj, dict):
+            raise BadRequest("field bundle must be an object")
+        return bundle_from_json(obj)
+
+    def _read_session_extra(self, out: dict) -> None:
+        """Fields of the session reply besides the id and the bundle (none here)."""
+
+    def _open(self, op: str, body: dict) -> dict:
+        return self._call("POST", op, body)
+
     def public_bundle(self):
         if self._bundle is None:
-            out = self._call("POST", "session", {})
+            out = self._open(self._session_op, {})
             try:
                 session = field(out, "session")
                 if not isinstance(session, str) or not 0 < len(session) <= 256:
                     raise BadRequest("field session must be a short string")
-                bundle = field(out, "bundle")
-                if not isinstance(bundle, dict):
-                    raise BadRequest("field bundle must be an object")
-                bundle = bundle_from_json(bundle)
+                bundle = self._decode_bundle(field(out, "bundle"))
+                self._read_session_extra(out)
             except BadRequest as exc:
-                raise AuthorityUnavailable(f"key authority at {self.url} sent a malformed session: {exc}") from None
+                raise AuthorityUnavailable(f"{self._what} at {self.url} sent a malformed session: {exc}") from None
             if self.directory.authority_key is None:
                 raise InputError(
                     "the directory has no authority key; add the authority's verify key "
@@ -145,7 +157,8 @@ class RemoteAuthority:
             try:
                 bundle.verify(self.directory.authority_key)
             except ValueError as exc:
-                raise InputError(f"key authority at {self.url}: {exc} (its key is not the directory's authority key).") from None
+                raise InputError(f"{self._what} at {self.url}: {exc} (its key is not the directory's authority "
+                                 "key).") from None
             self.session, self._bundle = str(session), bundle
         return self._bundle
 
@@ -267,41 +280,29 @@ class RemoteHelper(RemoteAuthority):
         self.n_aggregates = 0
         self._min_clients = None
 
-    def _helper_call(self, op: str, body: dict) -> dict:
+    _session_op, _what = "helper_session", "validation helper"
+
+    def _open(self, op: str, body: dict) -> dict:
         from protocols.paillier import AuthorityRefusal
         from protocols.validated import HelperRefusal
         from protocols.validated.helper import STAGE
 
         try:
-            if op == "helper_session":
-                return self._call("POST", op, body)
-            self.public_bundle()
-            return self._call("POST", op, {"session": self.session, **body})
+            return self._call("POST", op, body)
         except AuthorityRefusal as exc:
             raise HelperRefusal(str(exc), stage=STAGE) from None
 
-    def public_bundle(self):
-        from .helper_wire import bundle_from_json
+    def _helper_call(self, op: str, body: dict) -> dict:
+        self.public_bundle()
+        return self._open(op, {"session": self.session, **body})
 
-        if self._bundle is None:
-            out = self._helper_call("helper_session", {})
-            try:
-                session = field(out, "session")
-                if not isinstance(session, str) or not 0 < len(session) <= 256:
-                    raise BadRequest("field session must be a short string")
-                bundle = bundle_from_json(field(out, "bundle"))
-                self._min_clients = as_int(field(out, "min_clients"), "min_clients")
-            except BadRequest as exc:
-                raise AuthorityUnavailable(f"validation helper at {self.url} sent a malformed session: {exc}") from None
-            if self.directory.authority_key is None:
-                raise InputError("the directory has no authority key, which the nodes trust as the Helper's; add it "
-                                 "(`securefkm provision directory --authority KEYS/authority.pub`).")
-            try:
-                bundle.verify(self.directory.authority_key)
-            except ValueError as exc:
-                raise InputError(f"validation helper at {self.url}: {exc} (not the directory's authority key).") from None
-            self.session, self._bundle = str(session), bundle
-        return self._bundle
+    def _decode_bundle(self, obj):
+        from .helper_wire import bundle_from_json as helper_bundle
+
+        return helper_bundle(obj)
+
+    def _read_session_extra(self, out: dict) -> None:
+        self._min_clients = as_int(field(out, "min_clients"), "min_clients")
 
     def end_session(self) -> None:
         if self.session is not None:

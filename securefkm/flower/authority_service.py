@@ -182,11 +182,9 @@ class AuthorityService:
     def from_keys(cls, keys_dir, directory: Directory, **kwargs) -> AuthorityService:
         return cls(load_identity(keys_dir).private_bytes_raw(), directory, **kwargs)
 
-    def begin_session(self) -> tuple[str, object]:
-        """``(session id, signed public bundle)`` of a new session with a fresh keypair."""
-        from phe import paillier
-
-        from protocols.paillier import AuthorityRefusal, KeyAuthority
+    def _check_room(self) -> None:
+        """Refuse a new session when ``max_sessions`` are open (idle ones expired first)."""
+        from protocols.paillier import AuthorityRefusal
         from protocols.paillier.authority import STAGE
 
         self.expire_idle()
@@ -194,39 +192,39 @@ class AuthorityService:
             if len(self._sessions) >= self.max_sessions:
                 raise AuthorityRefusal(f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); "
                                        "end finished runs first", stage=STAGE)
+
+    def _register(self, party) -> str:
+        """Enroll the directory's nodes (client i = node i) with ``party`` and open its session."""
+        for cid, key in enumerate(self.directory.nodes):
+            party.enroll(cid, key)
+        sid = secrets.token_hex(16)
+        with self.lock:
+            self._sessions[sid] = party
+            self._last_used[sid] = self._clock()
+        return sid
+
+    def begin_session(self) -> tuple[str, object]:
+        """``(session id, signed public bundle)`` of a new session with a fresh keypair."""
+        from phe import paillier
+
+        from protocols.paillier import KeyAuthority
+
+        self._check_room()
         keygen = self._keygen or (lambda bits: paillier.generate_paillier_keypair(n_length=bits))
         public, private = keygen(self.key_size)  # seconds for 2048 bits: outside the lock
         authority = KeyAuthority(public, private, min_clients=self.min_clients, allow_weak_key=self.allow_weak_key,
                                  identity_key=self._identity)
-        for cid, key in enumerate(self.directory.nodes):
-            authority.enroll(cid, key)
-        sid = secrets.token_hex(16)
-        with self.lock:
-            self._sessions[sid] = authority
-            self._last_used[sid] = self._clock()
-        return sid, authority.public_bundle()
+        return self._register(authority), authority.public_bundle()
 
     def begin_helper_session(self) -> tuple[str, object]:
         """``(session id, the Helper)`` of a new validation-Helper session: a
         :class:`~protocols.validated.ValidationHelper` with a fresh HPKE key, its bundle signed
         with this service's identity (the nodes' trusted key), the directory's nodes enrolled."""
-        from protocols.paillier import AuthorityRefusal
-        from protocols.paillier.authority import STAGE
         from protocols.validated import ValidationHelper
 
-        self.expire_idle()
-        with self.lock:
-            if len(self._sessions) >= self.max_sessions:
-                raise AuthorityRefusal(f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); "
-                                       "end finished runs first", stage=STAGE)
+        self._check_room()
         helper = ValidationHelper(min_clients=self.min_clients, identity=self._identity)
-        for cid, key in enumerate(self.directory.nodes):
-            helper.enroll(cid, key)
-        sid = secrets.token_hex(16)
-        with self.lock:
-            self._sessions[sid] = helper
-            self._last_used[sid] = self._clock()
-        return sid, helper
+        return self._register(helper), helper
 
     def expire_idle(self) -> list[str]:
         """End every session unused for ``session_ttl`` seconds; their ids."""
