@@ -375,23 +375,44 @@ class Aggregator(Layer):
         Aggregators add their own floors (PairwiseMasking: threshold and survivors)."""
         if not self.secure or not ctx.specs:
             return None
-        info, sampled = ctx.info, ctx.sampled
+        problem, ids = self._sampled_verdict(ctx.sampled, ctx.info)
         who = f"client {client_id} refuses the round"
-        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in sampled):
-            return f"{who}: field 'sampled' holds non-integer ids"
-        ids = [int(c) for c in sampled]
-        if len(set(ids)) != len(ids):
-            return f"{who}: field 'sampled' lists a client twice"
-        if any(not 0 <= c < info.n_clients for c in ids):
-            return f"{who}: field 'sampled' names clients outside 0..{info.n_clients - 1}"
+        if problem is not None:
+            return f"{who}: {problem}"
         if int(client_id) not in ids:
             return f"{who}: field 'sampled' does not list this client"
+        return None
+
+    def _sampled_verdict(self, sampled, info: RunInfo) -> tuple[str | None, frozenset]:
+        """(what is wrong with the sampled set regardless of who asks, or None; its ids).
+
+        The checks read the whole set, so a simulation whose clients of one round share the
+        request's sampled tuple would repeat them once per client (quadratic in the cohort):
+        the verdict is kept for the last tuple object seen (tuples cannot change; any other
+        sequence is checked afresh) together with the RunInfo it was checked against."""
+        memo = self.__dict__.get("_sampled_memo")
+        if memo is not None and memo[0] is sampled and memo[1] is info:
+            return memo[2], memo[3]
+        verdict = self._check_sampled(sampled, info)
+        if type(sampled) is tuple:
+            self._sampled_memo = (sampled, info) + verdict
+        return verdict
+
+    def _check_sampled(self, sampled, info: RunInfo) -> tuple[str | None, frozenset]:
+        if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in sampled):
+            return "field 'sampled' holds non-integer ids", frozenset()
+        ids = [int(c) for c in sampled]
+        unique = frozenset(ids)
+        if len(unique) != len(ids):
+            return "field 'sampled' lists a client twice", unique
+        if any(not 0 <= c < info.n_clients for c in ids):
+            return f"field 'sampled' names clients outside 0..{info.n_clients - 1}", unique
         floor = self.sampled_floor(info)
         if len(ids) < floor:
-            return (f"{who}: field 'sampled' lists {len(ids)} clients, below the run's floor of {floor} "
+            return (f"field 'sampled' lists {len(ids)} clients, below the run's floor of {floor} "
                     f"(clients_per_round={info.clients_per_round} less the dropout allowance): the sum of so few "
-                    "clients could expose this client's input")
-        return None
+                    "clients could expose this client's input"), unique
+        return None, unique
 
     @abstractmethod
     def server_session(self, ctx: RoundContext) -> ServerSession: ...

@@ -142,3 +142,42 @@ def test_the_signed_statement_binds_the_run_floor():
 def test_graph_params_renamed_from_bounds():
     layer = PairwiseMasking(corrupt_fraction=0.1)
     assert layer.graph_params["corrupt_fraction"] == 0.1 and not hasattr(layer, "bounds")
+
+
+def test_sampled_set_is_checked_once_per_round_not_once_per_client(monkeypatch):
+    """The clients of one simulated round share the request's sampled tuple: its checks (which
+    read the whole set) run once, not once per client (quadratic in the cohort), and the
+    masking plan is made once, while every client still checks that it is listed."""
+    from securefkm.layers import Aggregator
+
+    calls = {"check": 0, "plan": 0}
+    check, make = Aggregator._check_sampled, PairwiseMasking.plan.__globals__["make_plan"]
+
+    def counting_check(self, sampled, info):
+        calls["check"] += 1
+        return check(self, sampled, info)
+
+    def counting_plan(*args, **kw):
+        calls["plan"] += 1
+        return make(*args, **kw)
+
+    monkeypatch.setattr(Aggregator, "_check_sampled", counting_check)
+    monkeypatch.setitem(PairwiseMasking.plan.__globals__, "make_plan", counting_plan)
+    fed = Federation(SumAlgorithm(), _clients(60), protection=[PairwiseMasking()], random_state=0, backend="local")
+    fed.run_round(fed.algorithm.init(60, 3, None), round=0)
+    assert fed.transcript[-1].aborted is None and len(fed.transcript[-1].contributors) == 60
+    assert calls == {"check": 1, "plan": 1}
+
+
+def test_a_client_left_out_of_a_shared_sampled_tuple_still_refuses():
+    layer = PairwiseMasking()
+    run = info(20)
+    layer.setup(run)
+    sampled = tuple(range(1, 20))
+    ctx = RoundContext(run=0, round=0, action="train", sampled=sampled, specs=SPECS, info=run, broadcast_digest=b"d")
+    assert layer.round_refusal(ctx, 1) is None
+    assert "does not list this client" in layer.round_refusal(ctx, 0)
+    listed_twice = RoundContext(run=0, round=0, action="train", sampled=sampled + (1,), specs=SPECS, info=run,
+                                broadcast_digest=b"d")
+    assert "lists a client twice" in layer.round_refusal(listed_twice, 1)
+    assert layer.round_refusal(ctx, 2) is None  # the verdict of the tuple seen before is not reused for another

@@ -64,7 +64,10 @@ def noise_on_lattice(val: np.ndarray, sigma: float, step: float, source=None) ->
 def kls21_tau(share_variance: float, m: int) -> float:
     """KLS21 Thm 1 tau: distance of a sum of m N_Z(0, s^2) shares from N_Z(0, m s^2) (a pure
     function of public parameters, asked for every field of every round: cached)."""
-    return 10.0 * sum(math.exp(-2 * math.pi**2 * share_variance * k / (k + 1)) for k in range(1, m))
+    if m <= 1:
+        return 0.0
+    k = np.arange(1, m, dtype=np.float64)  # one vector op: m is the cohort (millions of clients)
+    return 10.0 * float(np.exp(-2 * math.pi**2 * share_variance * k / (k + 1)).sum())
 
 
 @functools.lru_cache(maxsize=256)

@@ -367,16 +367,18 @@ class PairwiseMasking(Aggregator):
             )
         # the plan does not decode fewer than the client-side layers allow nor than the run's floor
         floor = max(self.survivors_floor(ctx), 0 if self.floor is None else self.floor["survivors"])
-        key = (rid, tuple(ctx.sampled), length, floor)
+        key = (rid, length, floor)
         cached = getattr(self, "_plan_cache", None)
-        if cached is not None and cached[0] == key:
-            return cached[1]  # in-process simulation: clients of one round share the plan
+        # in-process simulation: clients of one round share the plan (and usually the very
+        # sampled tuple, whose identity spares an O(n) comparison per client)
+        if cached is not None and cached[0] == key and (cached[1] is ctx.sampled or cached[1] == tuple(ctx.sampled)):
+            return cached[2]
         try:
             plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length, self.graph_params,
                              survivors_floor=floor, allow_insecure=self.allow_insecure_threshold)
         except InputError as exc:
             raise RoundAbortedError(str(exc), round=ctx.round, stage="advertise") from None
-        self._plan_cache = (key, plan)
+        self._plan_cache = (key, tuple(ctx.sampled), plan)
         return plan
 
     def before_round(self, ctx: RoundContext) -> None:
