@@ -13,6 +13,7 @@ from .generators import (
     stallmann_motivational,
     triebe_1d,
 )
+from .population import ClientPopulation, blob_population
 from .registry import DATASETS, load_dataset
 from .splitters import (
     SPLITTERS,
@@ -27,6 +28,8 @@ from .splitters import (
 
 __all__ = [
     "FederatedDataset",
+    "ClientPopulation",
+    "blob_population",
     "as_federated",
     "load_dataset",
     "DATASETS",

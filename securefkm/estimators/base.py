@@ -77,7 +77,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..validation import check_array, check_bounds, check_centres, check_int, check_random_state
 from ..algorithms import _seeding
 from ..algorithms._kmeans import assign, sq_distances
-from ..datasets import FederatedDataset, as_federated
+from ..datasets import ClientPopulation, FederatedDataset, as_federated
 from ..datasets.federated import _ndim, from_groups
 from ..exceptions import InputError, ProtectionConfigError
 from ..federation import Federation, clone_layers
@@ -254,6 +254,12 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         rows = isinstance(X, (list, tuple)) and len(X) > 0 and all(
             isinstance(c, (list, tuple)) and _ndim(c) == 1 for c in X
         )
+        if isinstance(X, ClientPopulation):  # streamed, never pooled: labels_ and inertia_ stay unset
+            if groups is not None:
+                raise InputError("groups is given but X is a ClientPopulation, whose clients are already known; "
+                                 "drop groups.")
+            self._set_feature_names(None)
+            return X, None
         if isinstance(X, FederatedDataset) and groups is not None:
             raise InputError("groups is given but X is a FederatedDataset, whose clients are already known; drop groups.")
         if isinstance(X, (list, tuple, FederatedDataset)) and groups is None and not rows:
@@ -305,7 +311,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         the estimator's. The transcript's ``meta`` records the declared ``init_bounds``:
         the data range the server is told.
         """
-        data = as_federated(X)
+        # a ClientPopulation is planned from its declared facts and streamed, never pooled
+        data = X if isinstance(X, ClientPopulation) else as_federated(X)
         n_clusters = check_int(self.n_clusters, "n_clusters", minimum=1)
         if n_clusters > data.n_samples:
             raise InputError(
@@ -416,10 +423,14 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         self.cluster_centers_ = np.asarray(state.centres, dtype=np.float64)
         self.n_features_in_ = data.n_features
         self.n_iter_ = int(state.round)
-        pooled = data.pooled() if pooled is None else pooled
-        labels, d2 = assign(pooled, self.cluster_centers_)
-        self.labels_ = labels
-        self.inertia_ = float(d2.sum())
+        if isinstance(data, ClientPopulation):  # its records are made client by client, never pooled
+            for name in ("labels_", "inertia_"):
+                self.__dict__.pop(name, None)
+        else:
+            pooled = data.pooled() if pooled is None else pooled
+            labels, d2 = assign(pooled, self.cluster_centers_)
+            self.labels_ = labels
+            self.inertia_ = float(d2.sum())
         self.federated_score_ = state.score
         self.transcript_ = federation.transcript
         self.algorithm_ = algorithm

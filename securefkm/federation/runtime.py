@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..datasets.population import ClientPopulation
 from ..validation import check_fraction_or_count, check_int
 from ..exceptions import (
     InputError,
@@ -48,7 +49,7 @@ from ..transcript import RECORD_LEVELS, AbortedRound, Exclusion, RoundRecord, St
 from .client import ENCODER_REFUSAL, UPDATE_STAGE, ClientRuntime, UpdateRequest
 from .client_policy import ClientPolicy
 from .sampling import Dropouts, resolve_sample, sample_clients
-from .transport import LocalTransport, SimulatedTransport, Transport  # noqa: F401  (re-exported)
+from .transport import LocalTransport, SimulatedTransport, StreamedRuntimes, Transport  # noqa: F401  (re-exported)
 
 log = logging.getLogger("securefkm")
 
@@ -283,12 +284,19 @@ class Federation:
         self._retry_rng = np.random.default_rng(seq.spawn(1)[0])
         self.verbose = verbose
         self.policy = server_policy or ServerPolicy()
+        streamed = isinstance(clients, ClientPopulation)
+        if streamed and self.backend not in ("auto", "local"):
+            raise InputError(f"backend={backend!r} holds its clients in workers for the whole fit; a ClientPopulation "
+                             "is streamed round by round in this process: use backend='local'.")
         if transport is None or clients is not None:
             if clients is None:
                 raise InputError("Federation needs client arrays or a transport.")
             n_clients = len(clients)
-            n_features = clients[0].shape[1]
-            sizes = tuple(len(x) for x in clients)
+            if streamed:  # declared: nobody is loaded to learn them
+                n_features, sizes = clients.n_features, tuple(clients.sizes.tolist())
+            else:
+                n_features = clients[0].shape[1]
+                sizes = tuple(len(x) for x in clients)
         if transport is not None:
             n_clients = len(transport.client_ids())
             sizes = None
@@ -316,7 +324,7 @@ class Federation:
         for layer in self.layers:
             layer.setup(self.info)
         if self.backend == "auto":
-            self.backend, n_workers = self._auto_backend(transport, n_workers)
+            self.backend, n_workers = ("local", None) if streamed else self._auto_backend(transport, n_workers)
         if transport is None and self.backend != "local":
             from .workers import WorkerTransport
 
@@ -325,11 +333,20 @@ class Federation:
                 Dropouts(dropout_rate), np.random.default_rng(drop_seq), policies=self.client_policies,
             )
         elif transport is None:
-            runtimes = [
-                ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info,
-                              policy=self.client_policies.get(i))
-                for i, X in enumerate(clients)
-            ]
+            if streamed:
+                population = clients
+
+                def runtime(i, state):
+                    return ClientRuntime(i, lambda: population[i], algorithm, self.layers, self.aggregator, self.info,
+                                         state=state, n_records=int(population.sizes[i]), policy=self.client_policies.get(i))
+
+                runtimes = StreamedRuntimes(runtime, n_clients)
+            else:
+                runtimes = [
+                    ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info,
+                                  policy=self.client_policies.get(i))
+                    for i, X in enumerate(clients)
+                ]
             transport = LocalTransport(runtimes, Dropouts(dropout_rate), np.random.default_rng(drop_seq))
         elif dropout_rate:
             raise InputError("dropout_rate is a simulation parameter; a remote transport has real dropouts.")

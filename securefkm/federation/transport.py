@@ -8,7 +8,7 @@ the same generator in the same order and the backends agree exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -95,16 +95,71 @@ class SimulatedTransport(Transport):
         self._gone.update(self.faults)  # a client whose message did not decode is gone for the round
 
 
-class LocalTransport(SimulatedTransport):
-    """In-process simulation: clients are :class:`ClientRuntime` objects in this process."""
+class StreamedRuntimes(Mapping):
+    """Client id -> :class:`ClientRuntime`, made when a round first asks for the client and
+    dropped when the next round begins (:meth:`end_round`).
 
-    def __init__(self, clients: Sequence[ClientRuntime], dropouts: Dropouts, rng: np.random.Generator):
+    What a client keeps between rounds is its persistent state
+    (:attr:`~securefkm.layers.ClientContext.state`: a layer's counters, a secure mode's local
+    centres), kept here only for clients whose state holds something; its records are loaded
+    again from the population, its round's sessions were the round's. So memory follows the
+    clients of one round, not the population, and each client computes exactly what a
+    resident runtime would have.
+    """
+
+    def __init__(self, make: Callable[[int, dict | None], ClientRuntime], n_clients: int):
+        self._make = make
+        self._n = int(n_clients)
+        self._round: dict[int, ClientRuntime] = {}
+        self._states: dict[int, dict] = {}
+
+    def __getitem__(self, c) -> ClientRuntime:
+        runtime = self._round.get(c)
+        if runtime is None:
+            if not 0 <= int(c) < self._n:
+                raise KeyError(c)
+            runtime = self._round[c] = self._make(int(c), self._states.get(c))
+        return runtime
+
+    def __iter__(self):
+        return iter(range(self._n))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def end_round(self) -> None:
+        for c, runtime in self._round.items():
+            state = runtime.context.state
+            if any(v != {} for v in state.values()):  # an empty dict is what a fresh client makes anyway
+                self._states[c] = state
+            else:
+                self._states.pop(c, None)
+        self._round = {}
+
+    @property
+    def resident(self) -> int:
+        """Runtimes held now (this round's clients)."""
+        return len(self._round)
+
+
+class LocalTransport(SimulatedTransport):
+    """In-process simulation: clients are :class:`ClientRuntime` objects in this process,
+    resident for the fit (a sequence of runtimes) or streamed round by round
+    (a :class:`StreamedRuntimes`)."""
+
+    def __init__(self, clients: Sequence[ClientRuntime] | StreamedRuntimes, dropouts: Dropouts,
+                 rng: np.random.Generator):
         super().__init__(dropouts, rng)
-        self.clients = {c.client_id: c for c in clients}
+        self.clients = clients if isinstance(clients, StreamedRuntimes) else {c.client_id: c for c in clients}
         self.faults = {}
 
     def client_ids(self):
         return list(self.clients)
+
+    def begin_round(self, ctx, stages):
+        if isinstance(self.clients, StreamedRuntimes):
+            self.clients.end_round()
+        super().begin_round(ctx, stages)
 
     def exchange(self, stage, messages):
         replies, refused = serve(self.clients, stage, self._live(stage, messages), self.faults)

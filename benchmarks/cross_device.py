@@ -1,0 +1,128 @@
+"""Cross-device scale: one DWF round's time and memory as the cohort grows, and a cost model.
+
+``python -m benchmarks.cross_device --crypto ideal --sizes 1000,10000,100000,1000000``
+``python -m benchmarks.cross_device --crypto real --sizes 1000,10000,100000``
+
+Each figure is one DWF training round (k = 5, d = 2, 10 records per client, every client
+sampled, 5% of them dropping at a random stage) under ``GaussianDP(mode="distributed")`` and
+``PairwiseMasking()`` (the SecAgg+ graph of Bell et al. with ``dropout_fraction=0.05``),
+``record="aggregates"``, measured in a fresh spawned process so that its peak resident set is
+the round's (plus its workers'). ``--crypto ideal`` runs the masking's ideal functionality;
+``--crypto real`` the protocol with real X25519, and prices the round's own cryptography (its
+key generations, agreements and key derivations, counted in the round, at unit costs measured
+in the same process) to print round / crypto. Real rounds run in this process
+(``backend="local"``): one core, the count of agreements a worker pool would split.
+
+The cost model is a least-squares fit of ``time = a + b n`` and ``memory = c + e n`` over the
+sizes measured (medians of ``--repeats``), printed with its extrapolation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+RECORDS, K, D, DROPOUT = 10, 5, 2, 0.05
+
+
+def _population(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-4, 4, size=(K, D))
+    X = centres[rng.integers(0, K, RECORDS * n)] + rng.normal(scale=0.5, size=(RECORDS * n, D))
+    X = np.clip(X, -6.0, 6.0)
+    return [X[i * RECORDS:(i + 1) * RECORDS] for i in range(n)], X[rng.choice(len(X), K, replace=False)].copy()
+
+
+def _one_round(n: int, crypto: str, seed: int, warm_up: bool = True) -> dict:
+    from benchmarks.speed import _cost, _count_crypto, _peak_rss, _unit_costs
+    from protocols import GaussianDP, PairwiseMasking
+    from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+    from securefkm.federation import Federation
+
+    if warm_up:  # compiles the kernels and fills the import caches, outside the timed round
+        _one_round(300, crypto, seed, warm_up=False)
+    clients, C = _population(n, seed)
+    algo = WeightedFederatedKMeansAlgorithm(K, init=C, tol=0.0)
+    delta = 1.0 / (RECORDS * n) ** 1.1
+    t0 = time.perf_counter()
+    fed = Federation(algo, clients, protection=[GaussianDP(1.0, delta, bounds=(-6, 6), mode="distributed"),
+                                                PairwiseMasking(dropout_fraction=DROPOUT)],
+                     max_rounds=2, random_state=seed, record="aggregates", crypto=crypto, backend="local",
+                     dropout_rate=DROPOUT)
+    setup = time.perf_counter() - t0
+    state = algo.init(n, D, np.random.default_rng(seed))
+    counts = {}
+    t0 = time.perf_counter()
+    if crypto == "real":
+        (state,), counts = _count_crypto(lambda: (fed.run_round(state, round=0),))
+    else:
+        state = fed.run_round(state, round=0)
+    wall = time.perf_counter() - t0
+    plan = getattr(fed.aggregator, "_plan_cache", None)
+    degree = plan[2].graph.degree if plan is not None and hasattr(plan[2].graph, "degree") else None
+    out = {"n": n, "setup": setup, "round": wall, "peak": _peak_rss(), "degree": degree,
+           "contributors": len(fed.transcript[-1].contributors)}
+    if counts:
+        out["crypto"] = _cost(counts, _unit_costs(3)["wall"])
+    fed.close()
+    return out
+
+
+def measure(n: int, crypto: str, repeats: int) -> dict:
+    """Medians over ``repeats`` rounds, each in a fresh spawned process."""
+    runs = []
+    for r in range(repeats):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            runs.append(pool.submit(_one_round, n, crypto, r).result())
+    med = {key: statistics.median(run[key] for run in runs) for key in runs[0]
+           if isinstance(runs[0][key], (int, float)) and runs[0][key] is not None}
+    med["spread"] = (min(run["round"] for run in runs), max(run["round"] for run in runs))
+    med["degree"] = runs[0]["degree"]
+    return med
+
+
+def fit_line(xs, ys) -> tuple[float, float]:
+    """Least squares ``y = a + b x``."""
+    b, a = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(a), float(b)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.cross_device", description=__doc__.split("\n")[0])
+    ap.add_argument("--crypto", choices=("ideal", "real"), default="ideal")
+    ap.add_argument("--sizes", default="1000,10000,100000", help="cohort sizes, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--extrapolate", default="1000000,10000000,100000000")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"cross_device: DWF round, GaussianDP(distributed) + PairwiseMasking (crypto={args.crypto!r}), "
+          f"{RECORDS} records x {D} features per client, k={K}, {DROPOUT:.0%} dropouts, medians of {args.repeats}")
+    print("| clients | degree | setup (s) | round (s) | spread (s) | us / client | peak RSS (MB) |"
+          + (" crypto (s) | round / crypto |" if args.crypto == "real" else ""))
+    print("|---:|---:|---:|---:|---|---:|---:|" + ("---:|---:|" if args.crypto == "real" else ""))
+    rows = []
+    for n in sizes:
+        m = measure(n, args.crypto, args.repeats)
+        rows.append(m)
+        line = (f"| {n:,} | {m['degree'] or 'complete'} | {m['setup']:.2f} | {m['round']:.2f} | "
+                f"{m['spread'][0]:.2f}-{m['spread'][1]:.2f} | {1e6 * m['round'] / n:.1f} | {m['peak'] / 2**20:.0f} |")
+        if args.crypto == "real":
+            line += f" {m['crypto']:.2f} | {m['round'] / m['crypto']:.2f} |"
+        print(line, flush=True)
+    if len(rows) >= 2:
+        a, b = fit_line([r["n"] for r in rows], [r["setup"] + r["round"] for r in rows])
+        c, e = fit_line([r["n"] for r in rows], [r["peak"] / 2**20 for r in rows])
+        print(f"cost model (setup + round): time = {a:.2f} s + {1e6 * b:.2f} us x clients; "
+              f"peak = {c:.0f} MB + {1e3 * e:.2f} kB x clients")
+        for n in (int(s) for s in args.extrapolate.split(",")):
+            print(f"  {n:,} clients: {a + b * n:,.0f} s, {(c + e * n) / 1024:,.1f} GB (one process)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

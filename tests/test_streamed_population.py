@@ -1,0 +1,135 @@
+"""A ClientPopulation is streamed round by round: the same fit as the resident clients.
+
+The streamed federation makes a client's runtime when a round first needs it and drops it
+when the next round begins (keeping only persistent client state). On the same seeds the
+centres, everything the server obtained per round, the privacy spent and the passive
+attacks' reports must equal the resident simulation's, with dropouts at every stage,
+aborted and retried rounds, client memory (a secure mode) and real and ideal masking.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+from _backend_cases import BOX, CASES, make_clients, released
+
+from protocols import GaussianDP, PairwiseMasking
+from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
+from securefkm.datasets import ClientPopulation, blob_population
+from securefkm.exceptions import InputError, RoundAbortedError
+from securefkm.federation import Federation
+from securefkm.registry import make_estimator
+
+STREAMED_CASES = ["dwf-plain", "dwf-masking-dropouts", "dwf-sparse-masking-rate", "kfed-secure-masking",
+                  "dwf-masking-threshold-abort", "dwf-dp-seeded-masking"]
+
+
+def population_of(clients) -> ClientPopulation:
+    arrays = [np.array(c, copy=True) for c in clients]
+    return ClientPopulation(lambda i: arrays[i].copy(), [len(a) for a in arrays], arrays[0].shape[1])
+
+
+def run_case(case, clients, crypto="real", clients_per_round=1.0):
+    name, params, protection, dropout, _ = CASES[case]
+    est = make_estimator(name, n_clusters=3, protection=protection(), random_state=0, max_rounds=5,
+                         dropout_rate=dropout, backend="local", crypto=crypto, clients_per_round=clients_per_round,
+                         **{"init_bounds": BOX, **params})
+    fed, _ = est.make_federation(clients)
+    error, state = None, None
+    with fed, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            state = fed.run(0)
+        except RoundAbortedError as exc:
+            error = (type(exc).__name__, exc.round, exc.stage, str(exc))
+    return fed, {
+        "error": error,
+        "centres": None if state is None else np.asarray(state.centres).tobytes(),
+        "released": released(fed.transcript),
+        "aborts": [(a.round, a.attempt, a.cause, a.stage) for a in fed.transcript.aborts],
+        "privacy": fed.privacy_spent(),
+    }
+
+
+@pytest.mark.parametrize("case", STREAMED_CASES)
+def test_streamed_population_equals_resident_clients(case):
+    clients = make_clients()
+    resident_fed, resident = run_case(case, clients)
+    streamed_fed, streamed = run_case(case, population_of(clients))
+    assert isinstance(streamed_fed.transport.clients, type(streamed_fed.transport.clients))
+    assert type(streamed_fed.transport.clients).__name__ == "StreamedRuntimes"
+    assert streamed == resident
+    assert resident["centres"] is not None or resident["error"] is not None
+
+
+@pytest.mark.parametrize("crypto", ["real", "ideal"])
+def test_streamed_sampled_cohorts_with_dp_equal_resident(crypto):
+    clients = make_clients(40, 800)
+    _, resident = run_case("dwf-dp-seeded-masking", clients, crypto=crypto, clients_per_round=16)
+    _, streamed = run_case("dwf-dp-seeded-masking", population_of(clients), crypto=crypto, clients_per_round=16)
+    assert streamed == resident
+    assert len({r[3] for r in resident["released"]}) > 1  # the rounds sampled different cohorts
+
+
+def test_streamed_runtimes_hold_one_round_and_keep_persistent_state():
+    clients = make_clients()
+    fed, _ = run_case("kfed-secure-masking", population_of(clients))
+    runtimes = fed.transport.clients
+    assert runtimes.resident <= len(clients)
+    runtimes.end_round()
+    assert runtimes.resident == 0
+    # the secure mode's local centres are the clients' memory: kept between rounds
+    assert set(runtimes._states) == set(range(len(clients)))
+
+
+def _peak_of_fit(n_clients: int, cohort: int, resident: bool = False) -> int:
+    """Peak traced memory of building the federation and running a 3-round fit."""
+    population = blob_population(n_clients, records=10, random_state=3)
+    clients = [population[i] for i in range(n_clients)] if resident else population
+    algo = WeightedFederatedKMeansAlgorithm(5, init=np.array(population[0][:5]), tol=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tracemalloc.start()
+        fed = Federation(algo, clients, protection=[GaussianDP(1.0, 1e-6, bounds=(-6, 6), mode="distributed"),
+                                                    PairwiseMasking()],
+                         clients_per_round=cohort, max_rounds=3, random_state=0, record="aggregates", crypto="ideal",
+                         dropout_rate=0.05, backend="local")
+        fed.run(0)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+def test_peak_memory_follows_the_cohort_not_the_population():
+    small, large = _peak_of_fit(2_000, 200), _peak_of_fit(200_000, 200)
+    # 100 times the clients: what grows is the declared sizes and the sampler's draw, about
+    # 6 bytes a client; resident clients' runtimes cost about 400 bytes each (checked below)
+    assert large - small < 198_000 * 20, (small, large)
+    resident = _peak_of_fit(20_000, 200, resident=True)
+    assert resident - _peak_of_fit(2_000, 200, resident=True) > 18_000 * 200, resident
+
+
+def test_population_refuses_bad_input_and_worker_backends():
+    with pytest.raises(InputError, match="load"):
+        ClientPopulation("not callable", [3], 2)
+    with pytest.raises(InputError, match="sizes"):
+        ClientPopulation(lambda i: np.zeros((3, 2)), [3, 0], 2)
+    pop = ClientPopulation(lambda i: np.zeros((2, 2)), [3, 3], 2)
+    with pytest.raises(InputError, match=r"load\(1\) returned shape \(2, 2\)"):
+        pop[1]
+    with pytest.raises(InputError, match="never pooled"):
+        pop.pooled()
+    algo = WeightedFederatedKMeansAlgorithm(2, init=np.zeros((2, 2)))
+    with pytest.raises(InputError, match="backend='local'"):
+        Federation(algo, blob_population(10), backend="processes")
+
+
+def test_blob_population_makes_each_client_alone_and_the_same_each_time():
+    a, b = blob_population(1000, random_state=5), blob_population(50, random_state=5)
+    np.testing.assert_array_equal(a[7], b[7])  # independent of the population's size
+    np.testing.assert_array_equal(a[7], a[7])
+    assert not np.array_equal(a[7], a[8])
+    assert np.abs(a[3]).max() <= 6.0 and a.n_samples == 10_000
