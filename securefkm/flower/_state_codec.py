@@ -59,7 +59,7 @@ def _classes() -> dict[str, type]:
     from ..algorithms.fuzzy import FuzzyState
     from ..algorithms.minibatch import MiniBatchState
     from ..algorithms.secure_centres import SecureCentresState, SecureKMeansRun, SecureServerKMeans
-    from ..federation.client import UpdateRequest
+    from ..federation.update_stage import UpdateRequest
     from ..messages import Broadcast, FieldSpec
     from ..protection_report import LayerView, ProtectionReport
     from ..transcript import AbortedRound, Exclusion, RoundRecord, StageRecord, Transcript
