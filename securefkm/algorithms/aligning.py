@@ -283,11 +283,6 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
             return Update()
         return Update(items={"centres": centres, "sizes": sizes.astype(np.float64)})
 
-    def describe_server_view(self):
-        if self.secure_mode:
-            return "per-global-cluster sums of size-weighted local centres (sum-fields), per secure iteration"
-        return "each client's local centres and cluster sizes (set-fields) per round"
-
 
 # ------------------------------------------------------------------ evaluation helpers
 def pooled_ari(centres: np.ndarray, clients, labels) -> float:

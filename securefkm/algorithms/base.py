@@ -197,7 +197,3 @@ class Algorithm(ABC):
         back to the last state that is.
         """
         return True
-
-    def describe_server_view(self) -> str:
-        """One sentence on what the server sees in plain (docs and transcripts)."""
-        return ""

@@ -373,11 +373,3 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             local[nz] = s[nz] / w[nz, None]
             out.append(Update(sums={"centres": local}))
         return out
-
-    def describe_server_view(self):
-        if self.weighting == "equal":
-            return "each client's local centres (k x d) per round"
-        if self.robust:
-            return ("each client's per-cluster counts and coordinate sums, and its local means' bins "
-                    f"(a k x d x {self.vote_bins} vote histogram), per round")
-        return "each client's per-cluster counts and coordinate sums per round"

@@ -412,11 +412,3 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
                          "weights": np.zeros(k) if w is None else w})
             for s, w in zip(sums, weights)
         ]
-
-    def describe_server_view(self):
-        if self.secure_mode:
-            return "per-global-cluster sums of the clients' local FCM centres (sum-fields), per secure iteration"
-        if self.averaging == "kmeans":
-            extra = " and their fuzzy supports" if self.centre_weights == "membership" else ""
-            return f"each client's K local FCM centres{extra} per round (set-fields)"
-        return "per round, the sum over clients of sum_i u_ij^m x_i and sum_i u_ij^m (sum-fields)"

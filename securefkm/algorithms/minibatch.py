@@ -257,6 +257,3 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
             weighted = sums[i] if beta == 1.0 else (1.0 - beta) * counts[i][:, None] * C + beta * sums[i]
             out.append(Update(sums={"sizes": counts[i], "weighted_centres": weighted}))
         return out
-
-    def describe_server_view(self):
-        return "each participant's per-cluster sizes and size-weighted local centres per round (sum-fields)"

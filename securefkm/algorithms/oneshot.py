@@ -268,8 +268,3 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
             sc.store_local_centres(memory, centres, sizes if p["weighted"] else np.ones(len(centres)), p["weighted"])
             return Update()
         return Update(items={"centres": centres, "sizes": sizes})
-
-    def describe_server_view(self):
-        if self.secure_mode:
-            return "per-global-cluster sums of (weighted) local centres (sum-fields), per secure iteration"
-        return "each client's local centres and cluster sizes (set-fields), once"
