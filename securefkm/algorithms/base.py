@@ -9,10 +9,11 @@ An algorithm knows nothing about transport or protection. The runtime
     state     = algorithm.aggregate(state, aggregated_update)  # server
     stop      = algorithm.converged(state)
 
-``state`` is an :class:`AlgorithmState` (or subclass) owned by the server. An algorithm
-that needs several kinds of rounds (seeding, training, a final federated score request)
-keeps a ``phase`` in its state and returns a :class:`~securefkm.messages.Broadcast` whose
-``action`` tells clients what to compute.
+``state`` is an :class:`AlgorithmState` owned by the server; each algorithm of the library
+keeps its own fields in a :class:`SeededState` subclass. An algorithm that needs several
+kinds of rounds (seeding, training, a final federated score request) keeps a ``phase`` in
+its state and returns a :class:`~securefkm.messages.Broadcast` whose ``action`` tells
+clients what to compute.
 """
 
 from __future__ import annotations
