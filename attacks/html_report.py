@@ -191,16 +191,6 @@ def cell_state(s: dict) -> str:
     return "error"
 
 
-def fit_state(summary, dataset, algorithm, stack) -> str:
-    """"ok" when the fit ran (some row has a utility), else "refused" or "error"."""
-    ss = [s for s in summary if (s["dataset"], s["algorithm"], s["stack"]) == (dataset, algorithm, stack)]
-    if any(np.isfinite(s["utility_mean"]) for s in ss):
-        return "ok"
-    if any(cell_state(s) == "refused" for s in ss):
-        return "refused"
-    return "error" if ss else "missing"
-
-
 # ------------------------------------------------------------------ plots
 def _plt():
     import matplotlib

@@ -55,7 +55,7 @@ def test_small_cluster_reassigned_after_patience():
                            items={}, contributors=(0,))
     for _ in range(3):
         state = algo.aggregate(state, agg)
-    assert state.extra["reassigned"] == 1 and 0.0 <= state.centres[1, 0] <= 1.0
+    assert state.reassigned == 1 and 0.0 <= state.centres[1, 0] <= 1.0
 
 
 def test_triebe_1d_davies_bouldin_not_worse_than_central():

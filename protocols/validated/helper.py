@@ -277,9 +277,6 @@ class ValidationHelper:
             raise InputError(f"client {client_id} is already enrolled with a different key; re-enrollment is refused.")
         self._enrolled[client_id] = verify_key
 
-    def verify_key_of(self, client_id: int) -> bytes | None:
-        return self._enrolled.get(int(client_id))
-
     # ------------------------------------------------------------------ rounds
     def open_round(self, run: int, round: int, attempt: int, digest: bytes, k: int, widths, frac_bits: int,
                    noise: NoisePlan | None = None, votes: tuple[int, int] | None = None):

@@ -9,8 +9,6 @@ in :class:`Lagrange`. Integers keep the arithmetic exact at any size; there is n
 from __future__ import annotations
 
 import operator
-
-import secrets
 from functools import lru_cache
 
 import numpy as np
@@ -43,25 +41,10 @@ class Field:
     GENERATOR: int = 0
 
     @classmethod
-    def elem(cls, x: int) -> int:
-        """``Field(integer)``: an int in ``(-MODULUS, MODULUS)`` as a field element."""
-        x = int(x)
-        if not -cls.MODULUS < x < cls.MODULUS:
-            raise ValueError(f"integer {x} is outside (-MODULUS, MODULUS) of {cls.__name__}")
-        return x % cls.MODULUS
-
-    @classmethod
     def zeros(cls, length: int) -> list[int]:
         if length < 0:
             raise ValueError(f"length must be >= 0, got {length}")
         return [0] * length
-
-    @classmethod
-    def rand_vec(cls, length: int) -> list[int]:
-        """Uniform elements from the OS CSPRNG (not used normatively by the draft)."""
-        if length < 0:
-            raise ValueError(f"length must be >= 0, got {length}")
-        return [secrets.randbelow(cls.MODULUS) for _ in range(length)]
 
     @classmethod
     def inv(cls, x: int) -> int:
@@ -254,11 +237,6 @@ def vec_sub(field, left, right):
         raise ValueError(f"mismatched vector sizes {len(left)} and {len(right)}")
     q = field.MODULUS
     return [(x - y) % q for x, y in zip(left, right)]
-
-
-def vec_neg(field, vec):
-    q = field.MODULUS
-    return [(-x) % q for x in vec]
 
 
 def poly_eval(field, p: list[int], x: int) -> int:

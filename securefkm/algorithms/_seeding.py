@@ -212,16 +212,16 @@ def seeded_state(state, agg: AggregatedUpdate, init, k: int, init_bounds=None):
     """
     from dataclasses import replace
 
-    centres = seeding_aggregate(agg, k, state.extra["rng"], init_bounds)
+    centres = seeding_aggregate(agg, k, state.rng, init_bounds)
     if centres is None:
-        attempts = state.extra["seed_attempts"] + 1
-        if attempts >= 3 * state.extra["n_clients"]:
+        attempts = state.seed_attempts + 1
+        if attempts >= 3 * state.n_clients:
             raise InputError(
                 f"init={init!r}: no sampled client holds n_clusters={k} records; lower n_clusters, "
                 "or use init='kfed', init='private' or init='uniform' with init_bounds."
             )
-        return replace(state, extra={**state.extra, "seed_attempts": attempts})
-    return replace(state, centres=centres, phase="train", extra={**state.extra, "prev": centres.copy()})
+        return replace(state, seed_attempts=attempts)
+    return replace(state, centres=centres, phase="train")
 
 
 def _private_seeding_centres(sums, k, rng, init_bounds):

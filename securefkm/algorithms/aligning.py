@@ -50,7 +50,7 @@ from ..messages import AggregatedUpdate, Broadcast, Update
 from . import _seeding
 from . import secure_centres as sc
 from ._kmeans import assign, seed_kmeans_plusplus, segment_sums, sq_distances, weighted_kmeans
-from .base import Algorithm, AlgorithmState
+from .base import Algorithm
 
 LOCAL_INITS = ("seeds", "means")
 
@@ -146,14 +146,11 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
 
     # ----------------------------------------------------------------- server
     def init(self, n_clients, n_features, rng):
-        state = AlgorithmState(centres=None, phase="init", round=0)
         start, coarse = (None, False)
         if self.secure_mode:
             start, coarse = self.secure.initial_centres(self.init_, self.init_bounds, n_features, rng)
-        state.extra.update(
-            rng=rng, secure_start=start, secure_coarse=coarse, sk=None, secure_total=0, seed_attempts=0, n_clients=n_clients
-        )
-        return state
+        return sc.SecureCentresState(centres=None, phase="init", rng=rng, n_clients=n_clients,
+                                     secure_start=start, secure_coarse=coarse)
 
     def configure(self, state, round):
         if state.phase == "init":
@@ -164,7 +161,7 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         if state.phase == "seed":
             return _seeding.seeding_broadcast(self.init_, self.n_clusters)
         if state.phase == "secure":
-            return self.secure.broadcast(state.extra["sk"], state.extra["secure_total"])
+            return self.secure.broadcast(state.secure_run, state.secure_total)
         return Broadcast(
             action="fkm.train",
             centres=state.centres,
@@ -177,28 +174,28 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         return ()
 
     def aggregate(self, state, agg: AggregatedUpdate):
-        rng = state.extra["rng"]
+        rng = state.rng
         if state.phase == "seed":
             centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
             if centres is None:
-                attempts = state.extra["seed_attempts"] + 1
-                if attempts >= 3 * state.extra["n_clients"]:
+                attempts = state.seed_attempts + 1
+                if attempts >= 3 * state.n_clients:
                     raise InputError(
                         f"init={self.init_!r}: no sampled client holds n_clusters={self.n_clusters} records; "
                         "use init='uniform' with init_bounds."
                     )
-                return replace(state, extra={**state.extra, "seed_attempts": attempts})
+                return replace(state, seed_attempts=attempts)
             return self._start_secure(state, centres, exact=self.local_init == "means")
         if state.phase == "secure":
-            sk, G = self.secure.step(state.extra["sk"], agg.sums, rng)
-            state = replace(state, extra={**state.extra, "sk": sk, "secure_total": state.extra["secure_total"] + 1})
+            run, G = self.secure.step(state.secure_run, agg.sums, rng)
+            state = replace(state, secure_run=run, secure_total=state.secure_total + 1)
             return state if G is None else self._new_global(state, G, warm=True)
         if self.secure_mode:  # init or train round: the clients stored their local centres
             if state.phase == "init":
-                if state.extra["secure_start"] is None:
+                if state.secure_start is None:
                     return replace(state, phase="seed")
                 return self._start_secure(
-                    state, state.extra["secure_start"], exact=self.local_init == "means", coarse=state.extra["secure_coarse"]
+                    state, state.secure_start, exact=self.local_init == "means", coarse=state.secure_coarse
                 )
             return self._start_secure(state, state.centres, exact=True)
         # plain: lines 8-10, weighted k-means over all received local means
@@ -214,8 +211,8 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         return self._new_global(state, new, warm=False)
 
     def _start_secure(self, state, G, *, exact, coarse=False):
-        sk = self.secure.start(G, exact_means=exact, coarse=coarse)
-        return replace(state, phase="secure", extra={**state.extra, "sk": sk})
+        run = self.secure.start(G, exact_means=exact, coarse=coarse)
+        return replace(state, phase="secure", secure_run=run)
 
     def _new_global(self, state, new, *, warm):
         """Record a new C_g: the first one after init, or one training round's result.
@@ -238,8 +235,7 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
         if state.phase == "done":
             return state
         if state.centres is None:
-            sk = state.extra.get("sk")
-            G = None if sk is None or sk["stage"] == "coarse" else sk["G"]
+            G = None if state.secure_run is None else state.secure_run.result
             if G is None:
                 raise InputError("max_rounds ended before the first global centres were computed; raise max_rounds.")
             return replace(state, centres=G, phase="done")
@@ -286,11 +282,6 @@ class AligningFederatedKMeansAlgorithm(Algorithm):
             sc.store_local_centres(memory, centres, sizes, exact)
             return Update()
         return Update(items={"centres": centres, "sizes": sizes.astype(np.float64)})
-
-    def describe_server_view(self):
-        if self.secure_mode:
-            return "per-global-cluster sums of size-weighted local centres (sum-fields), per secure iteration"
-        return "each client's local centres and cluster sizes (set-fields) per round"
 
 
 # ------------------------------------------------------------------ evaluation helpers

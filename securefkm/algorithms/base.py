@@ -9,15 +9,18 @@ An algorithm knows nothing about transport or protection. The runtime
     state     = algorithm.aggregate(state, aggregated_update)  # server
     stop      = algorithm.converged(state)
 
-``state`` is an :class:`AlgorithmState` (or subclass) owned by the server. An algorithm
-that needs several kinds of rounds (seeding, training, a final federated score request)
-keeps a ``phase`` in its state and returns a :class:`~securefkm.messages.Broadcast` whose
-``action`` tells clients what to compute.
+``state`` is an :class:`AlgorithmState` owned by the server; each algorithm of the library
+keeps its own fields in a :class:`SeededState` subclass. An algorithm that needs several
+kinds of rounds (seeding, training, a final federated score request) keeps a ``phase`` in
+its state and returns a :class:`~securefkm.messages.Broadcast` whose ``action`` tells
+clients what to compute.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,15 +30,64 @@ from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 
 @dataclass
 class AlgorithmState:
-    """Server state shared by every algorithm: centres, phase and the round history."""
+    """Server state shared by every algorithm: centres, phase and the round history.
+
+    Each algorithm of the library keeps what else it needs in typed fields of its own
+    subclass (:class:`SeededState` and its subclasses). ``extra`` is the slot of an algorithm
+    written outside the library that declares no state class of its own: any plain values
+    (a checkpoint saves dicts, lists, tuples, numbers, strings, arrays and generators).
+
+    Parameters
+    ----------
+    centres : ndarray of shape (n_clusters, n_features) or None
+        The current global centres (None until a seeding phase has produced them).
+    phase : str
+        The algorithm's current phase (e.g. ``"init"``, ``"train"``, ``"done"``).
+    round : int
+        Completed training rounds.
+    movements : list of float
+        Centre movement of each training round, in order (the convergence criteria read it).
+    score : float or None
+        The federated score of a closing score round, if the algorithm runs one.
+    extra : dict
+        Free values of an algorithm without a state class of its own.
+    """
 
     centres: np.ndarray | None
     phase: str = "train"
     round: int = 0
     movements: list[float] = field(default_factory=list)
-    history: list[np.ndarray] = field(default_factory=list)
     score: float | None = None
     extra: dict = field(default_factory=dict)
+
+    def generators(self) -> list[np.random.Generator]:
+        """The numpy generators this state holds, in field order (then ``extra``'s).
+
+        ``configure`` may draw from them (the seeding draw), so the runtime saves their
+        positions before a round and puts them back when the round aborts and is retried.
+        """
+        values = [*vars(self).values(), *self.extra.values()]
+        return [v for v in values if isinstance(v, np.random.Generator)]
+
+
+@dataclass
+class SeededState(AlgorithmState):
+    """State of an algorithm whose server draws random numbers and whose first centres may
+    come from seeding rounds (every algorithm of the library).
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator or None
+        The server's generator: seeding draws, server-side k-means restarts, reassignment.
+    n_clients : int
+        Clients of the federation; a seeding phase gives up after ``3 * n_clients`` attempts.
+    seed_attempts : int
+        Seeding rounds so far in which the asked client could not seed (too few records).
+    """
+
+    rng: np.random.Generator | None = None
+    n_clients: int = 0
+    seed_attempts: int = 0
 
 
 class Algorithm(ABC):
@@ -52,6 +104,11 @@ class Algorithm(ABC):
     #: True if client_update draws random numbers (shuffling, sampling); the runtime then
     #: passes a per-(run, round, client) generator, else ``None``.
     needs_client_rng: bool = False
+
+    #: broadcast actions whose weighted sums are hard nearest-centre sums of the broadcast
+    #: centres: a record moves only the row of its nearest centre, so
+    #: ``GaussianDP(radius=...)`` may bound those rows by a radius around each centre.
+    nearest_centre_actions: tuple[str, ...] = ()
 
     n_clusters: int
 
@@ -104,6 +161,22 @@ class Algorithm(ABC):
         """Upper bound on rounds that touch client data (DP layers calibrate on it)."""
         return max_rounds
 
+    def planned_sequence(self, max_rounds: int) -> Sequence[str]:
+        """The broadcast actions of one run's rounds, in order, or empty if not known ahead.
+
+        A known sequence has :meth:`planned_rounds` entries; it lets
+        ``GaussianDP(last_round_weights=...)`` find the last round of an action. Default:
+        empty (the layer then applies no last-round weight).
+        """
+        return ()
+
+    def planned_actions(self, max_rounds: int) -> dict[str, int]:
+        """Rounds per broadcast action of one run (summing to :meth:`planned_rounds`), or empty
+        if not known ahead; lets ``GaussianDP(round_weights=...)`` calibrate for each action's
+        rounds (an unknown split is charged as if every round had the largest weight).
+        Default: the counts of :meth:`planned_sequence`."""
+        return dict(Counter(self.planned_sequence(max_rounds)))
+
     def round_limit(self, max_rounds: int) -> int:
         """Most rounds one run can take when every inner loop runs to its own cap (secure
         modes' server k-means sub-rounds); the runtime's guard against a run that never ends
@@ -125,7 +198,3 @@ class Algorithm(ABC):
         back to the last state that is.
         """
         return True
-
-    def describe_server_view(self) -> str:
-        """One sentence on what the server sees in plain (docs and transcripts)."""
-        return ""

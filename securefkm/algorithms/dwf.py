@@ -42,8 +42,7 @@ record-level DP refuses it.
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,10 +52,24 @@ from ..federation.convergence import frobenius_movement, has_converged
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
 from ._kmeans import assign, local_lloyd, per_client_cell_sums
-from .base import Algorithm, AlgorithmState
+from .base import Algorithm, SeededState
 
 AGGREGATIONS = ("mean", "median")
 VOTE_WEIGHTS = ("client", "records")
+
+
+@dataclass
+class WeightedKMeansState(SeededState):
+    """Server state of DWF / EWF k-means.
+
+    Parameters
+    ----------
+    previous_centres : ndarray or None
+        The centres before the last training round, ``C_{t-1}`` of the momentum term (eq. 6);
+        None before the first training round (no momentum yet).
+    """
+
+    previous_centres: np.ndarray | None = None
 
 
 def box_arrays(box, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,14 +204,12 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         self.n_features_ = n_features
         centres = _seeding.initial_centres(self.init_, self.n_clusters, n_features, rng, self.init_bounds)
         phase = "train" if centres is not None else "init"
-        state = AlgorithmState(centres=centres, phase=phase)
-        state.extra.update(rng=rng, prev=None if centres is None else centres.copy(), seed_attempts=0, n_clients=n_clients)
-        return state
+        return WeightedKMeansState(centres=centres, phase=phase, rng=rng, n_clients=n_clients)
 
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
-                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.rng,
                 n_features=self.n_features_, noise_level=self.seeding_noise,
             )
         if state.phase == "score":
@@ -251,7 +262,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         return self._train_aggregate(state, agg)
 
     def _train_aggregate(self, state, agg):
-        C, C_old = state.centres, state.extra["prev"]
+        C = state.centres
+        C_old = C if state.previous_centres is None else state.previous_centres
         n = agg.n_contributors
         s = agg.sums
         if self.weighting == "equal":
@@ -278,7 +290,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             phase=phase,
             round=state.round + 1,
             movements=movements,
-            extra={**state.extra, "prev": C},
+            previous_centres=C,
         )
 
     def _median_centres(self, votes, fallback):
@@ -302,11 +314,6 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
 
     def planned_rounds(self, max_rounds):
         return max_rounds + (1 if self.score_round else 0) + (1 if not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS else 0)
-
-    def planned_actions(self, max_rounds):
-        """Rounds per broadcast action of one run (sums to ``planned_rounds``): lets a weighted
-        DP schedule (``GaussianDP(round_weights=...)``) calibrate for the seeding round."""
-        return dict(Counter(self.planned_sequence(max_rounds)))
 
     def planned_sequence(self, max_rounds):
         """The actions of one run's rounds in order: the seeding round, if any, then
@@ -366,11 +373,3 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             local[nz] = s[nz] / w[nz, None]
             out.append(Update(sums={"centres": local}))
         return out
-
-    def describe_server_view(self):
-        if self.weighting == "equal":
-            return "each client's local centres (k x d) per round"
-        if self.robust:
-            return ("each client's per-cluster counts and coordinate sums, and its local means' bins "
-                    f"(a k x d x {self.vote_bins} vote histogram), per round")
-        return "each client's per-cluster counts and coordinate sums per round"

@@ -59,7 +59,7 @@ the current global centres.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -79,11 +79,26 @@ from ._fcm import (
     membership_weights,
 )
 from ._kmeans import map_blocks, weighted_kmeans
-from .base import Algorithm, AlgorithmState
+from .base import Algorithm
 
 AVERAGING = ("kmeans", "fedavg")
 CENTRE_WEIGHTS = ("none", "membership")
 SERVER_INITS = ("warm", "fresh")
+
+
+@dataclass
+class FuzzyState(sc.SecureCentresState):
+    """Server state of FedFCM / federated-averaging FCM.
+
+    Parameters
+    ----------
+    validity_terms : dict of str to ndarray, or None
+        The summed terms of the closing validity round (``n``, ``memberships``,
+        ``spread``), from which ``score`` (the federated fuzzy Davies-Bouldin index) is
+        computed; None before that round.
+    """
+
+    validity_terms: dict[str, np.ndarray] | None = None
 
 
 def centre_movement(old: np.ndarray, new: np.ndarray) -> float:
@@ -188,9 +203,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             self.init_, self.n_clusters, n_features, rng, self.init_bounds
         )
         phase = "train" if centres is not None else "init"
-        state = AlgorithmState(centres=centres, phase=phase)
-        state.extra.update(rng=rng, seed_attempts=0, n_clients=n_clients, sk=None, secure_total=0)
-        return state
+        return FuzzyState(centres=centres, phase=phase, rng=rng, n_clients=n_clients)
 
     def _train_params(self, state):
         return {
@@ -205,11 +218,11 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
-                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.rng,
                 n_features=self.n_features_,
             )
         if state.phase == "secure":
-            b = self.secure.broadcast(state.extra["sk"], state.extra["secure_total"])
+            b = self.secure.broadcast(state.secure_run, state.secure_total)
             return replace(b, params={**b.params, "train_round": state.round})
         if state.phase == "validity":
             return Broadcast(
@@ -246,15 +259,14 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         return ()
 
     def aggregate(self, state, agg: AggregatedUpdate):
-        rng = state.extra["rng"]
+        rng = state.rng
         if state.phase == "init":
             return _seeding.seeded_state(state, agg, self.init_, self.n_clusters, self.init_bounds)
         if state.phase == "validity":
             return self._validity_aggregate(state, agg)
         if state.phase == "secure":
-            sk, G = self.secure.step(state.extra["sk"], agg.sums, rng)
-            extra = {**state.extra, "sk": sk, "secure_total": state.extra["secure_total"] + 1}
-            state = replace(state, extra=extra)
+            run, G = self.secure.step(state.secure_run, agg.sums, rng)
+            state = replace(state, secure_run=run, secure_total=state.secure_total + 1)
             return state if G is None else self._new_centres(state, G)
         if self.secure_mode:  # the clients stored their local centres: secure server k-means
             start, coarse = state.centres, False
@@ -263,8 +275,8 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
                 start, coarse = self.secure.initial_centres(
                     "uniform", self.init_bounds, state.centres.shape[1], rng
                 )
-            sk = self.secure.start(start, exact_means=False, coarse=coarse)
-            return replace(state, phase="secure", extra={**state.extra, "sk": sk})
+            run = self.secure.start(start, exact_means=False, coarse=coarse)
+            return replace(state, phase="secure", secure_run=run)
         if self.averaging == "kmeans":
             new = self._kmeans_average(state.centres, agg, rng, first=state.round == 0)
         else:
@@ -309,8 +321,8 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             if n > 0
             else float("inf")
         )
-        extra = {**state.extra, "validity_terms": {k: np.array(v, copy=True) for k, v in s.items()}}
-        return replace(state, score=score, phase="done", extra=extra)
+        terms = {k: np.array(v, copy=True) for k, v in s.items()}
+        return replace(state, score=score, phase="done", validity_terms=terms)
 
     def close(self, state):
         """Called when max_rounds is reached: go on to the validity round, if any."""
@@ -400,11 +412,3 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
                          "weights": np.zeros(k) if w is None else w})
             for s, w in zip(sums, weights)
         ]
-
-    def describe_server_view(self):
-        if self.secure_mode:
-            return "per-global-cluster sums of the clients' local FCM centres (sum-fields), per secure iteration"
-        if self.averaging == "kmeans":
-            extra = " and their fuzzy supports" if self.centre_weights == "membership" else ""
-            return f"each client's K local FCM centres{extra} per round (set-fields)"
-        return "per round, the sum over clients of sum_i u_ij^m x_i and sum_i u_ij^m (sum-fields)"

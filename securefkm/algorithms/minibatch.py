@@ -43,7 +43,7 @@ small-size streak, or the runtime's ``max_rounds`` (the paper's T).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from ..federation.convergence import frobenius_movement
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
 from . import _seeding
 from ._kmeans import _check_bounds, assign, per_client_cell_sums, segment_sums
-from .base import Algorithm, AlgorithmState
+from .base import Algorithm, SeededState
 
 
 def client_kmeans(X: np.ndarray, C: np.ndarray, epochs: int, batch_size: int | None, beta: float, rng):
@@ -80,6 +80,23 @@ def client_kmeans(X: np.ndarray, C: np.ndarray, epochs: int, batch_size: int | N
             gamma_b = sums[nz] / counts[nz, None]
             C[nz] += (beta * counts[nz] / lam[nz])[:, None] * (gamma_b - C[nz])
     return lam, lam[:, None] * C
+
+
+@dataclass
+class MiniBatchState(SeededState):
+    """Server state of federated mini-batch k-means.
+
+    Parameters
+    ----------
+    streak : ndarray of shape (n_clusters,), dtype int64
+        Consecutive rounds each cluster received less than ``reassign_fraction`` of the
+        records; a cluster is reassigned when its streak reaches ``reassign_patience``.
+    reassigned : int
+        Clusters reassigned so far.
+    """
+
+    streak: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    reassigned: int = 0
 
 
 class MiniBatchFederatedKMeansAlgorithm(Algorithm):
@@ -137,15 +154,13 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
     def init(self, n_clients, n_features, rng):
         self.n_features_ = n_features
         centres = _seeding.initial_centres(self.init_, self.n_clusters, n_features, rng, self.init_bounds)
-        state = AlgorithmState(centres=centres, phase="train" if centres is not None else "init")
-        state.extra.update(rng=rng, streak=np.zeros(self.n_clusters, dtype=np.int64), reassigned=0,
-                           seed_attempts=0, n_clients=n_clients)
-        return state
+        return MiniBatchState(centres=centres, phase="train" if centres is not None else "init", rng=rng,
+                              n_clients=n_clients, streak=np.zeros(self.n_clusters, dtype=np.int64))
 
     def configure(self, state, round):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
-                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.extra["rng"],
+                self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.rng,
                 n_features=self.n_features_,
             )
         return Broadcast(
@@ -167,7 +182,7 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         )
 
     def aggregate(self, state, agg: AggregatedUpdate):
-        rng = state.extra["rng"]
+        rng = state.rng
         if state.phase == "init":
             return _seeding.seeded_state(state, agg, self.init_, self.n_clusters, self.init_bounds)
         C = state.centres
@@ -176,7 +191,7 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         nz = lam > 0
         star[nz] = agg.sums["weighted_centres"][nz] / lam[nz, None]  # Gamma*_t
         new = C + self.server_rate * (star - C)  # Gamma_t = Gamma_{t-1} + alpha (Gamma* - Gamma_{t-1})
-        streak, reassigned = state.extra["streak"], state.extra["reassigned"]
+        streak, reassigned = state.streak, state.reassigned
         if self.reassign:
             small = lam < self.reassign_fraction * lam.sum()
             streak = np.where(small, streak + 1, 0)
@@ -192,7 +207,7 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         done = movement < self.tol and not np.any(streak > 0)
         return replace(
             state, centres=new, round=state.round + 1, movements=movements, phase="done" if done else "train",
-            extra={**state.extra, "streak": streak, "reassigned": reassigned},
+            streak=streak, reassigned=reassigned,
         )
 
     def _random_points(self, centres, count, rng):
@@ -242,6 +257,3 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
             weighted = sums[i] if beta == 1.0 else (1.0 - beta) * counts[i][:, None] * C + beta * sums[i]
             out.append(Update(sums={"sizes": counts[i], "weighted_centres": weighted}))
         return out
-
-    def describe_server_view(self):
-        return "each participant's per-cluster sizes and size-weighted local centres per round (sum-fields)"

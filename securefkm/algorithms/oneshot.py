@@ -47,7 +47,7 @@ from ..messages import AggregatedUpdate, Broadcast, Update
 from . import _seeding
 from . import secure_centres as sc
 from ._kmeans import assign, local_kmeans, weighted_kmeans
-from .base import Algorithm, AlgorithmState
+from .base import Algorithm
 
 VARIANTS = ("kfed", "child-parent")
 
@@ -174,10 +174,8 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         start, coarse = (None, False)
         if self.secure_mode:
             start, coarse = self.secure.initial_centres(self.init_, self.init_bounds, n_features, rng)
-        state = AlgorithmState(centres=None, phase="local")
-        state.extra.update(rng=rng, secure_start=start, secure_coarse=coarse, sk=None, secure_total=0,
-                           seed_attempts=0, n_clients=n_clients)
-        return state
+        return sc.SecureCentresState(centres=None, phase="local", rng=rng, n_clients=n_clients,
+                                     secure_start=start, secure_coarse=coarse)
 
     def configure(self, state, round):
         if state.phase == "local":
@@ -188,7 +186,7 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
             )
         if state.phase == "seed":
             return _seeding.seeding_broadcast(self.init_, self.n_clusters)
-        return self.secure.broadcast(state.extra["sk"], state.extra["secure_total"])
+        return self.secure.broadcast(state.secure_run, state.secure_total)
 
     def sum_fields(self, broadcast):
         if broadcast.action == sc.SECURE_ACTION:
@@ -196,12 +194,12 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         return ()
 
     def aggregate(self, state, agg: AggregatedUpdate):
-        rng = state.extra["rng"]
+        rng = state.rng
         if state.phase == "local":
             if self.secure_mode:
-                if state.extra["secure_start"] is None:
+                if state.secure_start is None:
                     return replace(state, phase="seed")
-                return self._start_secure(state, state.extra["secure_start"], state.extra["secure_coarse"])
+                return self._start_secure(state, state.secure_start, state.secure_coarse)
             received = [it for it in agg.items.values() if len(it.get("centres", ())) > 0]
             if not received:
                 raise InputError("no client sent local centres; check that clients hold records.")
@@ -212,16 +210,16 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
         if state.phase == "seed":
             centres = _seeding.seeding_aggregate(agg, self.n_clusters, rng)
             if centres is None:
-                attempts = state.extra["seed_attempts"] + 1
-                if attempts >= 3 * state.extra["n_clients"]:
+                attempts = state.seed_attempts + 1
+                if attempts >= 3 * state.n_clients:
                     raise InputError(
                         f"init={self.init_!r}: no sampled client holds n_clusters={self.n_clusters} records; "
                         "use init='uniform' with init_bounds."
                     )
-                return replace(state, extra={**state.extra, "seed_attempts": attempts})
+                return replace(state, seed_attempts=attempts)
             return self._start_secure(state, centres, False)
-        sk, G = self.secure.step(state.extra["sk"], agg.sums, rng)
-        state = replace(state, extra={**state.extra, "sk": sk, "secure_total": state.extra["secure_total"] + 1})
+        run, G = self.secure.step(state.secure_run, agg.sums, rng)
+        state = replace(state, secure_run=run, secure_total=state.secure_total + 1)
         if G is None:
             return state
         return replace(state, centres=G, phase="done", round=1)
@@ -229,16 +227,16 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
     def _start_secure(self, state, G, coarse):
         # k-means / online-mean centres are exact means of their records; with unweighted
         # k-FED the weights are ones, not record counts.
-        sk = self.secure.start(G, exact_means=self.weighted, coarse=coarse)
-        return replace(state, phase="secure", extra={**state.extra, "sk": sk})
+        run = self.secure.start(G, exact_means=self.weighted, coarse=coarse)
+        return replace(state, phase="secure", secure_run=run)
 
     def close(self, state):
         if state.phase == "done":
             return state
-        sk = state.extra.get("sk")
-        if sk is None or sk["stage"] == "coarse":
+        G = None if state.secure_run is None else state.secure_run.result
+        if G is None:
             raise InputError("max_rounds ended before the server k-means finished; raise max_rounds.")
-        return replace(state, centres=sk["G"], phase="done", round=1)
+        return replace(state, centres=G, phase="done", round=1)
 
     def converged(self, state):
         return state.phase == "done"
@@ -270,8 +268,3 @@ class OneShotFederatedKMeansAlgorithm(Algorithm):
             sc.store_local_centres(memory, centres, sizes if p["weighted"] else np.ones(len(centres)), p["weighted"])
             return Update()
         return Update(items={"centres": centres, "sizes": sizes})
-
-    def describe_server_view(self):
-        if self.secure_mode:
-            return "per-global-cluster sums of (weighted) local centres (sum-fields), per secure iteration"
-        return "each client's local centres and cluster sizes (set-fields), once"

@@ -45,11 +45,14 @@ assigned to them and the weights are those record counts (``exact_means=True``),
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
 from ..exceptions import InputError
 from ..messages import Broadcast, FieldSpec, Update
 from ._kmeans import assign, segment_sums, uniform_in_bounds, weighted_kmeans
+from .base import SeededState
 
 #: broadcast action of one secure server-k-means iteration
 SECURE_ACTION = "secure.kmeans"
@@ -140,13 +143,68 @@ def check_secure_params(server_max_iter, server_tol, oversample):
     )
 
 
+@dataclass(frozen=True)
+class SecureKMeansRun:
+    """Progress of one secure server k-means run (kept in the algorithm's state).
+
+    Parameters
+    ----------
+    centres : ndarray of shape (m, n_features)
+        The current global centres ``G`` (``m = oversample * k`` in the coarse stage).
+    iteration : int
+        Iterations done in the current stage.
+    stage : {"coarse", "fine"}
+        ``"coarse"``: Lloyd over the oversampled start, reduced to ``k`` centres when it
+        ends; ``"fine"``: Lloyd over ``k`` centres, whose end is the run's result.
+    exact_means : bool
+        Whether the clients' stored local centres are exact means weighted by record counts
+        (it decides the fields' kinds, see :func:`secure_fields`).
+    objective : float or None
+        Eq. 1 at the last broadcast centres (None before the first iteration).
+    """
+
+    centres: np.ndarray
+    iteration: int = 0
+    stage: str = "fine"
+    exact_means: bool = False
+    objective: float | None = None
+
+    @property
+    def result(self) -> np.ndarray | None:
+        """The centres a run cut short may end with: the fine stage's, or None in the coarse stage."""
+        return None if self.stage == "coarse" else self.centres
+
+
+@dataclass
+class SecureCentresState(SeededState):
+    """State of an algorithm with a secure mode (the server k-means as secure sums).
+
+    Parameters
+    ----------
+    secure_run : SecureKMeansRun or None
+        The secure server k-means in progress (None outside the secure phase's first run).
+    secure_total : int
+        Secure iterations over the whole fit (the broadcasts' iteration counter).
+    secure_start : ndarray or None
+        The first secure run's protected start (None: a seeding round must provide it).
+    secure_coarse : bool
+        Whether ``secure_start`` is an oversampled start that a coarse stage reduces.
+    """
+
+    secure_run: SecureKMeansRun | None = None
+    secure_total: int = 0
+    secure_start: np.ndarray | None = None
+    secure_coarse: bool = False
+
+
 class SecureServerKMeans:
     """The server k-means over local centres, run as secure-sum rounds (a reusable phase).
 
-    An algorithm embeds one of these and keeps its progress in ``state.extra["sk"]``:
-    :meth:`start` begins a run from given centres, :meth:`broadcast` / :meth:`fields` give the
-    round's request and layout, :meth:`step` consumes the round's sums and returns the final
-    global centres when the run has converged (else ``None``).
+    An algorithm embeds one of these and keeps its progress in a
+    :class:`SecureCentresState`: :meth:`start` begins a run from given centres,
+    :meth:`broadcast` / :meth:`fields` give the round's request and layout, :meth:`step`
+    consumes the round's sums and returns the final global centres when the run has
+    converged (else ``None``).
 
     Protected start with ``oversample > 1`` (used when the start is uniform in declared
     ``init_bounds``): the first stage runs Lloyd with ``oversample * k`` uniform centres;
@@ -178,28 +236,28 @@ class SecureServerKMeans:
             return uniform_in_bounds(init_bounds, m, n_features, rng), self.oversample > 1
         return None, False
 
-    def start(self, G: np.ndarray, *, exact_means: bool, coarse: bool = False) -> dict:
-        """Progress record of a new run from centres ``G`` (``coarse``: G is oversampled)."""
-        return {"G": np.asarray(G, dtype=np.float64).copy(), "iter": 0, "stage": "coarse" if coarse else "fine",
-                "exact": bool(exact_means), "objective": None}
+    def start(self, G: np.ndarray, *, exact_means: bool, coarse: bool = False) -> SecureKMeansRun:
+        """A new run from centres ``G`` (``coarse``: G is oversampled)."""
+        return SecureKMeansRun(np.asarray(G, dtype=np.float64).copy(), stage="coarse" if coarse else "fine",
+                               exact_means=bool(exact_means))
 
-    def broadcast(self, sk: dict, total: int = 0) -> Broadcast:
-        return secure_broadcast(sk["G"], exact_means=sk["exact"], iteration=total)
+    def broadcast(self, run: SecureKMeansRun, total: int = 0) -> Broadcast:
+        return secure_broadcast(run.centres, exact_means=run.exact_means, iteration=total)
 
     @staticmethod
     def fields(broadcast: Broadcast) -> tuple[FieldSpec, ...]:
         k, d = broadcast.centres.shape
         return secure_fields(k, d, exact_means=broadcast.params["exact_means"])
 
-    def step(self, sk: dict, sums: dict[str, np.ndarray], rng: np.random.Generator):
-        """Apply one iteration; returns (new progress record, final centres or None)."""
-        G, movement = secure_server_step(sk["G"], sums)
-        sk = {**sk, "G": G, "iter": sk["iter"] + 1, "objective": secure_objective(sums)}
-        if movement >= self.tol and sk["iter"] < self.max_iter:
-            return sk, None
-        if sk["stage"] == "coarse":
+    def step(self, run: SecureKMeansRun, sums: dict[str, np.ndarray], rng: np.random.Generator):
+        """Apply one iteration; returns (the run's new progress, final centres or None)."""
+        G, movement = secure_server_step(run.centres, sums)
+        run = replace(run, centres=G, iteration=run.iteration + 1, objective=secure_objective(sums))
+        if movement >= self.tol and run.iteration < self.max_iter:
+            return run, None
+        if run.stage == "coarse":
             w = sums["weights"]
             nz = w > 0
             reduced = weighted_kmeans(G[nz], self.n_clusters, rng, weights=w[nz])
-            return {**sk, "G": reduced, "iter": 0, "stage": "fine"}, None
-        return sk, G
+            return replace(run, centres=reduced, iteration=0, stage="fine"), None
+        return run, G

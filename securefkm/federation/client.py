@@ -21,46 +21,18 @@ import dataclasses
 import operator
 import pickle
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..exceptions import InputError
 from ..layers import Aggregator, ClientContext, Layer, ProtocolRefusal, RoundContext, RunInfo
-from ..messages import Broadcast, check_all_sums
+from ..messages import check_all_sums
 from .client_policy import SILENT, PolicyContext, Refusal
+from .update_stage import UPDATE_STAGE, UpdateReply, UpdateRequest
 
-UPDATE_STAGE = "update"
 #: how a client's refusal of the update stage begins when its own encoder refused its update
 ENCODER_REFUSAL = "its encoder refused its update: "
-
-
-@dataclass(frozen=True)
-class UpdateRequest:
-    """The server's first message of a round: the broadcast and the round's public facts.
-    Immutable: clients sent the same broadcast share one request object."""
-
-    run: int
-    round: int
-    broadcast: Broadcast
-    sampled: tuple[int, ...]
-    #: ``(stage, message)`` of the aggregator's first stage, fused into this exchange
-    then: tuple[str, Any] | None = None
-    #: retry number of this round index after aborted attempts (RoundContext.attempt)
-    attempt: int = 0
-
-
-@dataclass
-class UpdateReply:
-    """A client's answer to :class:`UpdateRequest`: its set-fields, or why it declined."""
-
-    items: dict[str, np.ndarray] = field(default_factory=dict)
-    declined: str | None = None
-    #: the answer to ``UpdateRequest.then`` (None: no fused stage, or declined/refused)
-    then: Any = None
-    #: why the client refused the fused stage message (its update still counts as sent)
-    then_refused: str | None = None
 
 
 def client_seed(random_state: int | None, run: int, round: int, client: int) -> np.random.SeedSequence:

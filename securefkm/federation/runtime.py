@@ -96,8 +96,7 @@ class ServerPolicy:
 def _generator_states(state) -> list:
     """(generator, position) of every numpy Generator the algorithm keeps in its state (a
     deep copy of the state would do too, at ~10x the cost of a plain round's bookkeeping)."""
-    extra = getattr(state, "extra", None) or {}
-    return [(g, g.bit_generator.state) for g in extra.values() if isinstance(g, np.random.Generator)]
+    return [(g, g.bit_generator.state) for g in state.generators()]
 
 
 @contextlib.contextmanager

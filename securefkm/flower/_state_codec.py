@@ -54,14 +54,18 @@ def _classes() -> dict[str, type]:
     from protocols.validated.helper import (HelperBundle, NoiseField, NoisePlan, ValidatedReport, ValidationRequest,
                                             ValidationTicket)
 
-    from ..algorithms.base import AlgorithmState
-    from ..algorithms.secure_centres import SecureServerKMeans
-    from ..federation.client import UpdateRequest
+    from ..algorithms.base import AlgorithmState, SeededState
+    from ..algorithms.dwf import WeightedKMeansState
+    from ..algorithms.fuzzy import FuzzyState
+    from ..algorithms.minibatch import MiniBatchState
+    from ..algorithms.secure_centres import SecureCentresState, SecureKMeansRun, SecureServerKMeans
+    from ..federation.update_stage import UpdateRequest
     from ..messages import Broadcast, FieldSpec
     from ..protection_report import LayerView, ProtectionReport
     from ..transcript import AbortedRound, Exclusion, RoundRecord, StageRecord, Transcript
 
-    found = [AlgorithmState, SecureServerKMeans, Broadcast, FieldSpec, UpdateRequest, Transcript, RoundRecord, StageRecord,
+    found = [AlgorithmState, SeededState, WeightedKMeansState, MiniBatchState, SecureCentresState, FuzzyState,
+             SecureKMeansRun, SecureServerKMeans, Broadcast, FieldSpec, UpdateRequest, Transcript, RoundRecord, StageRecord,
              AbortedRound, Exclusion, PrivacyAccountant, ProtectionReport, LayerView,
              PublicBundle, RoundTicket, EncryptRequest, EncryptedContribution, DecryptedAggregate,
              HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport]

@@ -20,7 +20,7 @@ dtype and number of dimensions of each array, the exact or largest size of each 
 signature and ciphertext, the largest number of items in each list. Missing or extra
 fields, duplicate keys, unused array buffers and trailing bytes are refused. The library's
 message dataclasses (:class:`~securefkm.messages.Broadcast`,
-:class:`~securefkm.federation.client.UpdateRequest`, ``UpdateReply``, Paillier's
+:class:`~securefkm.federation.update_stage.UpdateRequest`, ``UpdateReply``, Paillier's
 ``EncryptRequest`` ...) are built by their own constructors from the checked fields; no
 class is ever looked up by a name read from the wire. A message that fails its schema
 raises :class:`WireError` naming the stage and the field; the server records it as that
@@ -488,7 +488,7 @@ def _schemas() -> dict[tuple[str, str], Type]:
 
     from protocols.validated import helper as validated
 
-    from ..federation.client import UPDATE_STAGE, UpdateReply, UpdateRequest
+    from ..federation.update_stage import UPDATE_STAGE, UpdateReply, UpdateRequest
     from ..messages import Broadcast
     from .provision import IDENTIFY_STAGE
 

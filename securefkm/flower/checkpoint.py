@@ -50,7 +50,7 @@ from ._state_codec import StateCodecError, dumps, loads
 
 log = logging.getLogger("securefkm.flower")
 
-FORMAT = "securefkm-checkpoint/v2"
+FORMAT = "securefkm-checkpoint/v3"
 MAGIC = b"SFKM-CKPT/2\n"
 _TAG = 32
 _KEY_BYTES = 32
