@@ -2,16 +2,23 @@
 
 ``python -m benchmarks.cross_device --crypto ideal --sizes 1000,10000,100000,1000000``
 ``python -m benchmarks.cross_device --crypto real --sizes 1000,10000,100000``
+``python -m benchmarks.cross_device --study 10000000 --cohort 10000``
 
 Each figure is one DWF training round (k = 5, d = 2, 10 records per client, every client
 sampled, 5% of them dropping at a random stage) under ``GaussianDP(mode="distributed")`` and
-``PairwiseMasking()`` (the SecAgg+ graph of Bell et al. with ``dropout_fraction=0.05``),
+``PairwiseMasking()`` (the SecAgg+ graph of Bell et al. for its default 10% dropout allowance),
 ``record="aggregates"``, measured in a fresh spawned process so that its peak resident set is
 the round's (plus its workers'). ``--crypto ideal`` runs the masking's ideal functionality;
 ``--crypto real`` the protocol with real X25519, and prices the round's own cryptography (its
 key generations, agreements and key derivations, counted in the round, at unit costs measured
 in the same process) to print round / crypto. Real rounds run in this process
 (``backend="local"``): one core, the count of agreements a worker pool would split.
+
+``--study N`` fits ``WeightedFederatedKMeans`` (its DP plan: a private start, then Lloyd
+rounds) with ``GaussianDP(epsilon=1, mode="distributed")`` over the ideal masking on a streamed
+population of ``N`` clients (:func:`securefkm.datasets.blob_population`), ``--cohort`` clients a
+round, in a fresh process, and prints the fit's wall time, peak resident set, rounds, privacy
+spent and the largest distance of a fitted centre from the nearest generating centre.
 
 The cost model is a least-squares fit of ``time = a + b n`` and ``memory = c + e n`` over the
 sizes measured (medians of ``--repeats``), printed with its extrapolation.
@@ -51,7 +58,7 @@ def _one_round(n: int, crypto: str, seed: int, warm_up: bool = True) -> dict:
     delta = 1.0 / (RECORDS * n) ** 1.1
     t0 = time.perf_counter()
     fed = Federation(algo, clients, protection=[GaussianDP(1.0, delta, bounds=(-6, 6), mode="distributed"),
-                                                PairwiseMasking(dropout_fraction=DROPOUT)],
+                                                PairwiseMasking()],
                      max_rounds=2, random_state=seed, record="aggregates", crypto=crypto, backend="local",
                      dropout_rate=DROPOUT)
     setup = time.perf_counter() - t0
@@ -59,9 +66,9 @@ def _one_round(n: int, crypto: str, seed: int, warm_up: bool = True) -> dict:
     counts = {}
     t0 = time.perf_counter()
     if crypto == "real":
-        (state,), counts = _count_crypto(lambda: (fed.run_round(state, round=0),))
+        counts = _count_crypto(lambda: fed.run_round(state, round=0))
     else:
-        state = fed.run_round(state, round=0)
+        fed.run_round(state, round=0)
     wall = time.perf_counter() - t0
     plan = getattr(fed.aggregator, "_plan_cache", None)
     degree = plan[2].graph.degree if plan is not None and hasattr(plan[2].graph, "degree") else None
@@ -86,6 +93,42 @@ def measure(n: int, crypto: str, repeats: int) -> dict:
     return med
 
 
+def _study(n: int, cohort: int, seed: int = 0) -> dict:
+    import warnings
+
+    from benchmarks.speed import _peak_rss
+    from protocols import GaussianDP, PairwiseMasking
+    from securefkm import WeightedFederatedKMeans
+    from securefkm.datasets import blob_population
+
+    t0 = time.perf_counter()
+    population = blob_population(n, records=RECORDS, n_features=D, n_centres=K, random_state=seed)
+    est = WeightedFederatedKMeans(
+        n_clusters=K, clients_per_round=cohort, crypto="ideal", backend="local", record="aggregates",
+        protection=[GaussianDP(1.0, 1.0 / population.n_samples ** 1.1, bounds=(-6, 6), mode="distributed"),
+                    PairwiseMasking()],
+        dropout_rate=DROPOUT, random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(population)
+    wall = time.perf_counter() - t0
+    truth = population.load.centres
+    gap = np.sqrt(((est.cluster_centers_[:, None] - truth[None]) ** 2).sum(-1)).min(1).max()
+    return {"wall": wall, "peak": _peak_rss(), "rounds": est.n_iter_, "spent": est.privacy_spent_, "gap": float(gap)}
+
+
+def study(n: int, cohort: int, repeats: int) -> None:
+    print(f"cross_device study: WeightedFederatedKMeans, GaussianDP(1, 1/N^1.1, distributed) + ideal PairwiseMasking, "
+          f"{n:,} streamed clients of {RECORDS} records, {cohort:,} a round, {DROPOUT:.0%} dropouts")
+    print("| seed | wall (s) | peak RSS (MB) | rounds | epsilon spent | worst centre error |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for seed in range(repeats):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            r = pool.submit(_study, n, cohort, seed).result()
+        print(f"| {seed} | {r['wall']:.1f} | {r['peak'] / 2**20:.0f} | {r['rounds']} | {r['spent'][0]:.3f} | "
+              f"{r['gap']:.3f} |", flush=True)
+
+
 def fit_line(xs, ys) -> tuple[float, float]:
     """Least squares ``y = a + b x``."""
     b, a = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
@@ -98,7 +141,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1000,10000,100000", help="cohort sizes, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--extrapolate", default="1000000,10000000,100000000")
+    ap.add_argument("--study", type=int, default=None, help="fit a whole study over this many streamed clients")
+    ap.add_argument("--cohort", type=int, default=10_000, help="clients a round of the study samples")
     args = ap.parse_args(argv)
+    if args.study:
+        study(args.study, args.cohort, args.repeats)
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"cross_device: DWF round, GaussianDP(distributed) + PairwiseMasking (crypto={args.crypto!r}), "
           f"{RECORDS} records x {D} features per client, k={K}, {DROPOUT:.0%} dropouts, medians of {args.repeats}")

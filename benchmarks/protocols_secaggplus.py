@@ -105,7 +105,7 @@ def masking_round(n: int, length: int, graph: str, neighbours: int | None = None
         best_cpu = min(best_cpu, time.process_time() - c0)
         assert len(new.extra["contributors"]) == n
         assert np.allclose(new.extra["sum"], n * algo.vector, atol=1e-5 * n)
-        plan = layer._plan_cache[1]
+        plan = layer._plan_cache[2]
         degree, threshold = plan.graph.degree, plan.t_share
     return {"side": "ours", "graph": graph, "n": n, "length": length, "degree": degree, "threshold": threshold, "round_s": best, "round_cpu_s": best_cpu}
 

@@ -354,6 +354,9 @@ class PairwiseMasking(Aggregator):
 
     def plan(self, ctx: RoundContext) -> RoundPlan:
         """The round's public plan (graph, thresholds), identical on server and clients."""
+        cached = self.__dict__.get("_plan_cache")
+        if cached is not None and cached[3] is ctx:  # the clients of one simulated round share their context
+            return cached[2]
         length = sum(s.size for s in ctx.specs) + 1
         # a retried round (ctx.attempt > 0) gets its own id: nothing signed in an aborted
         # attempt (adverts, share ciphertexts) verifies in the retry
@@ -368,17 +371,17 @@ class PairwiseMasking(Aggregator):
         # the plan does not decode fewer than the client-side layers allow nor than the run's floor
         floor = max(self.survivors_floor(ctx), 0 if self.floor is None else self.floor["survivors"])
         key = (rid, length, floor)
-        cached = getattr(self, "_plan_cache", None)
         # in-process simulation: clients of one round share the plan (and usually the very
         # sampled tuple, whose identity spares an O(n) comparison per client)
         if cached is not None and cached[0] == key and (cached[1] is ctx.sampled or cached[1] == tuple(ctx.sampled)):
+            self._plan_cache = cached[:3] + (ctx,)
             return cached[2]
         try:
             plan = make_plan(rid, ctx.sampled, self.graph, self.neighbours, self.threshold, length, self.graph_params,
                              survivors_floor=floor, allow_insecure=self.allow_insecure_threshold)
         except InputError as exc:
             raise RoundAbortedError(str(exc), round=ctx.round, stage="advertise") from None
-        self._plan_cache = (key, tuple(ctx.sampled), plan)
+        self._plan_cache = (key, tuple(ctx.sampled), plan, ctx)
         return plan
 
     def before_round(self, ctx: RoundContext) -> None:
