@@ -97,11 +97,13 @@ def released(transcript):
     ]
 
 
-def outcome(case, backend, *, n_workers=2, clients=None, max_rounds=5, seed=0):
-    """Fit ``case`` on ``backend``; everything that must not depend on the backend."""
+def outcome(case, backend, *, n_workers=2, clients=None, max_rounds=5, seed=0, data=None, **extra):
+    """Fit ``case`` on ``backend``; everything that must not depend on the backend.
+    ``data``: the records the attacks' reports read (default: ``clients``); ``extra``:
+    further estimator parameters."""
     name, params, protection, dropout, _ = CASES[case]
     clients = make_clients() if clients is None else clients
-    params = {"init_bounds": BOX, **params}
+    params = {"init_bounds": BOX, **params, **extra}
     est = make_estimator(name, n_clusters=3, protection=protection(), random_state=seed,
                          max_rounds=max_rounds, dropout_rate=dropout, backend=backend, n_workers=n_workers, **params)
     fed, _ = est.make_federation(clients)
@@ -112,12 +114,13 @@ def outcome(case, backend, *, n_workers=2, clients=None, max_rounds=5, seed=0):
             state = fed.run(0)
         except RoundAbortedError as exc:
             error = (type(exc).__name__, exc.round, exc.stage, str(exc))
-    data = FederatedDataset(clients)
+    data = FederatedDataset(clients) if data is None else data
     return {
         "error": error,
         "centres": None if state is None else np.asarray(state.centres).tobytes(),
         "released": released(fed.transcript),
         "privacy": fed.privacy_spent(),
+        "aborts": [(a.round, a.attempt, a.cause, a.stage) for a in fed.transcript.aborts],
         "reports": [repr(a.evaluate(fed.transcript, data).to_dict())
                     for a in (SmallClusterDisclosure(), Differencing(), AggregateDifferencing())],
     }

@@ -14,13 +14,13 @@ import warnings
 
 import numpy as np
 import pytest
-from _backend_cases import BOX, CASES, make_clients, released
+from _backend_cases import BOX, CASES, make_clients, outcome
 
 from protocols import GaussianDP, PairwiseMasking
 from securefkm.algorithms.dwf import WeightedFederatedKMeansAlgorithm
-from securefkm.datasets import ClientPopulation, blob_population
-from securefkm.exceptions import InputError, RoundAbortedError
-from securefkm.federation import Federation
+from securefkm.datasets import ClientPopulation, FederatedDataset, blob_population
+from securefkm.exceptions import InputError
+from securefkm.federation import Federation, StreamedRuntimes
 from securefkm.registry import make_estimator
 
 STREAMED_CASES = ["dwf-plain", "dwf-masking-dropouts", "dwf-sparse-masking-rate", "kfed-secure-masking",
@@ -32,35 +32,20 @@ def population_of(clients) -> ClientPopulation:
     return ClientPopulation(lambda i: arrays[i].copy(), [len(a) for a in arrays], arrays[0].shape[1])
 
 
-def run_case(case, clients, crypto="real", clients_per_round=1.0):
-    name, params, protection, dropout, _ = CASES[case]
-    est = make_estimator(name, n_clusters=3, protection=protection(), random_state=0, max_rounds=5,
-                         dropout_rate=dropout, backend="local", crypto=crypto, clients_per_round=clients_per_round,
-                         **{"init_bounds": BOX, **params})
-    fed, _ = est.make_federation(clients)
-    error, state = None, None
-    with fed, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            state = fed.run(0)
-        except RoundAbortedError as exc:
-            error = (type(exc).__name__, exc.round, exc.stage, str(exc))
-    return fed, {
-        "error": error,
-        "centres": None if state is None else np.asarray(state.centres).tobytes(),
-        "released": released(fed.transcript),
-        "aborts": [(a.round, a.attempt, a.cause, a.stage) for a in fed.transcript.aborts],
-        "privacy": fed.privacy_spent(),
-    }
+def run_case(case, clients, **extra):
+    """``outcome`` in process; a population's attack reports read the same records as a list."""
+    data = FederatedDataset(_resident(clients)) if isinstance(clients, ClientPopulation) else None
+    return outcome(case, "local", clients=clients, data=data, **extra)
+
+
+def _resident(population):
+    return [population[i] for i in range(len(population))]
 
 
 @pytest.mark.parametrize("case", STREAMED_CASES)
 def test_streamed_population_equals_resident_clients(case):
     clients = make_clients()
-    resident_fed, resident = run_case(case, clients)
-    streamed_fed, streamed = run_case(case, population_of(clients))
-    assert isinstance(streamed_fed.transport.clients, type(streamed_fed.transport.clients))
-    assert type(streamed_fed.transport.clients).__name__ == "StreamedRuntimes"
+    resident, streamed = run_case(case, clients), run_case(case, population_of(clients))
     assert streamed == resident
     assert resident["centres"] is not None or resident["error"] is not None
 
@@ -68,21 +53,26 @@ def test_streamed_population_equals_resident_clients(case):
 @pytest.mark.parametrize("crypto", ["real", "ideal"])
 def test_streamed_sampled_cohorts_with_dp_equal_resident(crypto):
     clients = make_clients(40, 800)
-    _, resident = run_case("dwf-dp-seeded-masking", clients, crypto=crypto, clients_per_round=16)
-    _, streamed = run_case("dwf-dp-seeded-masking", population_of(clients), crypto=crypto, clients_per_round=16)
+    resident = run_case("dwf-dp-seeded-masking", clients, crypto=crypto, clients_per_round=16)
+    streamed = run_case("dwf-dp-seeded-masking", population_of(clients), crypto=crypto, clients_per_round=16)
     assert streamed == resident
     assert len({r[3] for r in resident["released"]}) > 1  # the rounds sampled different cohorts
 
 
 def test_streamed_runtimes_hold_one_round_and_keep_persistent_state():
-    clients = make_clients()
-    fed, _ = run_case("kfed-secure-masking", population_of(clients))
+    name, params, protection, dropout, _ = CASES["kfed-secure-masking"]
+    est = make_estimator(name, n_clusters=3, protection=protection(), random_state=0, max_rounds=5,
+                         dropout_rate=dropout, backend="local", init_bounds=BOX, **params)
+    fed, _ = est.make_federation(population_of(make_clients()))
+    with fed, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fed.run(0)
     runtimes = fed.transport.clients
-    assert runtimes.resident <= len(clients)
+    assert isinstance(runtimes, StreamedRuntimes) and 0 < runtimes.resident <= 12
     runtimes.end_round()
     assert runtimes.resident == 0
     # the secure mode's local centres are the clients' memory: kept between rounds
-    assert set(runtimes._states) == set(range(len(clients)))
+    assert set(runtimes._states) == set(range(12))
 
 
 def _peak_of_fit(n_clients: int, cohort: int, resident: bool = False) -> int:

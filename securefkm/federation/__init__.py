@@ -3,7 +3,7 @@
 from .client import ClientRuntime, UpdateReply, UpdateRequest
 from .client_policy import SILENT, ClientPolicy, PolicyContext, Refusal
 from .convergence import frobenius_movement, has_converged
-from .runtime import Federation, LocalTransport, ServerPolicy, Transport, clone_layers
+from .runtime import Federation, LocalTransport, ServerPolicy, StreamedRuntimes, Transport, clone_layers
 from .sampling import Dropouts, sample_clients
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "Dropouts",
     "Federation",
     "LocalTransport",
+    "StreamedRuntimes",
     "PolicyContext",
     "Refusal",
     "SILENT",
