@@ -16,6 +16,7 @@
                    k-means over the bucket means. Goes through the same    (protected)
                    protection stack and DP budget as training rounds.
 ``"uniform"``      k centres uniform in the declared ``init_bounds`` box   nothing
+                   (or ball)
 array              the given centres                                        nothing
 =================  ======================================================  =================
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..domain import Ball
 from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, Update
 from ._kmeans import local_kmeans, seed_kmeans_plusplus, uniform_in_bounds, weighted_kmeans
@@ -238,8 +240,10 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
     ``"vector"``: the positive-part James-Stein :func:`shrink_means`), with the per-coordinate sum
     noise estimated the same way: the sum rows of the buckets with a negative noisy count are
     (nearly) pure noise; their median absolute value / 0.6745 estimates sigma_sum.
-    Means are kept inside the declared box (noise can push a small bucket's mean out).
-    Missing centres are drawn uniformly in the box.
+    Means are kept inside the declared domain (noise can push a small bucket's mean out): clipped
+    to the box, or projected onto the ball (:class:`securefkm.domain.Ball`, whose bounding box
+    carries the grid and whose centre the hyperplanes pass through). Missing centres are drawn
+    uniformly in the domain.
     """
     counts, bsums = sums["bucket_counts"], sums["bucket_sums"]
     neg = counts < 0
@@ -266,11 +270,12 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
                 points = shrink_coordinates(points, counts[keep], sigma_sum, target, sigma_hat)
             else:
                 points = shrink_means(points, counts[keep], sigma_sum, target)
-    points = np.clip(points, low, high)
+    points = init_bounds.project(points) if isinstance(init_bounds, Ball) else np.clip(points, low, high)
+    domain = init_bounds if isinstance(init_bounds, Ball) else (low, high)
     if len(points) == 0:
-        return uniform_in_bounds((low, high), k, d, rng)
+        return uniform_in_bounds(domain, k, d, rng)
     if len(points) < k:
-        extra = uniform_in_bounds((low, high), k - len(points), d, rng)
+        extra = uniform_in_bounds(domain, k - len(points), d, rng)
         return np.vstack([points, extra])
     return weighted_kmeans(points, k, rng, weights=counts[keep])
 
