@@ -103,7 +103,7 @@ def resolve_domain(init_bounds, protection, n_features: int | None = None):
     start inside it); two boxes that disagree raise :class:`InputError` naming both. With a
     ball, ``init_bounds`` (when given) is the start's box and the ball the sensitivity's.
     """
-    from ..domain import Ball
+    from ..domain import Ball, check_centre
 
     own = check_bounds(init_bounds, "init_bounds", n_features)
     for layer in resolve_protection(protection):
@@ -111,6 +111,7 @@ def resolve_domain(init_bounds, protection, n_features: int | None = None):
         if dp is None or (isinstance(dp, Ball) and own is not None):
             continue
         if isinstance(dp, Ball):
+            check_centre(dp.centre, "GaussianDP centre", n_features)
             return dp
         if own is None:
             return dp[0].tolist(), dp[1].tolist()
