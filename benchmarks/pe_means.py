@@ -107,17 +107,21 @@ def preprocess(X: np.ndarray) -> np.ndarray:
 
 
 def load(name: str) -> tuple[np.ndarray, int]:
-    """(preprocessed records, k) of ``iris`` or ``blobs-K<K>-D<D>``."""
+    """(preprocessed records, k) of ``iris``, ``blobs-K<K>-D<D>`` (the paper's, ``random_state=1``)
+    or ``blobs-K<K>-D<D>-S<s>`` (the same shape with ``random_state=s``: held-out sets, not in
+    the paper's table)."""
     import sklearn.datasets
 
     if name == "iris":
         return preprocess(sklearn.datasets.load_iris().data), 3
     if name.startswith("blobs-K"):
-        k_part, d_part = name[len("blobs-K"):].split("-D")
+        shape, _, state = name[len("blobs-K"):].partition("-S")
+        k_part, d_part = shape.split("-D")
         K, D = int(k_part), int(d_part)
-        X, _ = sklearn.datasets.make_blobs(n_samples=20000, n_features=D, centers=K, random_state=1)
+        X, _ = sklearn.datasets.make_blobs(n_samples=20000, n_features=D, centers=K,
+                                           random_state=int(state) if state else 1)
         return preprocess(X), K
-    raise ValueError(f"unknown data set {name!r}: iris or blobs-K<K>-D<D>")
+    raise ValueError(f"unknown data set {name!r}: iris, blobs-K<K>-D<D> or blobs-K<K>-D<D>-S<seed>")
 
 
 def protocol_delta(n: int) -> float:
