@@ -189,3 +189,23 @@ def test_the_ball_round_trips_through_pickle_and_the_layer_repr():
     assert isinstance(again, Ball) and again.radius == R and np.array_equal(again.centre, CENTRE)
     assert tuple(again) == tuple(ball)
     assert "centre=[3.0, 4.0]" in repr(GaussianDP(1.0, 1e-5, clip=R, centre=CENTRE))
+
+
+def test_private_seeding_buckets_are_voronoi_cells_with_three_points_per_axis():
+    from securefkm.algorithms._seeding import lsh_buckets, seeding_broadcast, seeding_candidates, voronoi_buckets
+
+    assert voronoi_buckets(7, 4) and voronoi_buckets(8, 5)  # 128 >= 81, 256 >= 243
+    assert not voronoi_buckets(6, 4) and not voronoi_buckets(8, 6) and not voronoi_buckets(10, 3)
+    ball = Ball([0.5, -0.5, 1.0, 0.0], 2.0)
+    params = seeding_broadcast("private", 16, init_bounds=ball, rng=np.random.default_rng(0), n_features=4).params
+    assert params["bits"] == 7 and params["radius"] == 2.0 and params["centre"] == [0.5, -0.5, 1.0, 0.0]
+    C = seeding_candidates(params, 4)
+    assert C.shape == (128, 4) and _inside(C, ball.centre, 2.0)
+    np.testing.assert_array_equal(C, seeding_candidates(dict(params), 4))  # every client draws the same points
+    X = ball.sample(300, 4, np.random.default_rng(1))
+    nearest = ((X[:, None, :] - C[None]) ** 2).sum(axis=2).argmin(axis=1)
+    np.testing.assert_array_equal(lsh_buckets(X, params), nearest)
+    box = {k: v for k, v in params.items() if k not in ("centre", "radius")}
+    Cb = seeding_candidates(box, 4)
+    assert np.all(Cb >= np.asarray(ball[0])) and np.all(Cb <= np.asarray(ball[1]))
+    assert lsh_buckets(X, {**params, "bits": 5}).max() < 32  # 32 < 81: hyperplane buckets
