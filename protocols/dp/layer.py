@@ -455,7 +455,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         if not np.any(over):
             return X
         X = np.array(X, dtype=np.float64, copy=True)
-        X[over] = c + offset[over] * (self.clip / norms[over])[:, None]  # c + 0: origin rows scaled exactly
+        X[over] = c + offset[over] * (self.clip / norms[over])[:, None]  # c = 0: x R / ||x|| exactly
         return X
 
     def client_datas(self, Xs, clients, ctx):
