@@ -209,3 +209,10 @@ def test_private_seeding_buckets_are_voronoi_cells_with_three_points_per_axis():
     Cb = seeding_candidates(box, 4)
     assert np.all(Cb >= np.asarray(ball[0])) and np.all(Cb <= np.asarray(ball[1]))
     assert lsh_buckets(X, {**params, "bits": 5}).max() < 32  # 32 < 81: hyperplane buckets
+
+
+def test_seeding_buckets_reach_ten_bits_only_for_many_clusters():
+    from securefkm.algorithms._seeding import lsh_bits
+
+    assert lsh_bits(10, 64) == 6 and lsh_bits(42, 16) == 8  # about 6 buckets per cluster, as before
+    assert lsh_bits(43, 16) == 9 and lsh_bits(64, 128) == 9 and lsh_bits(200, 8) == 10

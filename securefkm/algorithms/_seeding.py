@@ -25,7 +25,7 @@ The ``"private"`` seeding follows the idea of LSH-based private clustering (a pa
 space fixed independently of the data, so a bucket histogram with sums has the same per-record
 sensitivity as one Lloyd round: one count and one clipped record). Above 3 features, when
 there are at least 3^d buckets (3 per axis, as a grid has; with about 6 buckets per cluster:
-d = 4 with k >= 11, d = 5 with k >= 22), they are the Voronoi cells of 2^bits public points
+d = 4 with k >= 11, d = 5 with k >= 22, d = 6 with k >= 86), they are the Voronoi cells of 2^bits public points
 drawn uniformly in the declared domain (:func:`seeding_candidates`), not the cones of random
 hyperplanes through its centre: a cone holds records at every distance from the centre, so
 with many clusters several fall into one bucket and its mean lies between them. With fewer
@@ -96,6 +96,8 @@ def voronoi_buckets(bits: int, n_features: int) -> bool:
     they are at least ``VORONOI_PER_AXIS`` per axis, 2^bits >= 3^d, as a grid's are (module
     docstring)."""
     return n_features > GRID_MAX_FEATURES and (1 << bits) >= VORONOI_PER_AXIS ** n_features
+
+
 #: with a known noise level e (the DP plan's), a grid has GRID_CELLS_NOISE / e cells per cluster,
 #: between 4 and 16 (below)
 GRID_CELLS_NOISE = 0.3
@@ -105,12 +107,18 @@ def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> i
     """Bucket bits for the private seeding.
 
     Up to 3 features (a grid): about 16 cells per cluster, 6 to 10 bits. Above (Voronoi
-    cells): about 6 buckets per cluster, 4 to 8 bits. Every bucket mean carries
+    cells or hyperplanes): about 6 buckets per cluster, 4 to 10 bits. Every bucket mean carries
     d-dimensional noise of norm ~ sqrt(d) sigma_sum / count, so in high dimension few, large
     buckets seed better: on digits (d = 64, k = 10) at epsilon 1 (simulation, with the
     shrinkage below) 32-64 buckets gave about 1.45 after one noisy Lloyd round and 128
     buckets 1.50-1.53, and without noise 64 and 256 buckets give the same start
-    (docs/protocols/dp-utility.md).
+    (docs/protocols/dp-utility.md). Up to 10 bits rather than 8 (the cap binds from k = 43 on):
+    with 64 clusters, 256 buckets (4 per cluster) left clusters sharing a bucket; on held-out
+    ``blobs-K64-D<D>-S2`` sets (seeded noise paired over seeds 700-703, central DP, mean
+    per-point loss at epsilon 2) 8 -> 10 bits gave D = 4: 0.0117 -> 0.0104, D = 16: 0.0447 ->
+    0.0350, D = 64: 0.0466 -> 0.0407, D = 128: 0.0535 -> 0.0387 (3 seeds); at epsilon 0.5 D = 4:
+    0.0154 -> 0.0142, D = 16: 0.0659 -> 0.0561, D = 64 and 128 equal (their plan starts from spread
+    points: no seeding round).
 
     When the DP plan's noise level e is given (``noise_level``; :mod:`protocols.dp.planning`),
     a grid has B = clip(0.3 / e, 4, 16) cells per cluster, 4 to 10 bits: the noise of a
@@ -126,7 +134,7 @@ def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> i
             cells = float(np.clip(GRID_CELLS_NOISE / noise_level, 4, 16))
             return int(np.clip(np.ceil(np.log2(cells * k)), 4, 10))
         return int(np.clip(np.ceil(np.log2(16 * k)), 6, 10))
-    return int(np.clip(np.ceil(np.log2(6 * k)), 4, 8))
+    return int(np.clip(np.ceil(np.log2(6 * k)), 4, 10))
 
 
 def _hyperplanes(params: dict, n_features: int):
