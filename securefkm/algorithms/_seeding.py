@@ -112,7 +112,7 @@ def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> i
     buckets seed better: on digits (d = 64, k = 10) at epsilon 1 (simulation, with the
     shrinkage below) 32-64 buckets gave about 1.45 after one noisy Lloyd round and 128
     buckets 1.50-1.53, and without noise 64 and 256 buckets give the same start
-    (docs/protocols/dp-utility.md). Up to 10 bits rather than 8 (the cap binds from k = 43 on):
+    (docs/protocols/dp-utility.md). Up to 10 bits, not 8 (the cap binds from k = 43 on):
     with 64 clusters, 256 buckets (4 per cluster) left clusters sharing a bucket; on held-out
     ``blobs-K64-D<D>-S2`` sets (seeded noise paired over seeds 700-703, central DP, mean
     per-point loss at epsilon 2) 8 -> 10 bits gave D = 4: 0.0117 -> 0.0104, D = 16: 0.0447 ->
