@@ -44,7 +44,7 @@ Data sets rebuildable offline: ``iris`` (scikit-learn's, k = 3) and ``blobs-K<K>
 {4, 16, 64, 128}. The paper's own high-dimensional variant (a random projection to 16
 dimensions, its HDPE column) is not implemented here.
 
-``python -m benchmarks.pe_means --datasets iris blobs-K4-D4 --runs 10 [--library]``
+``python -m benchmarks.pe_means --datasets iris blobs-K4-D4 --runs 10 [--library [--mode distributed]]``
 """
 
 from __future__ import annotations
@@ -107,17 +107,21 @@ def preprocess(X: np.ndarray) -> np.ndarray:
 
 
 def load(name: str) -> tuple[np.ndarray, int]:
-    """(preprocessed records, k) of ``iris`` or ``blobs-K<K>-D<D>``."""
+    """(preprocessed records, k) of ``iris``, ``blobs-K<K>-D<D>`` (the paper's, ``random_state=1``)
+    or ``blobs-K<K>-D<D>-S<s>`` (the same shape with ``random_state=s``: held-out sets, not in
+    the paper's table)."""
     import sklearn.datasets
 
     if name == "iris":
         return preprocess(sklearn.datasets.load_iris().data), 3
     if name.startswith("blobs-K"):
-        k_part, d_part = name[len("blobs-K"):].split("-D")
+        shape, _, state = name[len("blobs-K"):].partition("-S")
+        k_part, d_part = shape.split("-D")
         K, D = int(k_part), int(d_part)
-        X, _ = sklearn.datasets.make_blobs(n_samples=20000, n_features=D, centers=K, random_state=1)
+        X, _ = sklearn.datasets.make_blobs(n_samples=20000, n_features=D, centers=K,
+                                           random_state=int(state) if state else 1)
         return preprocess(X), K
-    raise ValueError(f"unknown data set {name!r}: iris or blobs-K<K>-D<D>")
+    raise ValueError(f"unknown data set {name!r}: iris, blobs-K<K>-D<D> or blobs-K<K>-D<D>-S<seed>")
 
 
 def protocol_delta(n: int) -> float:
@@ -297,23 +301,42 @@ def pe_means(X: np.ndarray, k: int, epsilon: float, delta: float, *, seed: int =
 # --------------------------------------------------------------------------- library defaults
 
 
-def library_fit(X: np.ndarray, k: int, epsilon: float, delta: float, seed: int, domain: str = "bounds") -> tuple:
+#: the library's public domain per ``--domain``: GaussianDP's keywords and the estimator's
+DOMAINS = ("ball", "bounds", "clip")
+
+
+def library_domain(domain: str, d: int) -> tuple[dict, dict]:
+    """(GaussianDP keywords, estimator keywords) of a public domain: ``"ball"`` the unit ball at
+    the origin and nothing else (PE-means's public information), ``"bounds"`` the box
+    [-1, 1]^d, ``"clip"`` the unit ball for the sensitivity and the box [-1, 1]^d for the start."""
+    if domain == "ball":
+        return {"clip": 1.0, "centre": 0.0}, {}
+    if domain == "bounds":
+        return {"bounds": (-np.ones(d), np.ones(d))}, {}
+    if domain == "clip":
+        return {"clip": 1.0}, {"init_bounds": (-1.0, 1.0)}
+    raise ValueError(f"domain: one of {DOMAINS}, got {domain!r}")
+
+
+def library_fit(X: np.ndarray, k: int, epsilon: float, delta: float, seed: int, domain: str = "ball",
+                mode: str = "central") -> tuple:
     """DWF with the library's defaults in this protocol: 2 clients (records shuffled by the seed),
-    ``GaussianDP(epsilon, delta, mode="central", bounds=(-1, 1))`` (``domain="bounds"``) or
-    ``clip=1.0`` (``domain="clip"``, the unit ball), ``crypto="ideal"``. (centres, epsilon spent)."""
+    ``GaussianDP(epsilon, delta, mode=mode, **library_domain(domain))``, under
+    ``PairwiseMasking()`` when ``mode="distributed"``, ``crypto="ideal"``. (centres, epsilon spent)."""
     from protocols.dp import GaussianDP
+    from protocols.masking import PairwiseMasking
 
     from securefkm.estimators.dwf import WeightedFederatedKMeans
 
     Xs = X[np.random.default_rng(seed).permutation(len(X))]
     clients = np.array_split(Xs, 2)
-    d = X.shape[1]
-    dom = {"bounds": (-np.ones(d), np.ones(d))} if domain == "bounds" else {"clip": 1.0}
-    layer = GaussianDP(epsilon, delta, mode="central", **dom)
-    kw = {"init_bounds": (-1.0, 1.0)} if domain == "clip" else {}
+    layer_kw, est_kw = library_domain(domain, X.shape[1])
+    protection = [GaussianDP(epsilon, delta, mode=mode, **layer_kw)]
+    if mode == "distributed":
+        protection.append(PairwiseMasking())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = WeightedFederatedKMeans(k, protection=[layer], random_state=seed, crypto="ideal", **kw).fit(clients)
+        est = WeightedFederatedKMeans(k, protection=protection, random_state=seed, crypto="ideal", **est_kw).fit(clients)
     return est.cluster_centers_, float(est.privacy_spent_[0])
 
 
@@ -375,8 +398,13 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--library", action="store_true", help="also the library's DWF defaults in the same protocol")
     ap.add_argument("--library-runs", type=int, default=None, help="runs of the library table (default --runs)")
-    ap.add_argument("--domain", choices=("bounds", "clip"), default="bounds",
-                    help="library's public domain: the box [-1, 1]^d or the unit ball (clip=1)")
+    ap.add_argument("--domain", choices=DOMAINS, default="ball",
+                    help="library's public domain: the unit ball at the origin (clip=1, centre=0: PE-means's "
+                         "information), the box [-1, 1]^d, or the unit ball with the box for the start")
+    ap.add_argument("--mode", choices=("central", "distributed"), default="central",
+                    help="the library's DP mode (distributed: under PairwiseMasking)")
+    ap.add_argument("--seed0", type=int, default=0, help="first seed of the library runs (run r, epsilon e: "
+                    "seed0 + 1000 r + e)")
     ap.add_argument("--neighbouring", choices=("add-remove", "replace"), default="add-remove")
     ap.add_argument("--no-pe", action="store_true", help="skip the PE-means table")
     ap.add_argument("--json", default=None, help="also write every run's per-point losses to this file")
@@ -406,14 +434,14 @@ def main(argv=None) -> int:
                   + ", ".join(f"{e:g}: {v:.4f}" for e, v in zip(EPSILONS, res["mean_curve"])), flush=True)
     if args.library:
         runs = args.library_runs or args.runs
-        print(f"\nLibrary defaults (DWF, GaussianDP central, {args.domain}, 2 clients, crypto='ideal'), "
-              f"same protocol, {runs} runs\n")
+        print(f"\nLibrary defaults (DWF, GaussianDP {args.mode}, {args.domain}, 2 clients, crypto='ideal'), "
+              f"same protocol, {runs} runs, seeds {args.seed0} + 1000 r + e\n")
         print("| data set | DWF defaults: AUC +- sd | PE-means (ours) | PE-means (pub.) | HDPE (pub.) | Google (pub.) | "
               "FastLloyd (pub.) | eps spent/target | time |")
         print("|---|---|---|---|---|---|---|---|---|")
         for name in args.datasets:
             t0 = time.time()
-            lib = run_grid(name, runs, "library", domain=args.domain)
+            lib = run_grid(name, runs, "library", seed0=args.seed0, domain=args.domain, mode=args.mode)
             results[f"library:{name}"] = lib
             pub = PUBLISHED.get(name, {})
             ours = results.get(name, {}).get("auc", float("nan"))

@@ -35,15 +35,17 @@ def test_weighted_sum_sensitivity_is_the_half_diagonal():
     assert dp.centred_pairs(specs) == {"weighted_centres": "weights"}
     assert dp.sensitivity(specs[1], 4, centred=True) == pytest.approx(2.0 * math.sqrt(4))
     assert dp.sensitivity(specs[1], 4) == pytest.approx(104.0 * math.sqrt(4))
-    # not declared, switched off, or clip=: no translation
+    # not declared or switched off: no translation
     plain = (specs[0], FieldSpec("weighted_centres", (3, 4), "sum"))
     assert dp.centred_pairs(plain) == {}
     off = GaussianDP(1.0, 1e-5, bounds=(LOW, HIGH), centre_sums=False)
     off._d = 4
     assert off.centred_pairs(specs) == {}
+    # clip=: the ball's sums are centred on its centre (the origin here: sensitivity R either way)
     clipped = GaussianDP(1.0, 1e-5, clip=3.0)
     clipped._d = 4
-    assert clipped.centred_pairs(specs) == {}
+    assert clipped.centred_pairs(specs) == {"weighted_centres": "weights"}
+    assert clipped.sensitivity(specs[1], 4, centred=True) == clipped.sensitivity(specs[1], 4) == 3.0
 
 
 def test_weighted_by_only_on_sum_matrices():

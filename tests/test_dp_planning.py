@@ -262,8 +262,8 @@ def test_fastlloyd_baseline_pieces():
 
 
 def test_clip_only_dp_plans_its_rounds_instead_of_300():
-    """GaussianDP(clip=...) has no box for the full plan; the fit still runs the rule's number
-    of rounds (not 300 rounds at 1/300 of the budget) with its own start, within the budget."""
+    """GaussianDP(clip=...) with init_bounds: the fit runs the rule's number of rounds (not 300
+    rounds at 1/300 of the budget), within the budget."""
     from protocols import GaussianDP, PairwiseMasking
     from protocols.dp.planning import lloyd_rounds, noise_level
     from securefkm import WeightedFederatedKMeans, load_dataset

@@ -49,29 +49,39 @@ class Calibration:
         return cached[1]
 
     def _radius(self, d: int) -> float:
+        """The largest norm of a record of the domain (the sensitivity of an uncentred sum)."""
         if self.clip is not None:
-            return self.clip
+            return float(np.linalg.norm(self._box_centre(d))) + self.clip
         low, high = self._box(d)
         return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
 
     def _centred_radius(self, d: int) -> float:
+        """The largest distance of a record from the domain's centre: the ball's radius, or
+        the box's half-diagonal."""
+        if self.clip is not None:
+            return self.clip
         low, high = self._box(d)
         return float(np.linalg.norm((high - low) / 2))
 
     def _box_centre(self, d: int) -> np.ndarray:
-        key = (d, id(self.bounds))
+        """The domain's centre as a length-``d`` vector: the box's, or the clip ball's ``centre``."""
+        key = (d, id(self.bounds), id(self.centre))
         cached = self.__dict__.get("_centre_cache")
         if cached is None or cached[0] != key:
-            low, high = self._box(d)
-            centre = (low + high) / 2
+            if self.clip is not None:
+                centre = np.zeros(d) if self.centre is None else np.broadcast_to(self.centre, (d,)).astype(np.float64)
+            else:
+                low, high = self._box(d)
+                centre = (low + high) / 2
             centre.setflags(write=False)
             cached = (key, centre)
             self.__dict__["_centre_cache"] = cached
         return cached[1]
 
     def centred_pairs(self, specs) -> dict[str, str]:
-        """{sum field: its weights field} noised translated by the box centre (docs/protocols/dp-mechanism.md, "Centred sums")."""
-        if self.bounds is None or not self.centre_sums:
+        """{sum field: its weights field} noised translated by the domain's centre (the box's,
+        or the clip ball's; docs/protocols/dp-mechanism.md, "Centred sums")."""
+        if not self.centre_sums:
             return {}
         return self.weighted_pairs(specs)
 

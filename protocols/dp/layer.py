@@ -23,6 +23,7 @@ from collections import Counter
 
 import numpy as np
 
+from securefkm.domain import Ball, check_centre
 from securefkm.validation import check_bounds, check_choice, check_float, check_int
 from securefkm.exceptions import InputError, PrivacyBudgetExceededError, ProtectionConfigError
 from securefkm.layers import Layer
@@ -85,7 +86,12 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     epsilon, delta : float
         The target for the whole fit (all runs and rounds); ``privacy_spent_`` never exceeds it.
     clip : float, optional
-        L2 radius: records longer than it are scaled onto it (the domain is the ball).
+        Radius R > 0 of the ball domain: a record farther than R from ``centre`` is moved
+        radially onto the ball's surface. The ball also serves an estimator's start when it
+        has no ``init_bounds``.
+    centre : float or array of n_features floats, optional
+        The ball's centre (with ``clip``; default the origin). Sums are noised translated by
+        it, so their sensitivity is R, not ``|centre| + R``.
     bounds : (low, high), optional
         The records' box (numbers or per-feature arrays); a record outside is refused, not
         clipped. Default: the estimator's ``init_bounds``. One of ``clip`` or ``bounds`` is needed.
@@ -125,8 +131,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         Shrink noisy per-cluster means (post-processing with the public sigmas); the DP plan
         picks "step" when left unset.
     centre_sums : bool
-        ``bounds`` only: sums that declare their weights are noised translated by the box
-        centre (sensitivity the half-diagonal).
+        Sums that declare their weights are noised translated by the domain's centre
+        (sensitivity the box's half-diagonal, or the ball's radius).
     project_means : bool
         Project every released noisy mean into the records' domain (post-processing).
     rng : {"system", "seeded"}
@@ -135,8 +141,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         only (whoever knows the seed can subtract the noise); the Flower app refuses it.
     radius : float or "auto", optional
         Lloyd rounds after the first clip records to this distance from their nearest
-        broadcast centre and noise the sums relative to it (needs ``bounds``); "auto":
-        the DP plan's radius.
+        broadcast centre and noise the sums relative to it; "auto": the DP plan's radius.
     n_records : int, optional
         The number of records the DP plan treats as public (default: the data's, in
         simulation); deployments must declare it.
@@ -165,6 +170,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         rng: str = "system",
         radius: float | str | None = None,
         n_records: int | None = None,
+        centre=None,
     ):
         self.rng = check_choice(rng, "rng", RNGS)
         self.n_records = None if n_records is None else check_int(n_records, "n_records", minimum=1)
@@ -173,9 +179,6 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             self.radius = radius
         else:
             self.radius = check_float(radius, "radius", minimum=0.0, min_inclusive=False)
-        if self.radius is not None and clip is not None:
-            raise InputError("GaussianDP(radius=...) needs bounds=(low, high) (here or as the estimator's "
-                             "init_bounds), not clip=: the radius bound replaces the box's.")
         self.centre_sums = bool(centre_sums)
         self.project_means = bool(project_means)
         self.epsilon = check_float(epsilon, "epsilon", minimum=0.0, min_inclusive=False)
@@ -202,6 +205,13 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         # neither: the domain comes from the estimator's init_bounds at fit time (declare_domain);
         # a fit without any declared domain is refused in validate_stack (DOMAIN_MISSING)
         self.clip = None if clip is None else check_float(clip, "clip", minimum=0.0, min_inclusive=False)
+        if centre is not None and clip is None:
+            raise InputError(
+                "GaussianDP(centre=...) is the centre of the ball domain: pass clip=R with it (records within "
+                "R of centre, e.g. GaussianDP(epsilon=1, delta=1e-5, clip=1.0, centre=[0.5, 2.0])); a box "
+                "bounds=(low, high) has its own centre."
+            )
+        self.centre = check_centre(centre, "centre")
         self.bounds = check_bounds(bounds, "bounds")
         self.min_clients = None if min_clients is None else check_int(min_clients, "min_clients", minimum=1)
         self.missing_shares = None if missing_shares is None else check_int(missing_shares, "missing_shares", minimum=0)
@@ -219,6 +229,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             self._repr_params["bounds"] = tuple(v.tolist() if v.ndim else float(v) for v in self.bounds)
         if clip is not None:
             self._repr_params["clip"] = clip
+        if centre is not None:
+            self._repr_params["centre"] = self.centre.tolist()
         self._repr_params["mode"] = self.mode
         if self.rng != "system":
             self._repr_params["rng"] = self.rng
@@ -240,6 +252,10 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
 
     # ------------------------------------------------------------------ hooks
     def declared_domain(self):
+        """The declared domain: the box ``bounds``, or the ball (``clip`` about ``centre``) as a
+        :class:`securefkm.domain.Ball` (also the pair of its bounding box), or None."""
+        if self.clip is not None:
+            return Ball(self.centre, self.clip)
         return self.bounds
 
     def with_plan(self, plan: dict, **settings) -> GaussianDP:
@@ -329,6 +345,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             for b in self.bounds:
                 if b.ndim == 1 and b.shape[0] != d:
                     raise InputError(f"bounds arrays have length {b.shape[0]}, the data has n_features={d}.")
+        check_centre(self.centre, "GaussianDP centre", d)
         self._d = d
         self._setup_radius(info)
         rounds = info.planned_rounds
@@ -416,14 +433,8 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         return self._strategy.survivors_needed(self, ctx)
 
     def client_data(self, X, client, ctx):
-        if self.clip is not None:
-            norms = np.linalg.norm(X, axis=1)
-            over = norms > self.clip
-            if not np.any(over):
-                return X
-            X = np.array(X, dtype=np.float64, copy=True)
-            X[over] *= (self.clip / norms[over])[:, None]
-            return X
+        if self.clip is not None:  # onto the ball about its centre, then the round's radius bound
+            return self._clip_to_radius(self._clip_to_ball(X), ctx)
         low, high = self.bounds
         bad = np.any((X < low) | (X > high), axis=1)
         if np.any(bad):
@@ -434,6 +445,18 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 "Widen bounds, or use clip= to clip records explicitly."
             )
         return self._clip_to_radius(X, ctx)
+
+    def _clip_to_ball(self, X):
+        """Records farther than ``clip`` from the ball's centre moved radially onto its surface."""
+        c = self._box_centre(X.shape[1]) if self.centre is not None else 0.0
+        offset = X - c
+        norms = np.linalg.norm(offset, axis=1)
+        over = norms > self.clip
+        if not np.any(over):
+            return X
+        X = np.array(X, dtype=np.float64, copy=True)
+        X[over] = c + offset[over] * (self.clip / norms[over])[:, None]  # c = 0: x R / ||x|| exactly
+        return X
 
     def client_datas(self, Xs, clients, ctx):
         if self.clip is None and not self._any_outside_box(Xs):  # the common case: one check for all

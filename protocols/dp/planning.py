@@ -1,5 +1,7 @@
 """DP-aware defaults: the plan a k-means estimator runs when the user gives nothing but
-``GaussianDP(epsilon, delta, bounds=box)``.
+``GaussianDP(epsilon, delta, bounds=box)`` or ``GaussianDP(epsilon, delta, clip=R, centre=c)``
+(a ball domain: the box's rules with the ball's centre, radius and diameter in place of the
+box's centre, half-diagonal and diagonal).
 
 Everything here is a function of public quantities: k, d, epsilon, delta, the declared box,
 the seed, and the number of records n. n is *declared public* by the plan (the estimator
@@ -24,7 +26,8 @@ each extra round multiplies every round's noise by sqrt(R), so each quartering o
 more round. E1 was read off forced R = 1, 2, 3 on seeds 1000-1019 of FastLloyd's grid.
 
 *Start*: when e >= E_p = 0.1, k data-independent points spread over the inner half of the box
-(greedy maximin over 64 k uniform candidates, from the seed) -- no seeding round, so the whole
+(greedy maximin over 64 k uniform candidates, from the seed; for a ball, candidates uniform in
+the concentric ball of half its radius) -- no seeding round, so the whole
 budget goes to Lloyd rounds; the first round's Voronoi cells around well-separated points near
 the box centre cut the data into k groups as random hyperplanes through the centre would.
 When e < E_p, a private seeding round (``init="private"``: noisy counts and sums of grid or
@@ -123,7 +126,7 @@ class DPPlan:
             "start": ("private seeding (init='private': one more noised release, given half of the budget)"
                       if self.private_start else
                       "the estimator's init (rounds-only plan)" if self.start is None
-                      else "spread (data-independent maximin points in the inner half of the box)"),
+                      else "spread (data-independent maximin points in the inner half of the domain)"),
             "final_round_weight": self.final_round_weight,
             "relocate_low_count_rows": self.relocate_low_count_rows,
             "noise_level": self.noise_level,
@@ -138,11 +141,16 @@ class DPPlan:
         }
 
 
-def spread_start(k: int, low: np.ndarray, high: np.ndarray, seed, spread: float = SPREAD, candidates: int = 64):
-    """k points in the inner ``spread`` of the box, greedily far apart (maximin)."""
+def spread_start(k: int, low: np.ndarray, high: np.ndarray, seed, spread: float = SPREAD, candidates: int = 64,
+                 ball=None):
+    """k points in the inner ``spread`` of the box, greedily far apart (maximin); with ``ball``
+    (a :class:`securefkm.domain.Ball`), in the concentric ball of ``spread`` times its radius."""
     rng = np.random.default_rng([int(seed) & (2**63 - 1), 20])
-    centre, half = (low + high) / 2, (high - low) / 2
-    pool = centre + rng.uniform(-spread, spread, size=(candidates * k, len(low))) * half
+    if ball is not None:
+        pool = ball.sample(candidates * k, len(low), rng, fraction=spread)
+    else:
+        centre, half = (low + high) / 2, (high - low) / 2
+        pool = centre + rng.uniform(-spread, spread, size=(candidates * k, len(low))) * half
     picked = [0]
     dmin = ((pool - pool[0]) ** 2).sum(axis=1)
     for _ in range(k - 1):
@@ -164,15 +172,17 @@ def lloyd_rounds(noise_level: float) -> int:
     return int(min(MAX_ROUNDS, max(2, 1 + math.ceil(math.log2(NOISE_ONE_ROUND / noise_level) / 2))))
 
 
-def plan(k: int, d: int, epsilon: float, delta: float, low, high, n_records: int, seed, accountant: str = "prv") -> DPPlan:
-    """The default DP plan for k-means on n_records records in the box [low, high]^d."""
+def plan(k: int, d: int, epsilon: float, delta: float, low, high, n_records: int, seed, accountant: str = "prv",
+         ball=None) -> DPPlan:
+    """The default DP plan for k-means on n_records records in the box [low, high]^d, or in
+    ``ball`` (a :class:`securefkm.domain.Ball`; ``low``, ``high`` its bounding box)."""
 
     low = np.broadcast_to(np.asarray(low, dtype=np.float64), (d,))
     high = np.broadcast_to(np.asarray(high, dtype=np.float64), (d,))
     e, z1 = noise_level(k, d, epsilon, delta, n_records, accountant)
     if e < NOISE_PRIVATE_START:
         return DPPlan(lloyd_rounds(e), None, e, z1, int(n_records), private_start=True)
-    return DPPlan(lloyd_rounds(e), spread_start(k, low, high, seed), e, z1, int(n_records))
+    return DPPlan(lloyd_rounds(e), spread_start(k, low, high, seed, ball=ball), e, z1, int(n_records))
 
 
 def noise_level(k: int, d: int, epsilon: float, delta: float, n_records: int, accountant: str = "prv"):

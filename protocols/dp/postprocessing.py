@@ -1,5 +1,5 @@
 """Post-processing of released sums by :class:`~protocols.dp.GaussianDP` (no privacy cost):
-translation by the box centre ("Centred sums"), projection of noisy means into the records'
+translation by the domain's centre ("Centred sums"), projection of noisy means into the records'
 domain, and shrinkage of noisy means with the private-seeding estimators of
 :mod:`securefkm.kernels`."""
 
@@ -62,10 +62,12 @@ class PostProcessing:
 
     def _project_rows(self, arr: np.ndarray, d: int) -> np.ndarray:
         rows = np.asarray(arr, dtype=np.float64).reshape(-1, d)
-        if self.clip is not None:
-            norms = np.linalg.norm(rows, axis=1)
+        if self.clip is not None:  # onto the ball of radius clip about its centre
+            c = self._box_centre(d)
+            offset = rows - c
+            norms = np.linalg.norm(offset, axis=1)
             scale = np.minimum(1.0, self.clip / np.maximum(norms, 1e-300))
-            rows = rows * scale[:, None]
+            rows = c + offset * scale[:, None]
         else:
             low, high = self.bounds
             rows = np.clip(rows, low, high)
@@ -231,7 +233,7 @@ class PostProcessing:
         return {count_name: n_out, sum_name: out}
 
     def _hierarchical_target(self, n, S, sigma_sum) -> np.ndarray | None:
-        """The overall mean sum_j S_j / sum_j n_j, shrunk towards the box centre (None: no mass)."""
+        """The overall mean sum_j S_j / sum_j n_j, shrunk towards the domain's centre (None: no mass)."""
         from securefkm.kernels import shrink_means
 
         total = n.sum()
@@ -239,10 +241,8 @@ class PostProcessing:
             return None
         m, d = S.shape
         target = S.sum(axis=0) / total
-        if self.bounds is not None:
-            v = sigma_sum**2 * m / total**2
-            target = shrink_means(target[None], np.ones(1), np.sqrt(v), self._box_centre(d), plug_in=True)[0]
-        return target
+        v = sigma_sum**2 * m / total**2
+        return shrink_means(target[None], np.ones(1), np.sqrt(v), self._box_centre(d), plug_in=True)[0]
 
     def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
         from securefkm.kernels import shrink_means

@@ -24,11 +24,13 @@ round (iris eps 0.25 -0.36 / -0.32, eps 0.5 -0.18 / -0.11, central / distributed
 figures: docs/protocols/dp-utility.md).
 
 The first Lloyd round of a run (``ctx.round == 0``, or the round right after a seeding round)
-centres its sums on the box centre: the start is not yet near the data. ``radius="auto"`` uses
-FastLloyd's fraction of the box diagonal, r = diag * alpha / (2 k^(1/d)) with alpha = 0.8, capped
-at 1.25 times the radius of the d-ball whose volume is 1/k of the box's, and only when it is
-below the half-diagonal (otherwise the box-centre translation is
-at least as tight).
+centres its sums on the domain's centre: the start is not yet near the data. ``radius="auto"``
+uses FastLloyd's fraction of the box diagonal, r = diag * alpha / (2 k^(1/d)) with alpha = 0.8,
+capped at 1.25 times the radius of the d-ball whose volume is 1/k of the box's, and only when it
+is below the half-diagonal (otherwise the box-centre translation is at least as tight). For a
+ball domain of radius R (``clip=R``) the diameter 2R takes the diagonal's place,
+r = 0.8 R / k^(1/d); the ball's own volume-matched radius R k^(-1/d) is above it, so the cap never
+binds.
 
 Why the cap: k evenly spread centres cut the box into cells of volume vol(box) / k, and
 FastLloyd's k^(-1/d) is that scaling in k; but its constant (alpha times the half-diagonal)
@@ -76,7 +78,7 @@ class RadiusBounded:
     def _setup_radius(self, info) -> None:
         self._radius_value = None
         self._first_train = 0
-        if self.radius is None or self.bounds is None:
+        if self.radius is None:
             return
         algo = info.algorithm
         actions = tuple(getattr(algo, "nearest_centre_actions", ()) or ())
@@ -88,11 +90,11 @@ class RadiusBounded:
             k = int(getattr(algo, "n_clusters", 0) or 0)
             if k < 1:
                 return
-            sides = None
             if self.clip is None:
                 low, high = self._box(d)
-                sides = high - low
-            r = auto_radius(self._diameter(d), k, d, sides=sides)
+                r = auto_radius(self._diameter(d), k, d, sides=high - low)
+            else:  # the ball's volume-matched radius R k^(-1/d) is above FastLloyd's: no cap
+                r = auto_radius(self._diameter(d), k, d)
         else:
             r = float(self.radius)
         if r < self._centred_radius(d):

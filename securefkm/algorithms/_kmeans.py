@@ -417,7 +417,12 @@ def local_kmeans(X: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 
 
 
 def uniform_in_bounds(bounds, k: int, n_features: int, rng: np.random.Generator) -> np.ndarray:
-    """k centres uniform in a declared box: data-independent, so safe under any protection."""
+    """k centres uniform in a declared box (or ball, :class:`securefkm.domain.Ball`):
+    data-independent, so safe under any protection."""
+    from ..domain import Ball
+
+    if isinstance(bounds, Ball):
+        return bounds.sample(k, n_features, rng)
     low, high = _check_bounds(bounds, n_features)
     return low + (high - low) * rng.random((k, n_features))
 

@@ -9,19 +9,35 @@
 ``"kfed"``         k-FED (Dennis et al. 2021) as a first round: sampled    local centres
                    clients send local k-means centres, the server runs
                    k-means over them (DWF paper sec. 2.3 suggests it)
-``"private"``      one round of *sum-fields*: records are hashed into      the sum over
-                   buckets by random hyperplanes (data-independent, from   clients of
-                   a public seed) and each client returns per-bucket       per-bucket
+``"private"``      one round of *sum-fields*: records fall into buckets    the sum over
+                   (a grid, or the Voronoi cells of public random points:  clients of
+                   data-independent, from a public seed) and each client   per-bucket
+                   returns per-bucket
                    counts and coordinate sums; the server runs weighted    counts/sums
                    k-means over the bucket means. Goes through the same    (protected)
                    protection stack and DP budget as training rounds.
 ``"uniform"``      k centres uniform in the declared ``init_bounds`` box   nothing
+                   (or ball)
 array              the given centres                                        nothing
 =================  ======================================================  =================
 
-The ``"private"`` seeding follows the idea of LSH-based private clustering (random
-hyperplanes partition space independently of the data, so a bucket histogram with sums
-has the same per-record sensitivity as one Lloyd round: one count and one clipped record).
+The ``"private"`` seeding follows the idea of LSH-based private clustering (a partition of
+space fixed independently of the data, so a bucket histogram with sums has the same per-record
+sensitivity as one Lloyd round: one count and one clipped record). Above 3 features, when
+there are at least 3^d buckets (3 per axis, as a grid has; with about 6 buckets per cluster:
+d = 4 with k >= 11, d = 5 with k >= 22, d = 6 with k >= 86), they are the Voronoi cells of 2^bits public points
+drawn uniformly in the declared domain (:func:`seeding_candidates`), not the cones of random
+hyperplanes through its centre: a cone holds records at every distance from the centre, so
+with many clusters several fall into one bucket and its mean lies between them. With fewer
+points per axis the Voronoi cells of random points are themselves cones in effect (the points
+lie near the domain's surface) and the hyperplanes are kept. Held-out blob sets
+(``benchmarks.pe_means`` names ``blobs-K<K>-D<D>-S<s>``: ``make_blobs(20000, D, centers=K,
+random_state=s)`` in the unit ball), seeded noise paired over seeds 700-707, central DP,
+hyperplanes -> Voronoi cells, mean per-point loss at epsilon 0.5 / 2: K = 64, D = 4, s = 2:
+0.0185 / 0.0136 -> 0.0152 / 0.0115 (paired standard errors 0.0011 / 0.0006); K = 16, D = 4, s
+= 2: 0.0131 / 0.0116 -> 0.0115 / 0.0114; s = 3: 0.0152 / 0.0153 -> 0.0146 / 0.0144. At D = 16
+(1.4 points per axis: the hyperplanes kept) Voronoi cells measured no better (K = 16, s = 2:
+0.0180 / 0.0162 -> 0.0272 / 0.0219; K = 64: 0.0609 / 0.0431 -> 0.0645 / 0.0404).
 
 The first three send data-derived values in plain; the estimators refuse them under a
 protection stack unless the user asks for them explicitly (see
@@ -33,9 +49,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..domain import Ball
 from ..exceptions import InputError
 from ..messages import AggregatedUpdate, Broadcast, Update
-from ._kmeans import local_kmeans, seed_kmeans_plusplus, uniform_in_bounds, weighted_kmeans
+from ._kmeans import assign, local_kmeans, seed_kmeans_plusplus, uniform_in_bounds, weighted_kmeans
 
 SEEDING_ROUND_INITS = ("k-means++", "random", "kfed", "private")
 INIT_CHOICES = SEEDING_ROUND_INITS + ("uniform",)
@@ -67,6 +84,20 @@ def seeding_action(init) -> str | None:
     return SEEDING_ACTIONS.get(init)
 
 
+#: the private seeding grids the declared box up to this many features; above, the Voronoi cells
+#: of public random points when there are at least VORONOI_PER_AXIS^d of them, else random
+#: hyperplanes (module docstring)
+GRID_MAX_FEATURES = 3
+VORONOI_PER_AXIS = 3
+
+
+def voronoi_buckets(bits: int, n_features: int) -> bool:
+    """Whether the 2^bits buckets above 3 features are Voronoi cells of public points: when
+    they are at least ``VORONOI_PER_AXIS`` per axis, 2^bits >= 3^d, as a grid's are (module
+    docstring)."""
+    return n_features > GRID_MAX_FEATURES and (1 << bits) >= VORONOI_PER_AXIS ** n_features
+
+
 #: with a known noise level e (the DP plan's), a grid has GRID_CELLS_NOISE / e cells per cluster,
 #: between 4 and 16 (below)
 GRID_CELLS_NOISE = 0.3
@@ -75,13 +106,19 @@ GRID_CELLS_NOISE = 0.3
 def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> int:
     """Bucket bits for the private seeding.
 
-    Up to 3 features (a grid): about 16 cells per cluster, 6 to 10 bits. Above (random
-    hyperplanes): about 6 buckets per cluster, 4 to 8 bits. Every bucket mean carries
+    Up to 3 features (a grid): about 16 cells per cluster, 6 to 10 bits. Above (Voronoi
+    cells or hyperplanes): about 6 buckets per cluster, 4 to 10 bits. Every bucket mean carries
     d-dimensional noise of norm ~ sqrt(d) sigma_sum / count, so in high dimension few, large
     buckets seed better: on digits (d = 64, k = 10) at epsilon 1 (simulation, with the
     shrinkage below) 32-64 buckets gave about 1.45 after one noisy Lloyd round and 128
     buckets 1.50-1.53, and without noise 64 and 256 buckets give the same start
-    (docs/protocols/dp-utility.md).
+    (docs/protocols/dp-utility.md). Up to 10 bits, not 8 (the cap binds from k = 43 on):
+    with 64 clusters, 256 buckets (4 per cluster) left clusters sharing a bucket; on held-out
+    ``blobs-K64-D<D>-S2`` sets (seeded noise paired over seeds 700-703, central DP, mean
+    per-point loss at epsilon 2) 8 -> 10 bits gave D = 4: 0.0117 -> 0.0104, D = 16: 0.0447 ->
+    0.0350, D = 64: 0.0466 -> 0.0407, D = 128: 0.0535 -> 0.0387 (3 seeds); at epsilon 0.5 D = 4:
+    0.0154 -> 0.0142, D = 16: 0.0659 -> 0.0561, D = 64 and 128 equal (their plan starts from spread
+    points: no seeding round).
 
     When the DP plan's noise level e is given (``noise_level``; :mod:`protocols.dp.planning`),
     a grid has B = clip(0.3 / e, 4, 16) cells per cluster, 4 to 10 bits: the noise of a
@@ -92,12 +129,12 @@ def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> i
     eps 1 (e = 0.088): 2.97 / 3.46 -> 2.22 / 2.29 (central / distributed; FastLloyd 2.82).
     At the low noise of larger data sets (e <= 0.019) B = 16, as without a plan.
     """
-    if n_features <= 3:
+    if n_features <= GRID_MAX_FEATURES:
         if noise_level is not None and noise_level > 0:
             cells = float(np.clip(GRID_CELLS_NOISE / noise_level, 4, 16))
             return int(np.clip(np.ceil(np.log2(cells * k)), 4, 10))
         return int(np.clip(np.ceil(np.log2(16 * k)), 6, 10))
-    return int(np.clip(np.ceil(np.log2(6 * k)), 4, 8))
+    return int(np.clip(np.ceil(np.log2(6 * k)), 4, 10))
 
 
 def _hyperplanes(params: dict, n_features: int):
@@ -110,18 +147,42 @@ def _hyperplanes(params: dict, n_features: int):
     return normals, normals @ ((low + high) / 2)
 
 
+def seeding_candidates(params: dict, n_features: int) -> np.ndarray:
+    """The 2^bits public points whose Voronoi cells are the buckets above 3 features: uniform in
+    the declared ball (``params["radius"]`` about ``params["centre"]``) or box, from the public
+    seed (data independent; every client draws the same points)."""
+    rng = np.random.default_rng([int(params["lsh_seed"]), 21])
+    n = 1 << params["bits"]
+    if "radius" in params:
+        return Ball(params["centre"], params["radius"]).sample(n, n_features, rng)
+    low = np.broadcast_to(np.asarray(params["low"], dtype=np.float64), (n_features,))
+    high = np.broadcast_to(np.asarray(params["high"], dtype=np.float64), (n_features,))
+    return low + (high - low) * rng.random((n, n_features))
+
+
+_BUCKET_ROWS = 1 << 15  # records assigned to the candidates per pass (bounds the distance matrix)
+
+
 def lsh_buckets(X: np.ndarray, params: dict) -> np.ndarray:
-    """Bucket of each record: a regular grid over the declared box in up to 3 dimensions
-    (random hyperplanes cut the plane into too few cells), random hyperplanes above."""
+    """Bucket of each record: a regular grid over the declared box in up to 3 dimensions, the
+    nearest of the public :func:`seeding_candidates` when :func:`voronoi_buckets`, else random
+    hyperplanes through the domain's centre."""
     d = X.shape[1]
-    if d <= 3:
+    if d <= GRID_MAX_FEATURES:
         n_buckets = 1 << params["bits"]
         g = int(np.floor(n_buckets ** (1.0 / d) + 1e-9))
         low = np.broadcast_to(np.asarray(params["low"], dtype=np.float64), (d,))
         high = np.broadcast_to(np.asarray(params["high"], dtype=np.float64), (d,))
         cell = np.clip(((X - low) / (high - low) * g).astype(np.int64), 0, g - 1)
         return cell @ (g ** np.arange(d, dtype=np.int64))
-    normals, offsets = _hyperplanes(params, X.shape[1])
+    if voronoi_buckets(params["bits"], d):
+        C = seeding_candidates(params, d)
+        X = np.asarray(X, dtype=np.float64)
+        out = np.empty(len(X), dtype=np.int64)
+        for i in range(0, len(X), _BUCKET_ROWS):
+            out[i:i + _BUCKET_ROWS] = assign(X[i:i + _BUCKET_ROWS], C)[0]
+        return out
+    normals, offsets = _hyperplanes(params, d)
     bits = (X @ normals.T > offsets).astype(np.int64)
     return bits @ (1 << np.arange(bits.shape[1], dtype=np.int64))
 
@@ -134,19 +195,17 @@ def seeding_broadcast(init: str, k: int, *, init_bounds=None, rng=None, n_featur
         if init_bounds is None:
             raise InputError("init='private' needs init_bounds=(low, high), the declared data range.")
         low, high = init_bounds
-        low = np.asarray(low, dtype=np.float64).tolist()
-        high = np.asarray(high, dtype=np.float64).tolist()
-        return Broadcast(
-            action="init.private",
-            params={
-                "k": k,
-                "bits": lsh_bits(k, int(n_features), noise_level),
-                "lsh_seed": int(rng.integers(2**63 - 1)),
-                "low": low,
-                "high": high,
-                "n_features": int(n_features),
-            },
-        )
+        params = {
+            "k": k,
+            "bits": lsh_bits(k, int(n_features), noise_level),
+            "lsh_seed": int(rng.integers(2**63 - 1)),
+            "low": np.asarray(low, dtype=np.float64).tolist(),
+            "high": np.asarray(high, dtype=np.float64).tolist(),
+            "n_features": int(n_features),
+        }
+        if isinstance(init_bounds, Ball):  # the candidates are drawn in the ball, not its bounding box
+            params.update(centre=init_bounds.centre.tolist(), radius=init_bounds.radius)
+        return Broadcast(action="init.private", params=params)
     if init == "k-means++":
         return Broadcast(action="init.kmeans++", params={"k": k}, sample="one")
     if init == "random":
@@ -238,8 +297,10 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
     ``"vector"``: the positive-part James-Stein :func:`shrink_means`), with the per-coordinate sum
     noise estimated the same way: the sum rows of the buckets with a negative noisy count are
     (nearly) pure noise; their median absolute value / 0.6745 estimates sigma_sum.
-    Means are kept inside the declared box (noise can push a small bucket's mean out).
-    Missing centres are drawn uniformly in the box.
+    Means are kept inside the declared domain (noise can push a small bucket's mean out): clipped
+    to the box, or projected onto the ball (:class:`securefkm.domain.Ball`, whose bounding box
+    carries the grid and in which the Voronoi candidates are drawn). Missing centres are drawn
+    uniformly in the domain.
     """
     counts, bsums = sums["bucket_counts"], sums["bucket_sums"]
     neg = counts < 0
@@ -266,11 +327,12 @@ def _private_seeding_centres(sums, k, rng, init_bounds):
                 points = shrink_coordinates(points, counts[keep], sigma_sum, target, sigma_hat)
             else:
                 points = shrink_means(points, counts[keep], sigma_sum, target)
-    points = np.clip(points, low, high)
+    points = init_bounds.project(points) if isinstance(init_bounds, Ball) else np.clip(points, low, high)
+    domain = init_bounds if isinstance(init_bounds, Ball) else (low, high)
     if len(points) == 0:
-        return uniform_in_bounds((low, high), k, d, rng)
+        return uniform_in_bounds(domain, k, d, rng)
     if len(points) < k:
-        extra = uniform_in_bounds((low, high), k - len(points), d, rng)
+        extra = uniform_in_bounds(domain, k - len(points), d, rng)
         return np.vstack([points, extra])
     return weighted_kmeans(points, k, rng, weights=counts[keep])
 

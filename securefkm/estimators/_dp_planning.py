@@ -16,9 +16,9 @@ from protocols.dp.planning import DPPlan, lloyd_rounds, noise_level, plan, sprea
 
 def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: float = 1.0,
                               spread_seed=None) -> DPPlan | None:
-    """Rounds for the budget when the full plan does not apply (e.g. ``GaussianDP(clip=...)``
-    without ``bounds``, an explicit ``init``, or non-default DWF steps): the same rule for R
-    from the noise level e (the clip ball's radius takes the half-diagonal's place), the
+    """Rounds for the budget when the full plan does not apply (an explicit ``init``,
+    non-default DWF steps, or an estimator without the full plan): the same rule for R
+    from the noise level e (a ball's radius takes the half-diagonal's place), the
     estimator's own start and options; n is the records a round is expected to sum (the
     public number of records times the fraction of clients sampled). Used by DWF outside the
     full plan, by mini-batch k-means and by fedavg fuzzy c-means (whose rounds have the
@@ -33,7 +33,7 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     records per cluster, i.e. the factor ``clients / (2 n)`` with n the round's records.
 
     ``spread_seed``: for an estimator whose start is left to the defaults (``init`` "auto"
-    or None) under ``bounds``, the plan also starts from the spread points of the full plan
+    or None) with a declared domain (a box or a ball), the plan also starts from the spread points of the full plan
     when e >= E_p (no private seeding round spends budget), as DWF's plan does."""
     dp = budget_led_layer(est, layers)
     if dp is None:
@@ -44,13 +44,26 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     e, z1 = noise_level(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, per_round, dp.accountant_name)
     start = None
     init = getattr(est, "init", None)
-    if (spread_seed is not None and dp.bounds is not None and e >= rule.NOISE_PRIVATE_START
+    domain = start_domain(est, data.n_features)
+    if (spread_seed is not None and domain is not None and e >= rule.NOISE_PRIVATE_START
             and (init is None or (isinstance(init, str) and init == "auto"))):
-        low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (data.n_features,)) for b in dp.bounds)
-        start = spread_start(int(est.n_clusters), low, high, spread_seed)
+        low, high = (np.broadcast_to(np.asarray(b, dtype=np.float64), (data.n_features,)) for b in domain)
+        start = spread_start(int(est.n_clusters), low, high, spread_seed, ball=_ball(domain))
     p = DPPlan(lloyd_rounds(e), start, e, z1, n)
     _apply(layers, dp, p)
     return p
+
+
+def start_domain(est, n_features: int):
+    """The domain the estimator's start is drawn in: its ``init_bounds``, else the DP layer's
+    box or ball (:meth:`securefkm.estimators.base.FederatedClusterer.declared_domain`)."""
+    return est.declared_domain(n_features)
+
+
+def _ball(domain):
+    from ..domain import Ball
+
+    return domain if isinstance(domain, Ball) else None
 
 
 def _apply(layers, dp, p: DPPlan, **settings) -> None:
@@ -94,7 +107,9 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
 
     Applies when ``max_rounds`` and ``init`` are unset (None / "auto"), the estimator runs
     one-step dynamically weighted rounds (exact distributed Lloyd) and the stack holds one
-    ``GaussianDP`` with ``bounds`` and neither ``noise_multiplier`` nor ``round_weights``. The
+    ``GaussianDP`` with a domain (``bounds``, or a ball: ``clip`` about ``centre``; the start is
+    drawn in ``init_bounds`` when given, else in that domain) and neither ``noise_multiplier``
+    nor ``round_weights``. The
     fit's ``layers`` get, in place of that layer, its copy with ``radius="auto"`` and
     ``shrink="step"`` unless set, and the plan for its report (:meth:`GaussianDP.with_plan`). ``exact_lloyd``: whether the estimator's rounds are exact
     distributed Lloyd rounds (None: read DWF's options; the set-valued algorithms' secure modes
@@ -106,15 +121,17 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
                        and est.momentum == 0.0)
     if (
         dp is None
-        or dp.bounds is None
         or not (isinstance(est.init, str) and est.init == "auto")
         or not exact_lloyd
     ):
         return None
+    domain = start_domain(est, data.n_features)
+    if domain is None:
+        return None
     n = public_n(dp, data)
-    low, high = dp.bounds
+    low, high = domain
     p = plan(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, low, high, n, seed,
-             accountant=dp.accountant_name)
+             accountant=dp.accountant_name, ball=_ball(domain))
     settings = {}
     if dp.radius is None:
         settings["radius"] = "auto"

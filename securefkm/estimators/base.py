@@ -96,16 +96,23 @@ def resolve_protection(protection) -> list:
 
 
 def resolve_domain(init_bounds, protection, n_features: int | None = None):
-    """The one declared data domain: ``init_bounds`` or a GaussianDP layer's ``bounds``.
+    """The one declared data domain: ``init_bounds`` or a GaussianDP layer's ``bounds``, else
+    its ball (``clip`` about ``centre``, a :class:`securefkm.domain.Ball`).
 
     Either declaration serves both uses (DP sensitivity over the box, data-independent
-    start inside it); two that disagree raise :class:`InputError` naming both.
+    start inside it); two boxes that disagree raise :class:`InputError` naming both. With a
+    ball, ``init_bounds`` (when given) is the start's box and the ball the sensitivity's.
     """
+    from ..domain import Ball, check_centre
+
     own = check_bounds(init_bounds, "init_bounds", n_features)
     for layer in resolve_protection(protection):
         dp = layer.declared_domain() if hasattr(layer, "declared_domain") else None
-        if dp is None:
+        if dp is None or (isinstance(dp, Ball) and own is not None):
             continue
+        if isinstance(dp, Ball):
+            check_centre(dp.centre, "GaussianDP centre", n_features)
+            return dp
         if own is None:
             return dp[0].tolist(), dp[1].tolist()
         d = 1 if n_features is None else n_features
