@@ -404,7 +404,7 @@ def off_table_grid(shapes=OFF_TABLE_SHAPES, epsilons=(0.25, 0.5, 1.0), seeds=ran
 
 
 def dwf_target(out=print, fits: int = 5, n_clients: int = 100, epsilon: float = 1.0, delta: float = 1e-5) -> dict:
-    """Issue 14's target: ``fits`` DWF fits with the defaults, ``[GaussianDP(epsilon, delta,
+    """The DP-with-masking speed target: ``fits`` DWF fits with the defaults, ``[GaussianDP(epsilon, delta,
     bounds=box, mode="distributed"), PairwiseMasking()]`` on ``n_clients`` clients of the
     10,100-record 2-D blob set (real cryptography). Prints the wall time of the fits together and
     each loss / best central k-means (best of 10 scikit-learn KMeans)."""
