@@ -123,3 +123,33 @@ def test_blob_population_makes_each_client_alone_and_the_same_each_time():
     np.testing.assert_array_equal(a[7], a[7])
     assert not np.array_equal(a[7], a[8])
     assert np.abs(a[3]).max() <= 6.0 and a.n_samples == 10_000
+
+
+def _listed_sample(rng, n, count, excluded):
+    """The sampler over an explicit list of the remaining ids (what sample_clients computes
+    without listing them)."""
+    out = set(excluded)
+    remaining = [c for c in range(n) if c not in out]
+    if count >= len(remaining):
+        return tuple(remaining)
+    picks = rng.choice(len(remaining), size=count, replace=False)
+    return tuple(sorted(remaining[i] for i in picks.tolist()))
+
+
+def test_sampling_around_excluded_clients_draws_as_the_listed_sampler():
+    from securefkm.federation.sampling import sample_clients
+
+    r = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(r.integers(2, 200))
+        excluded = r.choice(n, int(r.integers(1, n)), replace=False).tolist()
+        count, seed = int(r.integers(1, n + 2)), int(r.integers(1 << 30))
+        got = sample_clients(np.random.default_rng(seed), n, count, excluded)
+        assert got == _listed_sample(np.random.default_rng(seed), n, count, excluded)
+        assert not set(got) & set(excluded)
+    # ten million clients with exclusions: no list of the remaining ids is built
+    tracemalloc.start()
+    got = sample_clients(np.random.default_rng(1), 10_000_000, 1_000, [3, 10, 9_999_999])
+    assert tracemalloc.get_traced_memory()[1] < 5_000_000
+    tracemalloc.stop()
+    assert len(got) == 1_000 and not {3, 10, 9_999_999} & set(got)

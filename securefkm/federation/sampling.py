@@ -32,12 +32,16 @@ def sample_clients(rng: np.random.Generator, n_clients: int, count: int, exclude
         if count >= n_clients:
             return tuple(range(n_clients))
         return tuple(sorted(rng.choice(n_clients, size=count, replace=False).tolist()))
-    out = set(int(c) for c in excluded)
-    remaining = [c for c in range(n_clients) if c not in out]
-    if count >= len(remaining):
-        return tuple(remaining)
-    picks = rng.choice(len(remaining), size=count, replace=False)
-    return tuple(sorted(remaining[i] for i in picks.tolist()))
+    gone = np.unique(np.fromiter((int(c) for c in excluded), dtype=np.int64))
+    gone = gone[(gone >= 0) & (gone < n_clients)]
+    n_remaining = n_clients - len(gone)
+    if count >= n_remaining:
+        return tuple(np.setdiff1d(np.arange(n_clients), gone, assume_unique=True).tolist())
+    picks = rng.choice(n_remaining, size=count, replace=False)
+    # the picks index the remaining ids in order, found without listing them (a population may
+    # hold millions): the i-th remaining id is i plus the excluded ids at or below it
+    shifted = gone - np.arange(len(gone))
+    return tuple(sorted((picks + np.searchsorted(shifted, picks, side="right")).tolist()))
 
 
 class Dropouts:
