@@ -216,3 +216,21 @@ def test_seeding_buckets_reach_ten_bits_only_for_many_clusters():
 
     assert lsh_bits(10, 64) == 6 and lsh_bits(42, 16) == 8  # about 6 buckets per cluster, as before
     assert lsh_bits(43, 16) == 9 and lsh_bits(64, 128) == 9 and lsh_bits(200, 8) == 10
+
+
+def test_a_ball_fit_transcript_saves_in_a_checkpoint():
+    """A deployment checkpoints the transcript: the declared ball is told in plain values."""
+    from securefkm import WeightedFederatedKMeans
+    from securefkm.flower._state_codec import dumps, loads
+
+    rng = np.random.default_rng(0)
+    clients = [rng.normal(scale=0.3, size=(40, 2)) + 1.0 for _ in range(6)]
+    est = WeightedFederatedKMeans(n_clusters=2, protection=[GaussianDP(1.0, 1e-5, clip=2.0, centre=[1.0, 1.0])],
+                                  random_state=0, backend="local")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(clients)
+    back = loads(dumps(est.transcript_, magic=b"T"), magic=b"T")
+    assert back.meta["domain_ball"] == {"centre": [1.0, 1.0], "radius": 2.0}
+    assert [list(v) for v in back.meta["init_bounds"]] == [[-1.0, -1.0], [3.0, 3.0]]
+    assert len(back.rounds) == len(est.transcript_.rounds)

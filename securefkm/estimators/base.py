@@ -79,6 +79,7 @@ from ..algorithms import _seeding
 from ..algorithms._kmeans import assign, sq_distances
 from ..datasets import ClientPopulation, FederatedDataset, as_federated
 from ..datasets.federated import _ndim, from_groups
+from ..domain import Ball
 from ..exceptions import InputError, ProtectionConfigError
 from ..federation import Federation, clone_layers
 from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
@@ -103,7 +104,7 @@ def resolve_domain(init_bounds, protection, n_features: int | None = None):
     start inside it); two boxes that disagree raise :class:`InputError` naming both. With a
     ball, ``init_bounds`` (when given) is the start's box and the ball the sensitivity's.
     """
-    from ..domain import Ball, check_centre
+    from ..domain import check_centre
 
     own = check_bounds(init_bounds, "init_bounds", n_features)
     for layer in resolve_protection(protection):
@@ -351,7 +352,11 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             record=self._record(),
             **self._transport_kwargs(transport, data),
         )
-        federation.transcript.meta["init_bounds"] = domain
+        # plain values (a transcript is saved in checkpoints): a ball is told as its bounding box
+        # and, with its centre and radius, as the declared ball
+        federation.transcript.meta["init_bounds"] = tuple(domain) if isinstance(domain, Ball) else domain
+        if isinstance(domain, Ball):
+            federation.transcript.meta["domain_ball"] = {"centre": domain.centre.tolist(), "radius": domain.radius}
         self._warn_large_transcript(federation, algorithm, data.n_features)
         return federation, algorithm
 
