@@ -382,8 +382,7 @@ def masked_stages(n_clients: int = 1000, rounds: int = 5, backend: str = "auto")
     med = {stage: statistics.median(w) for stage, w in walls.items()}
     # the last round's graph (the driver's copy of the public plan) over the workers' shards
     graph = masked.fed.aggregator._plan_cache[2].graph
-    owner = transport.owner
-    per_worker = [sum(2 if owner[int(v)] != w else 1 for c in shard for v in graph.neighbours(c))
+    per_worker = [sum(2 if transport.owner(v) != w else 1 for c in shard for v in graph.neighbours(c))
                   for w, shard in enumerate(transport.shards)]
     busiest = int(np.argmax([sum(w.values()) for w in spent]))
     clients, agreements = len(transport.shards[busiest]), per_worker[busiest]

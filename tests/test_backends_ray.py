@@ -118,3 +118,13 @@ def test_client_policies_act_on_ray_as_in_process(cluster):
     local = run("local")
     assert any(local[1]), "the case must produce faults to compare"
     assert run("ray") == local
+
+
+def test_streamed_population_on_two_ray_nodes_equals_resident(cluster):
+    from securefkm.datasets import FederatedDataset, blob_population
+
+    population = blob_population(12, records=30, n_centres=3, random_state=1)
+    clients = [population[i] for i in range(12)]
+    resident = outcome("dwf-masking-dropouts", "local", clients=clients)
+    streamed = outcome("dwf-masking-dropouts", "ray", n_workers=2, clients=population, data=FederatedDataset(clients))
+    assert streamed == resident

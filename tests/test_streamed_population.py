@@ -102,7 +102,7 @@ def test_peak_memory_follows_the_cohort_not_the_population():
     assert resident - _peak_of_fit(2_000, 200, resident=True) > 18_000 * 200, resident
 
 
-def test_population_refuses_bad_input_and_worker_backends():
+def test_population_refuses_bad_input():
     with pytest.raises(InputError, match="load"):
         ClientPopulation("not callable", [3], 2)
     with pytest.raises(InputError, match="sizes"):
@@ -112,9 +112,6 @@ def test_population_refuses_bad_input_and_worker_backends():
         pop[1]
     with pytest.raises(InputError, match="never pooled"):
         pop.pooled()
-    algo = WeightedFederatedKMeansAlgorithm(2, init=np.zeros((2, 2)))
-    with pytest.raises(InputError, match="backend='local'"):
-        Federation(algo, blob_population(10), backend="processes")
 
 
 def test_blob_population_makes_each_client_alone_and_the_same_each_time():
@@ -153,3 +150,22 @@ def test_sampling_around_excluded_clients_draws_as_the_listed_sampler():
     assert tracemalloc.get_traced_memory()[1] < 5_000_000
     tracemalloc.stop()
     assert len(got) == 1_000 and not {3, 10, 9_999_999} & set(got)
+
+
+@pytest.mark.parametrize("case", ["dwf-masking-dropouts", "kfed-secure-masking", "dwf-dp-seeded-masking"])
+def test_streamed_population_on_worker_processes_equals_resident(case):
+    """Each worker makes its shard's sampled clients per round (provisioned when first made):
+    the same fit as resident shards and as the streamed population in process."""
+    population = blob_population(12, records=30, n_centres=3, random_state=1)
+    clients = _resident(population)
+    data = FederatedDataset(clients)
+    resident = outcome(case, "processes", clients=clients)
+    assert outcome(case, "processes", clients=population, data=data) == resident
+    assert outcome(case, "local", clients=population, data=data) == resident
+
+
+def test_worker_backends_need_a_picklable_loader():
+    population = population_of(make_clients())  # its load is a closure
+    algo = WeightedFederatedKMeansAlgorithm(2, init=np.zeros((2, 2)))
+    with pytest.raises(InputError, match="cannot be pickled.*module level"):
+        Federation(algo, population, protection=[PairwiseMasking()], backend="processes")

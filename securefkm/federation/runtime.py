@@ -284,9 +284,6 @@ class Federation:
         self.verbose = verbose
         self.policy = server_policy or ServerPolicy()
         streamed = isinstance(clients, ClientPopulation)
-        if streamed and self.backend not in ("auto", "local"):
-            raise InputError(f"backend={backend!r} holds its clients in workers for the whole fit; a ClientPopulation "
-                             "is streamed round by round in this process: use backend='local'.")
         if transport is None or clients is not None:
             if clients is None:
                 raise InputError("Federation needs client arrays or a transport.")
@@ -323,7 +320,7 @@ class Federation:
         for layer in self.layers:
             layer.setup(self.info)
         if self.backend == "auto":
-            self.backend, n_workers = ("local", None) if streamed else self._auto_backend(transport, n_workers)
+            self.backend, n_workers = self._auto_backend(transport, n_workers)
         if transport is None and self.backend != "local":
             from .workers import WorkerTransport
 
@@ -339,7 +336,7 @@ class Federation:
                     return ClientRuntime(i, lambda: population[i], algorithm, self.layers, self.aggregator, self.info,
                                          state=state, n_records=int(population.sizes[i]), policy=self.client_policies.get(i))
 
-                runtimes = StreamedRuntimes(runtime, n_clients)
+                runtimes = StreamedRuntimes(runtime, range(n_clients))
             else:
                 runtimes = [
                     ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info,

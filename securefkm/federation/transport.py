@@ -107,25 +107,25 @@ class StreamedRuntimes(Mapping):
     resident runtime would have.
     """
 
-    def __init__(self, make: Callable[[int, dict | None], ClientRuntime], n_clients: int):
+    def __init__(self, make: Callable[[int, dict | None], ClientRuntime], ids: range):
         self._make = make
-        self._n = int(n_clients)
+        self._ids = ids  # the clients this mapping may make (a worker's shard, or everyone)
         self._round: dict[int, ClientRuntime] = {}
         self._states: dict[int, dict] = {}
 
     def __getitem__(self, c) -> ClientRuntime:
         runtime = self._round.get(c)
         if runtime is None:
-            if not 0 <= int(c) < self._n:
+            if int(c) not in self._ids:
                 raise KeyError(c)
             runtime = self._round[c] = self._make(int(c), self._states.get(c))
         return runtime
 
     def __iter__(self):
-        return iter(range(self._n))
+        return iter(self._ids)
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._ids)
 
     def end_round(self) -> None:
         for c, runtime in self._round.items():

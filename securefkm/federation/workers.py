@@ -38,6 +38,7 @@ Backends:
 from __future__ import annotations
 
 import atexit
+import bisect
 import gc
 import logging
 import os
@@ -55,10 +56,12 @@ from typing import Any
 from joblib.externals.loky import ProcessPoolExecutor
 
 from .._kernel_threads import affinity_cpus, kernel_threads, set_kernel_threads
+from ..datasets.population import ClientPopulation
 from ..exceptions import InputError
 from ..layers import ClientContext
 from .client import ClientRuntime, serve
-from .transport import SimulatedTransport
+from .transport import SimulatedTransport, StreamedRuntimes
+from .update_stage import UPDATE_STAGE
 
 log = logging.getLogger("securefkm")
 
@@ -134,6 +137,14 @@ def import_ray():
 
 
 # ---------------------------------------------------------------- the worker side
+def provisioned_state(client: int, n_records: int, layers) -> dict:
+    """The client's initial state after the layers' out-of-band provisioning."""
+    context = ClientContext(client_id=client, n_records=n_records)
+    for layer in layers:
+        layer.provision_client(context)
+    return context.state
+
+
 class Shard:
     """A worker's clients: built once from their ids, records and provisioned states and the
     fit's (algorithm, layers, aggregator, info).
@@ -149,10 +160,21 @@ class Shard:
         set_kernel_threads(1)
         ids, arrays, states, algorithm, layers, aggregator, info, *rest = pickle.loads(payload)
         policies = rest[0] if rest else {}  # {client: ClientPolicy} of this shard's clients
-        self.clients = {
-            i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st, policy=policies.get(i))
-            for i, X, st in zip(ids, arrays, states)
-        }
+        if isinstance(arrays, ClientPopulation):  # streamed: this round's clients only
+            population = arrays
+
+            def runtime(i, state):
+                if state is None:  # first made: provisioned as the driver provisions resident shards
+                    state = provisioned_state(i, int(population.sizes[i]), layers)
+                return ClientRuntime(i, lambda: population[i], algorithm, layers, aggregator, info, state=state,
+                                     n_records=int(population.sizes[i]), policy=policies.get(i))
+
+            self.clients = StreamedRuntimes(runtime, ids)
+        else:
+            self.clients = {
+                i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st, policy=policies.get(i))
+                for i, X, st in zip(ids, arrays, states)
+            }
         self.busy: dict[str, float] = {}  # seconds spent answering each stage, summed
 
     def exchange(self, stage: str, messages: dict[int, Any]):
@@ -161,6 +183,8 @@ class Shard:
         start = time.perf_counter()
         try:
             faults: dict[int, str] = {}
+            if stage == UPDATE_STAGE and isinstance(self.clients, StreamedRuntimes):
+                self.clients.end_round()  # every round opens with the update stage
             replies, refused = serve(self.clients, stage, messages, faults)
             return "ok", (replies, refused, faults)
         except Exception as exc:  # re-raised in the driver, as LocalTransport would raise it
@@ -512,14 +536,28 @@ class WorkerTransport(SimulatedTransport):
             owned, cpus = connect_ray(n_workers)
         n = min(n_workers or max(1, int(cpus)), self.n_clients)
         bounds = [round(w * self.n_clients / n) for w in range(n + 1)]
+        self._starts = bounds[1:-1]  # client c is in shard bisect_right(starts, c)
         self.shards = [range(bounds[w], bounds[w + 1]) for w in range(n)]
-        self.owner = {c: w for w, shard in enumerate(self.shards) for c in shard}
-        states = [self._provision(c, len(X), layers) for c, X in enumerate(clients)]
-        payloads = [
-            pickle.dumps((list(s), [clients[c] for c in s], [states[c] for c in s], algorithm, layers, aggregator,
-                          info, {c: policies[c] for c in s if c in policies}), protocol=pickle.HIGHEST_PROTOCOL)
-            for s in self.shards
-        ]
+        if isinstance(clients, ClientPopulation):  # streamed: each worker makes its shard's clients per round
+            try:
+                pickle.dumps(clients.load, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise InputError(
+                    f"backend={backend!r} sends the ClientPopulation to its workers, but its load function cannot be "
+                    f"pickled ({type(exc).__name__}: {exc}); define load at module level (a function or a class "
+                    "instance), or use backend='local'.") from None
+            payloads = [
+                pickle.dumps((s, clients, None, algorithm, layers, aggregator, info,
+                              {c: policies[c] for c in policies if c in s}), protocol=pickle.HIGHEST_PROTOCOL)
+                for s in self.shards
+            ]
+        else:
+            states = [provisioned_state(c, len(X), layers) for c, X in enumerate(clients)]
+            payloads = [
+                pickle.dumps((list(s), [clients[c] for c in s], [states[c] for c in s], algorithm, layers, aggregator,
+                              info, {c: policies[c] for c in s if c in policies}), protocol=pickle.HIGHEST_PROTOCOL)
+                for s in self.shards
+            ]
         self.lost: dict[int, str] = {}  # worker -> why
         self.pool = None
         try:
@@ -537,13 +575,9 @@ class WorkerTransport(SimulatedTransport):
                 self.close()
                 raise RuntimeError(f"worker {w} of backend={backend!r} did not start: {pid.why}")
 
-    @staticmethod
-    def _provision(client: int, n_records: int, layers) -> dict:
-        """The client's initial state after the layers' out-of-band provisioning."""
-        context = ClientContext(client_id=client, n_records=n_records)
-        for layer in layers:
-            layer.provision_client(context)
-        return context.state
+    def owner(self, client: int) -> int:
+        """The worker whose shard holds ``client`` (shards are contiguous id ranges)."""
+        return bisect.bisect_right(self._starts, int(client))
 
     @property
     def n_workers(self) -> int:
@@ -575,7 +609,7 @@ class WorkerTransport(SimulatedTransport):
         live = self._live(stage, messages)
         calls: dict[int, dict[int, Any]] = {}
         for c, m in live.items():
-            w = self.owner[c]
+            w = self.owner(c)
             if w not in self.lost:
                 calls.setdefault(w, {})[c] = m
         results = self.pool.call({w: ("exchange", (stage, msgs)) for w, msgs in calls.items()}, self.timeout)
