@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.cross_device --crypto ideal --sizes 1000,10000,100000,1000000``
 ``python -m benchmarks.cross_device --crypto real --sizes 1000,10000,100000``
-``python -m benchmarks.cross_device --study 10000000 --cohort 10000``
+``python -m benchmarks.cross_device --study 10000000 --cohort 10000 [--crypto real]``
 
 Each figure is one DWF training round (k = 5, d = 2, 10 records per client, every client
 sampled, 5% of them dropping at a random stage) under ``GaussianDP(mode="distributed")`` and
@@ -15,10 +15,12 @@ in the same process) to print round / crypto. Real rounds run in this process
 (``backend="local"``): one core, the count of agreements a worker pool would split.
 
 ``--study N`` fits ``WeightedFederatedKMeans`` (its DP plan: a private start, then Lloyd
-rounds) with ``GaussianDP(epsilon=1, mode="distributed")`` over the ideal masking on a streamed
+rounds) with ``GaussianDP(epsilon=1, mode="distributed")`` over the masking (ideal, or with
+``--crypto real`` the protocol on the default backend's worker processes) on a streamed
 population of ``N`` clients (:func:`securefkm.datasets.blob_population`), ``--cohort`` clients a
-round, in a fresh process, and prints the fit's wall time, peak resident set, rounds, privacy
-spent and the largest distance of a fitted centre from the nearest generating centre.
+round, in a fresh process, and prints the fit's wall time, the driver's peak resident set,
+rounds, privacy spent and the largest distance of a fitted centre from the nearest generating
+centre.
 
 The cost model is a least-squares fit of ``time = a + b n`` and ``memory = c + e n`` over the
 sizes measured (medians of ``--repeats``), printed with its extrapolation.
@@ -93,7 +95,7 @@ def measure(n: int, crypto: str, repeats: int) -> dict:
     return med
 
 
-def _study(n: int, cohort: int, seed: int = 0) -> dict:
+def _study(n: int, cohort: int, seed: int = 0, crypto: str = "ideal") -> dict:
     import warnings
 
     from benchmarks.speed import _peak_rss
@@ -104,7 +106,7 @@ def _study(n: int, cohort: int, seed: int = 0) -> dict:
     t0 = time.perf_counter()
     population = blob_population(n, records=RECORDS, n_features=D, n_centres=K, random_state=seed)
     est = WeightedFederatedKMeans(
-        n_clusters=K, clients_per_round=cohort, crypto="ideal", backend="local", record="aggregates",
+        n_clusters=K, clients_per_round=cohort, crypto=crypto, record="aggregates",
         protection=[GaussianDP(1.0, 1.0 / population.n_samples ** 1.1, bounds=(-6, 6), mode="distributed"),
                     PairwiseMasking()],
         dropout_rate=DROPOUT, random_state=seed)
@@ -114,19 +116,21 @@ def _study(n: int, cohort: int, seed: int = 0) -> dict:
     wall = time.perf_counter() - t0
     truth = population.load.centres
     gap = np.sqrt(((est.cluster_centers_[:, None] - truth[None]) ** 2).sum(-1)).min(1).max()
-    return {"wall": wall, "peak": _peak_rss(), "rounds": est.n_iter_, "spent": est.privacy_spent_, "gap": float(gap)}
+    return {"wall": wall, "peak": _peak_rss(), "rounds": est.n_iter_, "spent": est.privacy_spent_, "gap": float(gap),
+            "backend": est.backend_}
 
 
-def study(n: int, cohort: int, repeats: int) -> None:
-    print(f"cross_device study: WeightedFederatedKMeans, GaussianDP(1, 1/N^1.1, distributed) + ideal PairwiseMasking, "
+def study(n: int, cohort: int, repeats: int, crypto: str = "ideal") -> None:
+    print(f"cross_device study: WeightedFederatedKMeans, GaussianDP(1, 1/N^1.1, distributed) + PairwiseMasking "
+          f"(crypto={crypto!r}, default backend), "
           f"{n:,} streamed clients of {RECORDS} records, {cohort:,} a round, {DROPOUT:.0%} dropouts")
-    print("| seed | wall (s) | peak RSS (MB) | rounds | epsilon spent | worst centre error |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| seed | wall (s) | driver peak RSS (MB) | rounds | epsilon spent | worst centre error | backend |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
     for seed in range(repeats):
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            r = pool.submit(_study, n, cohort, seed).result()
+            r = pool.submit(_study, n, cohort, seed, crypto).result()
         print(f"| {seed} | {r['wall']:.1f} | {r['peak'] / 2**20:.0f} | {r['rounds']} | {r['spent'][0]:.3f} | "
-              f"{r['gap']:.3f} |", flush=True)
+              f"{r['gap']:.3f} | {r['backend']} |", flush=True)
 
 
 def fit_line(xs, ys) -> tuple[float, float]:
@@ -145,7 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cohort", type=int, default=10_000, help="clients a round of the study samples")
     args = ap.parse_args(argv)
     if args.study:
-        study(args.study, args.cohort, args.repeats)
+        study(args.study, args.cohort, args.repeats, args.crypto)
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"cross_device: DWF round, GaussianDP(distributed) + PairwiseMasking (crypto={args.crypto!r}), "

@@ -169,3 +169,24 @@ def test_worker_backends_need_a_picklable_loader():
     algo = WeightedFederatedKMeansAlgorithm(2, init=np.zeros((2, 2)))
     with pytest.raises(InputError, match="cannot be pickled.*module level"):
         Federation(algo, population, protection=[PairwiseMasking()], backend="processes")
+
+
+def test_streamed_runtimes_keep_any_non_empty_state_and_drop_empty_memories():
+    made = []
+
+    def make(i, state):
+        from securefkm.federation.client import ClientRuntime
+
+        made.append((i, state))
+        return ClientRuntime(i, np.zeros((2, 2)), None, [], None, None, state=state)
+
+    runtimes = StreamedRuntimes(make, range(4))
+    runtimes[0].context.state["algorithm"] = {}           # an unused memory: nothing to keep
+    runtimes[1].context.state["weights"] = np.arange(3.0)  # an array: kept
+    runtimes[2].context.state["algorithm"] = {"local": 1}
+    runtimes.end_round()
+    assert sorted(runtimes._states) == [1, 2]
+    runtimes[1]
+    assert made[-1][0] == 1 and made[-1][1]["weights"].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(KeyError):
+        runtimes[4]

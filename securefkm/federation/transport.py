@@ -130,7 +130,8 @@ class StreamedRuntimes(Mapping):
     def end_round(self) -> None:
         for c, runtime in self._round.items():
             state = runtime.context.state
-            if any(v != {} for v in state.values()):  # an empty dict is what a fresh client makes anyway
+            # an empty dict (an unused memory) is what a fresh client makes anyway
+            if any(not (isinstance(v, dict) and not v) for v in state.values()):
                 self._states[c] = state
             else:
                 self._states.pop(c, None)
