@@ -190,3 +190,21 @@ def test_streamed_runtimes_keep_any_non_empty_state_and_drop_empty_memories():
     assert made[-1][0] == 1 and made[-1][1]["weights"].tolist() == [0.0, 1.0, 2.0]
     with pytest.raises(KeyError):
         runtimes[4]
+
+
+def test_an_estimator_fits_a_population_without_pooling_it():
+    from securefkm import WeightedFederatedKMeans
+
+    population = blob_population(1_000, random_state=4)
+    est = WeightedFederatedKMeans(n_clusters=5, init_bounds=(-6, 6), clients_per_round=100, random_state=0,
+                                  backend="local")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(population)
+    assert not hasattr(est, "labels_") and not hasattr(est, "inertia_")
+    assert est.n_features_in_ == 2 and est.predict(population[3]).shape == (10,)
+    truth = population.load.centres
+    gap = np.sqrt(((est.cluster_centers_[:, None] - truth[None]) ** 2).sum(-1)).min(1)
+    assert gap.max() < 0.5  # every fitted centre next to a generating one
+    with pytest.raises(InputError, match="groups"):
+        est.fit(population, groups=[0])
