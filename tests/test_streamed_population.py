@@ -112,6 +112,10 @@ def test_population_refuses_bad_input():
         pop[1]
     with pytest.raises(InputError, match="never pooled"):
         pop.pooled()
+    with pytest.raises(InputError, match="box must be > 2"):
+        blob_population(10, box=1.5)
+    with pytest.raises(InputError, match="records must be >= 1"):
+        blob_population(10, records=0)
 
 
 def test_blob_population_makes_each_client_alone_and_the_same_each_time():

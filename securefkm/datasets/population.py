@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..exceptions import InputError
-from ..validation import check_int
+from ..validation import check_float, check_int
 
 
 class ClientPopulation(Sequence):
@@ -122,8 +122,11 @@ def blob_population(n_clients: int, records: int = 10, n_features: int = 2, n_ce
     Every client's records come from a generator seeded by ``(random_state, i)``: the same
     on every call and independent of the other clients, so no client is held in memory."""
     n_clients = check_int(n_clients, "n_clients", minimum=1)
+    records = check_int(records, "records", minimum=1)
     d = check_int(n_features, "n_features", minimum=1)
     k = check_int(n_centres, "n_centres", minimum=1)
+    spread = check_float(spread, "spread", minimum=0.0)
+    box = check_float(box, "box", minimum=2.0, min_inclusive=False)  # the centres lie 2 inside it
     rng = np.random.default_rng([random_state, 2**32 - 1])
     centres = rng.uniform(-box + 2, box - 2, size=(k, d))
     return ClientPopulation.uniform(_BlobLoader(centres, records, float(spread), float(box), int(random_state)),
