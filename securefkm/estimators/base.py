@@ -230,9 +230,11 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
     def fit(self, X, y=None, groups=None, *, server_policy=None, transport=None, client_policies=None):
         """Run the federation on ``X``; ``y`` is ignored (scikit-learn convention).
 
-        ``X``: a FederatedDataset, a list of per-client arrays, or a pooled 2-D array with
+        ``X``: a FederatedDataset, a list of per-client arrays, a pooled 2-D array with
         ``groups`` (client label per record; without it the pooled array is one client, see
-        the module docstring). ``server_policy`` replaces the honest server's choice of
+        the module docstring), or a :class:`~securefkm.datasets.ClientPopulation`, streamed
+        round by round (its records are never pooled, so ``labels_`` and ``inertia_`` stay
+        unset). ``server_policy`` replaces the honest server's choice of
         participants and broadcasts (used by the active attacks in ``attacks``); ``transport``
         replaces the in-process simulation (used by the Flower deployment, where ``X`` then
         only needs to describe the clients' number of features, e.g. ``[np.empty((1, d))] * n``).

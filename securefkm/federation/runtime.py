@@ -198,7 +198,10 @@ def _copy_payload(x):
 class Federation:
     """Rounds of one fit: the server runtime over a transport.
 
-    Parameters mirror the estimators': ``clients_per_round`` (count or fraction),
+    ``clients``: one record array per client, or a
+    :class:`~securefkm.datasets.ClientPopulation`, whose clients are made when a round samples
+    them and dropped when the next begins (:class:`~securefkm.federation.transport.StreamedRuntimes`;
+    the same results). Parameters mirror the estimators': ``clients_per_round`` (count or fraction),
     ``dropout_rate`` (probability or schedule, simulation only), ``max_rounds``,
     ``random_state``, ``verbose`` and the ``protection`` stack. ``n_runs`` is the number of
     runs the fit will make (``n_init``); DP layers size their budget for all of them.
