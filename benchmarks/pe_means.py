@@ -392,6 +392,45 @@ def _f(v: float) -> str:
     return "-" if v is None or not np.isfinite(v) else f"{v:.4f}"
 
 
+def paired(names, epsilons=(0.5, 2.0), seeds: int = 8, seed0: int = 700, buckets: str = "voronoi",
+           max_bits: int | None = None, out=print) -> dict:
+    """The held-out comparisons of the seeding rules: DWF's defaults given the unit ball
+    (``GaussianDP(epsilon, N^-1.1, clip=1, rng="seeded")``, 2 clients, ideal masking), seed
+    ``seed0 + s`` for run s (its records shuffled by s), so two variants see the same noise.
+    ``buckets="hyperplanes"`` turns the Voronoi rule off; ``max_bits`` caps the bucket bits above
+    3 features (default: the library's). Prints and returns the mean per-point loss per
+    (data set, epsilon)."""
+    from protocols.dp import GaussianDP
+    from securefkm.algorithms import _seeding
+    from securefkm.estimators.dwf import WeightedFederatedKMeans
+
+    saved = _seeding.VORONOI_PER_AXIS, _seeding.MAX_BITS_ABOVE_GRID
+    if buckets == "hyperplanes":
+        _seeding.VORONOI_PER_AXIS = 1 << 30  # never enough points per axis
+    if max_bits is not None:
+        _seeding.MAX_BITS_ABOVE_GRID = int(max_bits)
+    results = {}
+    try:
+        for name in names:
+            X, k = load(name)
+            delta = protocol_delta(len(X))
+            for eps in epsilons:
+                losses = []
+                for s in range(seeds):
+                    Xs = X[np.random.default_rng(s).permutation(len(X))]
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        est = WeightedFederatedKMeans(k, protection=[GaussianDP(eps, delta, clip=1.0, rng="seeded")],
+                                                      random_state=seed0 + s, crypto="ideal").fit(np.array_split(Xs, 2))
+                    losses.append(per_point_loss(X, est.cluster_centers_))
+                results[(name, eps)] = losses
+                out(f"{name} eps {eps:g} ({buckets}, max bits {_seeding.MAX_BITS_ABOVE_GRID}): mean per-point loss "
+                    f"{np.mean(losses):.4f} over seeds {seed0}-{seed0 + seeds - 1}")
+    finally:
+        _seeding.VORONOI_PER_AXIS, _seeding.MAX_BITS_ABOVE_GRID = saved
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.pe_means", description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", nargs="+", default=["iris", "blobs-K4-D4", "blobs-K16-D4", "blobs-K64-D4"])
@@ -408,10 +447,20 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbouring", choices=("add-remove", "replace"), default="add-remove")
     ap.add_argument("--no-pe", action="store_true", help="skip the PE-means table")
     ap.add_argument("--json", default=None, help="also write every run's per-point losses to this file")
+    ap.add_argument("--paired", nargs="+", default=None, metavar="SET",
+                    help="instead of the tables: the seeding rules' paired comparison on these (held-out) sets")
+    ap.add_argument("--paired-seeds", type=int, default=8)
+    ap.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 2.0], help="epsilons of --paired")
+    ap.add_argument("--buckets", choices=("voronoi", "hyperplanes"), default="voronoi",
+                    help="--paired: the library's Voronoi rule, or random hyperplanes only")
+    ap.add_argument("--max-bits", type=int, default=None, help="--paired: cap on the bucket bits above 3 features")
     args = ap.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)  # small k-means fits: thread start-up costs more than it saves
+    if args.paired:
+        paired(args.paired, tuple(args.epsilons), args.paired_seeds, args.seed0 or 700, args.buckets, args.max_bits)
+        return 0
     results = {}
     if not args.no_pe:
         print(f"PE-means, its protocol: eps grid {EPSILONS}, delta = N^-1.1, {args.runs} runs, "

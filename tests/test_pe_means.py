@@ -133,3 +133,16 @@ def test_published_table_and_data_sets():
     assert X.shape == (150, 4) and k == 3
     with pytest.raises(ValueError):
         pm.load("wine")
+
+
+def test_paired_seeding_comparison_runs_each_variant_and_restores_the_rules():
+    from benchmarks import pe_means
+    from securefkm.algorithms import _seeding
+
+    rules = _seeding.VORONOI_PER_AXIS, _seeding.MAX_BITS_ABOVE_GRID
+    lines = []
+    voronoi = pe_means.paired(["iris"], epsilons=(1.0,), seeds=2, out=lines.append)
+    planes = pe_means.paired(["iris"], epsilons=(1.0,), seeds=2, buckets="hyperplanes", max_bits=8, out=lines.append)
+    assert (_seeding.VORONOI_PER_AXIS, _seeding.MAX_BITS_ABOVE_GRID) == rules
+    assert len(voronoi[("iris", 1.0)]) == 2 and all(v > 0 for v in planes[("iris", 1.0)])
+    assert "hyperplanes, max bits 8" in lines[1] and "seeds 700-701" in lines[0]

@@ -32,7 +32,8 @@ with many clusters several fall into one bucket and its mean lies between them. 
 points per axis the Voronoi cells of random points are themselves cones in effect (the points
 lie near the domain's surface) and the hyperplanes are kept. Held-out blob sets
 (``benchmarks.pe_means`` names ``blobs-K<K>-D<D>-S<s>``: ``make_blobs(20000, D, centers=K,
-random_state=s)`` in the unit ball), seeded noise paired over seeds 700-707, central DP,
+random_state=s)`` in the unit ball; ``python -m benchmarks.pe_means --paired <sets>
+[--buckets hyperplanes]``), seeded noise paired over seeds 700-707, central DP,
 hyperplanes -> Voronoi cells, mean per-point loss at epsilon 0.5 / 2: K = 64, D = 4, s = 2:
 0.0185 / 0.0136 -> 0.0152 / 0.0115 (paired standard errors 0.0011 / 0.0006); K = 16, D = 4, s
 = 2: 0.0131 / 0.0116 -> 0.0115 / 0.0114; s = 3: 0.0152 / 0.0153 -> 0.0146 / 0.0144. At D = 16
@@ -89,6 +90,8 @@ def seeding_action(init) -> str | None:
 #: hyperplanes (module docstring)
 GRID_MAX_FEATURES = 3
 VORONOI_PER_AXIS = 3
+#: most bucket bits above GRID_MAX_FEATURES (about 6 buckets per cluster up to this cap; :func:`lsh_bits`)
+MAX_BITS_ABOVE_GRID = 10
 
 
 def voronoi_buckets(bits: int, n_features: int) -> bool:
@@ -114,7 +117,8 @@ def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> i
     buckets 1.50-1.53, and without noise 64 and 256 buckets give the same start
     (docs/protocols/dp-utility.md). Up to 10 bits, not 8 (the cap binds from k = 43 on):
     with 64 clusters, 256 buckets (4 per cluster) left clusters sharing a bucket; on held-out
-    ``blobs-K64-D<D>-S2`` sets (seeded noise paired over seeds 700-703, central DP, mean
+    ``blobs-K64-D<D>-S2`` sets (``python -m benchmarks.pe_means --paired <sets> [--max-bits 8]
+    --paired-seeds 4``; seeded noise paired over seeds 700-703, central DP, mean
     per-point loss at epsilon 2) 8 -> 10 bits gave D = 4: 0.0117 -> 0.0104, D = 16: 0.0447 ->
     0.0350, D = 64: 0.0466 -> 0.0407, D = 128: 0.0535 -> 0.0387 (3 seeds); at epsilon 0.5 D = 4:
     0.0154 -> 0.0142, D = 16: 0.0659 -> 0.0561, D = 64 and 128 equal (their plan starts from spread
@@ -134,7 +138,7 @@ def lsh_bits(k: int, n_features: int = 2, noise_level: float | None = None) -> i
             cells = float(np.clip(GRID_CELLS_NOISE / noise_level, 4, 16))
             return int(np.clip(np.ceil(np.log2(cells * k)), 4, 10))
         return int(np.clip(np.ceil(np.log2(16 * k)), 6, 10))
-    return int(np.clip(np.ceil(np.log2(6 * k)), 4, 10))
+    return int(np.clip(np.ceil(np.log2(6 * k)), 4, MAX_BITS_ABOVE_GRID))
 
 
 def _hyperplanes(params: dict, n_features: int):

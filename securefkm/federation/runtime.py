@@ -333,13 +333,8 @@ class Federation:
             )
         elif transport is None:
             if streamed:
-                population = clients
-
-                def runtime(i, state):
-                    return ClientRuntime(i, lambda: population[i], algorithm, self.layers, self.aggregator, self.info,
-                                         state=state, n_records=int(population.sizes[i]), policy=self.client_policies.get(i))
-
-                runtimes = StreamedRuntimes(runtime, range(n_clients))
+                runtimes = StreamedRuntimes.of_population(clients, range(n_clients), algorithm, self.layers,
+                                                          self.aggregator, self.info, self.client_policies)
             else:
                 runtimes = [
                     ClientRuntime(i, X, algorithm, self.layers, self.aggregator, self.info,

@@ -113,6 +113,22 @@ class StreamedRuntimes(Mapping):
         self._round: dict[int, ClientRuntime] = {}
         self._states: dict[int, dict] = {}
 
+    @classmethod
+    def of_population(cls, population, ids: range, algorithm, layers, aggregator, info, policies,
+                      provision: Callable[[int, int], dict] | None = None) -> StreamedRuntimes:
+        """The runtimes of ``population``'s clients ``ids``: each loads its records from the
+        population when it needs them; ``provision(i, n_records)`` makes a client's first state
+        (None: an empty one, as a resident client in this process starts)."""
+
+        def make(i: int, state: dict | None) -> ClientRuntime:
+            n_records = int(population.sizes[i])
+            if state is None and provision is not None:
+                state = provision(i, n_records)
+            return ClientRuntime(i, lambda: population[i], algorithm, layers, aggregator, info, state=state,
+                                 n_records=n_records, policy=policies.get(i))
+
+        return cls(make, ids)
+
     def __getitem__(self, c) -> ClientRuntime:
         runtime = self._round.get(c)
         if runtime is None:

@@ -160,16 +160,11 @@ class Shard:
         set_kernel_threads(1)
         ids, arrays, states, algorithm, layers, aggregator, info, *rest = pickle.loads(payload)
         policies = rest[0] if rest else {}  # {client: ClientPolicy} of this shard's clients
-        if isinstance(arrays, ClientPopulation):  # streamed: this round's clients only
-            population = arrays
-
-            def runtime(i, state):
-                if state is None:  # first made: provisioned as the driver provisions resident shards
-                    state = provisioned_state(i, int(population.sizes[i]), layers)
-                return ClientRuntime(i, lambda: population[i], algorithm, layers, aggregator, info, state=state,
-                                     n_records=int(population.sizes[i]), policy=policies.get(i))
-
-            self.clients = StreamedRuntimes(runtime, ids)
+        if isinstance(arrays, ClientPopulation):  # streamed: this round's clients only, provisioned
+            # when first made as the driver provisions resident shards
+            self.clients = StreamedRuntimes.of_population(
+                arrays, ids, algorithm, layers, aggregator, info, policies,
+                provision=lambda i, n_records: provisioned_state(i, n_records, layers))
         else:
             self.clients = {
                 i: ClientRuntime(i, X, algorithm, layers, aggregator, info, state=st, policy=policies.get(i))
