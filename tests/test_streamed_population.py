@@ -47,7 +47,7 @@ def test_streamed_population_equals_resident_clients(case):
     clients = make_clients()
     resident, streamed = run_case(case, clients), run_case(case, population_of(clients))
     assert streamed == resident
-    assert resident["centres"] is not None or resident["error"] is not None
+    assert resident["released"], "the case ran no round"
 
 
 @pytest.mark.parametrize("crypto", ["real", "ideal"])
