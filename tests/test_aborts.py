@@ -250,7 +250,7 @@ def test_decoded_then_aborted_round_is_charged(data):
     assert a.released and a.stage == "server_aggregate" and a.round == 1
     assert info.value.round == 2  # the retry runs under a fresh round index
     dp = fed.layers[0]
-    assert dict(dp._counts) == {0: 1, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2}  # the abort charged clients 2..5
+    assert dict(dp.budget.counts) == {0: 1, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2}  # the abort charged clients 2..5
     free, _ = _dwf(**kw, protection=[_dp(min_clients=5), PairwiseMasking(threshold=4)]).make_federation(data)
     free.run_round(free.algorithm.init(6, 2, np.random.default_rng(0)), round=0)
     assert fed.privacy_spent()[0] > free.privacy_spent()[0]  # round 0 + the charged abort > round 0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from protocols.dp import GaussianDP
+from protocols.dp.budget import Budget
 from protocols.dp.radius import auto_radius
 from securefkm.domain import Ball
 from securefkm.exceptions import InputError
@@ -66,7 +67,7 @@ def test_sensitivity_of_every_field_kind_uses_the_ball():
     # the round's sigmas use the centred bound: the same as the origin ball's
     origin = GaussianDP(1.0, 1e-5, clip=R)
     origin._d = 2
-    dp.z = origin.z = 1.0
+    dp.budget = origin.budget = Budget(1.0, 1.0, 1e-5, "prv", None)  # z = 1, as after a fit's setup
     assert dp.field_sigmas((count, total)) == origin.field_sigmas((count, total))
     # switched off, the sums are bounded by the largest record norm
     off = _layer(centre_sums=False)

@@ -17,7 +17,7 @@ from protocols.dp.planning import (
     plan,
     spread_start,
 )
-from protocols.dp.radius import VOLUME_FACTOR, auto_radius, volume_radius
+from protocols.dp.radius import VOLUME_FACTOR, RadiusBound, auto_radius, volume_radius
 from benchmarks import dp_fastlloyd as fl
 from benchmarks.protocols_dp import loss, reference_loss
 from securefkm.estimators.dwf import WeightedFederatedKMeans
@@ -365,7 +365,7 @@ def test_first_round_with_start_prior_shrinks_towards_the_start_and_moves_empty_
     from securefkm.messages import Broadcast, FieldSpec
 
     dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="step")
-    dp._d, dp._first_train = 3, 0
+    dp._d, dp.radius_bound = 3, RadiusBound(first_train=0)
     C = np.array([[0.5, 0.5, 0.5], [0.0, 0.0, 0.0], [-0.5, -0.5, -0.5]])
     ctx = RoundContext(run=0, round=0, action="train", sampled=(0,), specs=(), info=None,
                        broadcast=Broadcast(action="train", centres=C))
@@ -508,7 +508,7 @@ def test_2d_rows_below_the_count_floor_move_next_to_the_largest_clusters():
     sigmas = {"weights": (10.0, 0.0, 1.0), "weighted_centres": (5.0, 0.0, 1.0)}
     ctx = SimpleNamespace(round=1, action="train", broadcast=Broadcast("train", centres=centres))
     dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="step")
-    dp._radius_value = 0.4
+    dp.radius_bound = RadiusBound(0.4)
     dp.plan = {"rounds": 3, "relocate_low_count_rows": True}
     out = dp._shrunk(sums, specs, sigmas, "train", ctx)
     np.testing.assert_array_equal(out["weights"], [80.0, 120.0, 10.0])

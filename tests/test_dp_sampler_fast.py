@@ -247,7 +247,7 @@ def test_box_check_of_a_batch_names_the_first_client_outside():
         broadcast = None
         action = "train"
 
-    layer._round_radius = lambda ctx: None
+    layer.radius_bound.round_radius = lambda ctx: None
     assert all(a is b for a, b in zip(layer.client_datas(Xs, clients, _Ctx()), Xs))
     Xs[3] = Xs[3].copy()
     Xs[3][5, 1] = 1.5

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from protocols.dp import GaussianDP
+from protocols.dp.budget import Budget
 from protocols.dp.accounting import (
     PrivacyAccountant,
     epsilon_for_history,
@@ -159,14 +160,14 @@ def test_within_plan_is_dominance_by_the_calibrated_schedule():
     dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), round_weights={"seed": 0.25})
     Federation(SeedThenTrain(rounds=2), _clients(), protection=[dp], max_rounds=2)
     z = dp.z  # plan: one seed round at 2z, two train rounds at z
-    assert dp._within_plan([(2 * z, 1.0, 1), (z, 1.0, 2)]) and dp._within_plan([(z, 1.0, 2)])
-    assert dp._within_plan([(3 * z, 1.0, 3)])  # every round noisier than planned
-    assert not dp._within_plan([(z, 1.0, 3)])  # the seed round taken at the train rounds' noise
-    assert not dp._within_plan([(2 * z, 1.0, 1), (z, 1.0, 3)])  # one round more
-    assert not dp._within_plan([(0.99 * z, 1.0, 1)])  # an under-noised (aborted) round
+    assert dp.budget.within_plan([(2 * z, 1.0, 1), (z, 1.0, 2)]) and dp.budget.within_plan([(z, 1.0, 2)])
+    assert dp.budget.within_plan([(3 * z, 1.0, 3)])  # every round noisier than planned
+    assert not dp.budget.within_plan([(z, 1.0, 3)])  # the seed round taken at the train rounds' noise
+    assert not dp.budget.within_plan([(2 * z, 1.0, 1), (z, 1.0, 3)])  # one round more
+    assert not dp.budget.within_plan([(0.99 * z, 1.0, 1)])  # an under-noised (aborted) round
     given = GaussianDP(1.0, 1e-5, bounds=(-1, 1), noise_multiplier=z)
     Federation(SeedThenTrain(rounds=2), _clients(), protection=[given], max_rounds=2)
-    assert not given._within_plan([(10 * z, 1.0, 1)])  # z given, nothing calibrated: always the accountant
+    assert not given.budget.within_plan([(10 * z, 1.0, 1)])  # z given, nothing calibrated: always the accountant
 
 
 @pytest.mark.parametrize("weights", [None, {"seed": 0.25}])
@@ -187,10 +188,10 @@ def test_rounds_within_the_plan_skip_the_accountant_and_change_nothing(monkeypat
         algo = SeedThenTrain(rounds=3)
         dp = GaussianDP(1.0, 1e-5, bounds=(-1, 1), round_weights=weights, rng="seeded")
         if not fast:
-            dp._within_plan = lambda history: False  # the exact check in every round, as before
+            monkeypatch.setattr(Budget, "within_plan", lambda self, history: False)  # the exact check every round
         fed = Federation(algo, _clients(), protection=[dp], max_rounds=3, random_state=0)
         state = fed.run()
-        fits.append((state.centres, fed.privacy_spent(), calls.count("before_round")))
+        fits.append((state.centres, fed.privacy_spent(), calls.count("refusal")))
     (c_fast, spent_fast, n_fast), (c_exact, spent_exact, n_exact) = fits
     assert n_fast == 0 and n_exact == 4  # 4 planned rounds: the accountant in every one, or in none
     assert np.array_equal(c_fast, c_exact) and spent_fast == spent_exact and spent_fast[0] <= 1.0

@@ -163,7 +163,7 @@ class Calibration:
         d = self._d
         z = self._z_for(action, ctx)
         centred = self.centred_pairs(specs)
-        r = self._round_radius(ctx)
+        r = self.radius_bound.round_radius(ctx)
         deltas = {
             s.name: (self.sensitivity(s, d, s.name in centred, r), s.size, self._steps(s), s.integer) for s in specs
         }
@@ -194,7 +194,7 @@ class Calibration:
         pairs = self.centred_pairs(specs)
         if not pairs:
             return sigmas, pairs, None
-        rows = self._row_centres(ctx, pairs)
+        rows = self.radius_bound.row_centres(ctx, pairs)
         if rows is None:
             n_rows = next(s.shape[0] for s in specs if s.name in pairs)
             rows = np.broadcast_to(self._box_centre(self._d), (n_rows, self._d))

@@ -19,28 +19,23 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import Counter
 
 import numpy as np
 
 from securefkm.domain import Ball, check_centre
 from securefkm.validation import check_bounds, check_choice, check_float, check_int
-from securefkm.exceptions import InputError, PrivacyBudgetExceededError, ProtectionConfigError
+from securefkm.exceptions import InputError, ProtectionConfigError
 from securefkm.layers import Layer
 from securefkm.messages import AggregatedUpdate, Update
 
-from .accounting import (
-    PrivacyAccountant,
-    _check_accountant,
-    noise_multiplier_for,
-    noise_multiplier_for_schedule,
-)
+from .accounting import _check_accountant
+from .budget import Budget
 from .calibration import Calibration
 from .modes import STRATEGIES, Distributed, Mode
 from .noise import RNGS, keystream, noise_on_lattice, noise_on_lattice_many
 from .postprocessing import PostProcessing
-from .radius import RadiusBounded
-from .scheduling import Scheduling
+from .radius import RadiusBound
+from .scheduling import RoundSchedule
 
 MODES = ("central", "distributed", "local")
 
@@ -76,7 +71,7 @@ def _check_weights(weights, name: str, example: str) -> dict | None:
     return {a: check_float(w, f"{name}[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in weights.items()}
 
 
-class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
+class GaussianDP(Calibration, PostProcessing, Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
     The mechanism, its proofs and each mode's trust model: docs/protocols/dp-mechanism.md.
@@ -188,9 +183,12 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
             self.count_share = check_float(
                 count_share, "count_share", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False
             )
-        self.round_weights = _check_weights(round_weights, "round_weights", "{'init.private': 0.5}")
-        self.last_round_weights = _check_weights(last_round_weights, "last_round_weights", "{'train': 2.0}")
-        self._last_index: dict = {}
+        self.schedule = RoundSchedule(
+            _check_weights(round_weights, "round_weights", "{'init.private': 0.5}"),
+            _check_weights(last_round_weights, "last_round_weights", "{'train': 2.0}"),
+        )
+        self.radius_bound = RadiusBound()  # inactive until a fit's setup plans it
+        self.budget: Budget | None = None  # calibrated in setup
         self._aggregator = None  # the stack's aggregator (validate_stack)
         self.shrink = None if shrink is None else check_choice(shrink, "shrink", SHRINKS)
         self.delta = check_float(delta, "delta", minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
@@ -239,16 +237,25 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         self._cap = None
         self._sens_factor = 1.0
         self._d = None
-        self.z = None
-        self._acc = None
-        self._counts: Counter = Counter()
-        self._levels: dict = {}
-        self._top: Counter = Counter()
-        self._plain_rounds = 0
         self._last_sigmas: dict[str, float] = {}
         self._tau = 0.0
-        self._planned = None
-        self._schedule = None
+
+    @property
+    def round_weights(self) -> dict | None:
+        return self.schedule.round_weights
+
+    @property
+    def last_round_weights(self) -> dict | None:
+        return self.schedule.last_round_weights
+
+    @property
+    def z(self) -> float | None:
+        """The fit's noise multiplier (a weight-1 round's), once set up."""
+        return None if self.budget is None else self.budget.z
+
+    def _z_for(self, action, ctx=None) -> float:
+        """Noise multiplier of a round of ``action`` (``ctx``: that round)."""
+        return self.schedule.multiplier(self.budget.z, action, ctx)
 
     # ------------------------------------------------------------------ hooks
     def declared_domain(self):
@@ -347,26 +354,20 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                     raise InputError(f"bounds arrays have length {b.shape[0]}, the data has n_features={d}.")
         check_centre(self.centre, "GaussianDP centre", d)
         self._d = d
-        self._setup_radius(info)
+        self.radius_bound = RadiusBound()
+        if self.radius is not None:
+            sides = None
+            if self.clip is None and self.radius == "auto":  # a box's sides cap the auto radius
+                low, high = self._box(d)
+                sides = high - low
+            self.radius_bound = RadiusBound.for_fit(self.radius, info, self._diameter(d), self._centred_radius(d),
+                                                    sides)
         rounds = info.planned_rounds
         if self._cap is not None:
             rounds = min(rounds, self._cap.max_rounds)
-        self._planned = rounds
-        self._schedule = None
-        self._setup_last_rounds(info)
-        if self.round_weights is not None or self._last_index:
-            self._schedule = self._planned_schedule(info, rounds)
-        if self.noise_multiplier is not None:
-            self.z = self.noise_multiplier
-        elif self._schedule is not None:
-            self.z = noise_multiplier_for_schedule(self.epsilon, self.delta, self._schedule, accountant=self.accountant_name)
-        else:
-            self.z = noise_multiplier_for(self.epsilon, self.delta, rounds, 1.0, accountant=self.accountant_name)
-        self._acc = PrivacyAccountant(self.z, self.epsilon, self.delta, accountant=self.accountant_name)
-        self._counts = Counter()
-        self._levels = {}
-        self._top = Counter()
-        self._plain_rounds = 0
+        self.schedule.setup(info, rounds)
+        self.budget = Budget.for_schedule(self.epsilon, self.delta, self.accountant_name, self.schedule,
+                                          self.noise_multiplier)
         self._strategy.setup(self, info)
 
     def _warn_about_trust_and_delta(self, info):
@@ -402,28 +403,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         if not specs and not self._strategy.noises_everything:
             return
         cap = self._cap.max_rounds if self._cap is not None else None
-        z = self._z_for(ctx.action, ctx)
-        # the history after this round: per level the most rounds any one client took, so only
-        # level z can grow, to one more than the most a sampled, uncapped client has at z
-        levels = self._levels
-        bump = max(((levels[c][z] if c in levels else 0) + 1 for c in ctx.sampled
-                    if cap is None or self._counts[c] < cap), default=0)  # a capped client declines
-        if bump <= self._top[z]:
-            return
-        top = Counter(self._top)
-        top[z] = bump
-        after = self._history_of(top)
-        if not self._within_plan(after) and self._acc._epsilon(after) > self.epsilon:
-            spent = self._acc.spent()[0]
-            needed = max((self._counts[c] + 1 for c in ctx.sampled), default=0)
-            raise PrivacyBudgetExceededError(
-                f"GaussianDP: round {ctx.round} ({ctx.action!r}) would take a client to {needed} noised rounds, "
-                f"beyond the budget epsilon={self.epsilon}, delta={self.delta} (spent so far epsilon={spent:.4g} "
-                f"with noise multiplier {z:.4g}, calibrated for {self._planned} rounds). Raise epsilon, "
-                "lower max_rounds, or add ParticipationCap(max_rounds=...).",
-                round=ctx.round,
-                stage="before_round",
-            )
+        refusal = self.budget.refusal(ctx, self._z_for(ctx.action, ctx), cap, self.schedule.planned)
+        if refusal is not None:
+            raise refusal
 
     def survivors_needed(self, ctx) -> int:
         """Distributed mode: ``min_clients``, the survivors the noise shares are sized for. A
@@ -434,7 +416,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
 
     def client_data(self, X, client, ctx):
         if self.clip is not None:  # onto the ball about its centre, then the round's radius bound
-            return self._clip_to_radius(self._clip_to_ball(X), ctx)
+            return self.radius_bound.clip(self._clip_to_ball(X), ctx)
         low, high = self.bounds
         bad = np.any((X < low) | (X > high), axis=1)
         if np.any(bad):
@@ -444,7 +426,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 f"declared box (first: row {i}); the sensitivity assumes records inside bounds=(low, high). "
                 "Widen bounds, or use clip= to clip records explicitly."
             )
-        return self._clip_to_radius(X, ctx)
+        return self.radius_bound.clip(X, ctx)
 
     def _clip_to_ball(self, X):
         """Records farther than ``clip`` from the ball's centre moved radially onto its surface."""
@@ -460,7 +442,7 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
 
     def client_datas(self, Xs, clients, ctx):
         if self.clip is None and not self._any_outside_box(Xs):  # the common case: one check for all
-            return [self._clip_to_radius(X, ctx) for X in Xs]
+            return [self.radius_bound.clip(X, ctx) for X in Xs]
         return [self.client_data(X, c, ctx) for X, c in zip(Xs, clients)]  # names the first offender
 
     _BOX_CHECK_ROWS = 1 << 16  # records checked per vectorised pass (bounds the temporary copy)
@@ -537,9 +519,9 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
     def after_round(self, ctx, agg):
         released = bool(self._noised_specs(ctx.specs)) or (self._strategy.noises_everything and agg.items)
         if agg.items and not self._strategy.noises_everything:
-            self._plain_rounds += 1
+            self.budget.plain_rounds += 1
         if released:
-            self._charge(agg.contributors, self._z_for(ctx.action, ctx))
+            self.budget.charge(agg.contributors, self._z_for(ctx.action, ctx))
 
     def after_aborted_round(self, ctx, leaked, error):
         """Charge what an aborted round let the server learn (the runtime derives ``leaked``):
@@ -548,10 +530,10 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         set-fields (privacy_spent becomes infinite, as in ``after_round``). Central mode: the
         decoded sum reached only the trusted curator and nothing was released: no charge."""
         if leaked.items and not self._strategy.noises_everything:
-            self._plain_rounds += 1
+            self.budget.plain_rounds += 1
         z = self._strategy.aborted_noise(self, ctx, leaked)
         if z is not None:
-            self._charge(leaked.contributors, z)
+            self.budget.charge(leaked.contributors, z)
 
     @property
     def _strategy(self) -> Mode:
@@ -566,11 +548,11 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
         return self._strategy.server_view(self, eps, algorithm, aggregator)
 
     def report(self):
-        if self._acc is None:
+        budget = self.budget
+        if budget is None:
             return {}
-        eps, delta = self._acc.spent()
-        if self._plain_rounds:
-            eps, delta = float("inf"), self.delta
+        eps, delta = budget.spent()
+        last_index = self.schedule.last_index
         return {
             "privacy_spent": (eps, delta),
             "noise_multiplier": self.z,
@@ -578,29 +560,29 @@ class GaussianDP(Calibration, Scheduling, PostProcessing, RadiusBounded, Layer):
                 {a: self._z_for(a) for a in self.round_weights} if self.round_weights is not None else {}
             ),
             "last_round_noise_multipliers": (
-                {a: self.z / math.sqrt(w) for a, w in self.last_round_weights.items() if a in self._last_index}
+                {a: self.z / math.sqrt(w) for a, w in self.last_round_weights.items() if a in last_index}
                 if self.last_round_weights and self.z is not None else {}
             ),
-            "planned_schedule": list(self._schedule) if self._schedule is not None else [(1.0, self._planned)],
+            "planned_schedule": self.schedule.described(),
             "accountant": self.accountant_name,
             "mode": self.mode,
             "min_clients": self.min_clients if self.mode == "distributed" else None,
             "missing_shares": (None if self.mode != "distributed" or self._honest_shares is None
                                else Distributed.missing_statement(self)),
             "target": (self.epsilon, self.delta),
-            "planned_compositions": self._planned,
-            "max_client_rounds": max(self._counts.values(), default=0),
+            "planned_compositions": self.schedule.planned,
+            "max_client_rounds": budget.max_client_rounds,
             "field_sigmas": dict(self._last_sigmas),
             "kls21_tau": self._tau,
-            "plain_set_field_rounds": self._plain_rounds,
+            "plain_set_field_rounds": budget.plain_rounds,
             "plan": self.plan,
-            "radius": getattr(self, "_radius_value", None),
+            "radius": self.radius_bound.value,
             "summary": self._summary(),
         }
 
     def _summary(self) -> str:
-        eps, delta = self._acc.spent()
-        rounds = max(self._counts.values(), default=0)
+        eps, delta = self.budget.accountant.spent()
+        rounds = self.budget.max_client_rounds
         planned = f"planned by protocols.dp.planning ({self.plan['rounds']} Lloyd rounds), " if self.plan else ""
         sig = ", ".join(f"{k} {v:.4g}" for k, v in self._last_sigmas.items())
         return (

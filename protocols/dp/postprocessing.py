@@ -26,7 +26,7 @@ class PostProcessing:
         skip = not self.project_means or (action or "").startswith("init.")
         pairs = {} if skip else self.weighted_pairs(specs)
         out = dict(sums)
-        rows, r = self._row_centres(ctx, pairs), self._round_radius(ctx)
+        rows, r = self.radius_bound.row_centres(ctx, pairs), self.radius_bound.round_radius(ctx)
         for s, w in pairs.items():
             n = np.asarray(out[w], dtype=np.float64)
             S = np.array(out[s], dtype=np.float64)
@@ -34,7 +34,7 @@ class PostProcessing:
             if pos.any():
                 means = S[pos] / n[pos, None]
                 if rows is not None:  # radius round: every (clipped) record is within r of its centre
-                    means = self._project_ball(means, rows[pos], r)
+                    means = self.radius_bound.project(means, rows[pos], r)
                 S[pos] = self._project_rows(means, self._d) * n[pos, None]
             out[s] = S
         if not skip and n_contributors:  # 'mean' fields: one row per contributor, each in the domain
@@ -52,7 +52,7 @@ class PostProcessing:
         out = dict(sums)
         if not pairs:
             return out
-        rows = self._row_centres(ctx, pairs)
+        rows = self.radius_bound.row_centres(ctx, pairs)
         c = self._box_centre(self._d) if rows is None else rows
         for s, w in pairs.items():
             n = np.asarray(out[w], dtype=np.float64)
@@ -167,7 +167,7 @@ class PostProcessing:
     def _relocation_step(self, d: int) -> float:
         """How far from the mean of the cluster it joins a relocated row is put: half the
         plan's radius r (half of the domain's half-diagonal without a radius)."""
-        r = getattr(self, "_radius_value", None)
+        r = self.radius_bound.value
         return RELOCATION_STEP * (r if r is not None else self._centred_radius(d))
 
     @staticmethod
@@ -204,7 +204,7 @@ class PostProcessing:
     def _in_first_round(self, ctx) -> bool:
         """The first Lloyd round of a plan with more than one (its centres are the start)."""
         rounds = (self.plan or {}).get("rounds", 1)
-        return rounds > 1 and ctx is not None and ctx.round <= getattr(self, "_first_train", 0)
+        return rounds > 1 and ctx is not None and ctx.round <= self.radius_bound.first_train
 
     def _step_prior(self, ctx, m: int, d: int):
         """The broadcast centres a ``"step"`` shrinkage shrinks towards, or None (hierarchical):

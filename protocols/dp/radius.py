@@ -1,5 +1,5 @@
 """Radius-bounded Lloyd rounds (FastLloyd's relative updates: Diaa, Humphries & Kerschbaum,
-USENIX Security 2025, sec. 4) as a mixin of :class:`~protocols.dp.GaussianDP`.
+USENIX Security 2025, sec. 4): the :class:`RadiusBound` a :class:`~protocols.dp.GaussianDP` layer holds.
 
 In a round whose weighted sums are hard nearest-centre sums of the broadcast centres C (the
 algorithm declares it: ``Algorithm.nearest_centre_actions``), each client moves every record x
@@ -72,58 +72,61 @@ def auto_radius(diagonal: float, k: int, d: int, alpha: float = ALPHA, sides=Non
     return r
 
 
-class RadiusBounded:
-    """Mixin of :class:`~protocols.dp.GaussianDP`: per-round radius and row centres."""
+class RadiusBound:
+    """The fit's radius bound: r, the actions whose rounds it bounds, and the first round it
+    applies in (after a seeding round, the second). Inactive (``value`` None) by default."""
 
-    def _setup_radius(self, info) -> None:
-        self._radius_value = None
-        self._first_train = 0
-        if self.radius is None:
-            return
+    def __init__(self, value: float | None = None, actions: tuple[str, ...] = (), first_train: int = 0):
+        self.value = value
+        self.actions = tuple(actions)
+        self.first_train = first_train
+
+    @classmethod
+    def for_fit(cls, radius, info, diameter: float, centred_radius: float, sides=None) -> RadiusBound:
+        """The bound a fit's rounds use: ``radius`` (a float, ``"auto"`` or None) for the
+        algorithm's ``nearest_centre_actions``, kept only below the domain's centred radius
+        (otherwise the domain-centre translation is at least as tight). ``sides``: the box's
+        side lengths (they cap ``"auto"``), None for a ball."""
+        if radius is None:
+            return cls()
         algo = info.algorithm
         actions = tuple(getattr(algo, "nearest_centre_actions", ()) or ())
         if not actions:
-            return
-        self._radius_actions = actions
+            return cls()
         d = info.n_features
-        if self.radius == "auto":
+        if radius == "auto":
             k = int(getattr(algo, "n_clusters", 0) or 0)
             if k < 1:
-                return
-            if self.clip is None:
-                low, high = self._box(d)
-                r = auto_radius(self._diameter(d), k, d, sides=high - low)
-            else:  # the ball's volume-matched radius R k^(-1/d) is above FastLloyd's: no cap
-                r = auto_radius(self._diameter(d), k, d)
+                return cls(None, actions)
+            # a ball's volume-matched radius R k^(-1/d) is above FastLloyd's: no cap
+            r = auto_radius(diameter, k, d, sides=sides)
         else:
-            r = float(self.radius)
-        if r < self._centred_radius(d):
-            self._radius_value = r
+            r = float(radius)
         planned = getattr(algo, "planned_actions", None)
         try:
             seeding = any(a.startswith("init.") for a in (planned(info.max_rounds) if callable(planned) else {}))
         except Exception:  # noqa: BLE001 - an algorithm without a usable schedule: radius from round 1
             seeding = False
-        self._first_train = 1 if seeding else 0
+        return cls(r if r < centred_radius else None, actions, 1 if seeding else 0)
 
-    def _round_radius(self, ctx) -> float | None:
-        """r for this round, or None (box-centre translation)."""
-        r = getattr(self, "_radius_value", None)
-        if r is None or ctx is None or ctx.action not in self._radius_actions or ctx.round <= self._first_train:
+    def round_radius(self, ctx) -> float | None:
+        """r for this round, or None (domain-centre translation)."""
+        r = self.value
+        if r is None or ctx is None or ctx.action not in self.actions or ctx.round <= self.first_train:
             return None
         centres = getattr(ctx.broadcast, "centres", None)
         return r if centres is not None else None
 
-    def _row_centres(self, ctx, pairs) -> np.ndarray | None:
+    def row_centres(self, ctx, pairs) -> np.ndarray | None:
         """The broadcast centres (rows of the weighted sums) in a radius round, else None."""
-        if self._round_radius(ctx) is None:
+        if self.round_radius(ctx) is None:
             return None
         return np.asarray(ctx.broadcast.centres, dtype=np.float64) if pairs else None
 
-    def _clip_to_radius(self, X: np.ndarray, ctx) -> np.ndarray:
+    def clip(self, X: np.ndarray, ctx) -> np.ndarray:
         """Each record farther than r from its nearest broadcast centre moved onto the sphere of
         radius r around that centre (a new array; unchanged outside radius rounds)."""
-        r = self._round_radius(ctx)
+        r = self.round_radius(ctx)
         if r is None or len(X) == 0:
             return X
         C = np.asarray(ctx.broadcast.centres, dtype=np.float64)
@@ -138,7 +141,9 @@ class RadiusBounded:
         out[far] = nearest[far] + offset[far] * (r * _INSIDE / norms[far])[:, None]
         return out
 
-    def _project_ball(self, means: np.ndarray, centres: np.ndarray, r: float) -> np.ndarray:
+    @staticmethod
+    def project(means: np.ndarray, centres: np.ndarray, r: float) -> np.ndarray:
+        """Each row of ``means`` projected onto the ball of radius r about its row of ``centres``."""
         step = means - centres
         dist = np.linalg.norm(step, axis=1)
         far = dist > r
