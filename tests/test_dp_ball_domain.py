@@ -77,7 +77,7 @@ def test_sensitivity_of_every_field_kind_uses_the_ball():
 def test_records_are_clipped_onto_the_ball_about_its_centre():
     dp = _layer()
     X = np.array([CENTRE + [0.6, 0.8], CENTRE + [3.0, 4.0], CENTRE - [0.0, 10.0], [0.0, 0.0]])
-    out = dp._clip_to_ball(X)
+    out = dp.geometry(X.shape[1]).clip_to_ball(X)
     np.testing.assert_array_equal(out[0], X[0])  # inside: unchanged
     np.testing.assert_allclose(out[1], CENTRE + [1.2, 1.6])  # distance 5 -> R, same direction
     np.testing.assert_allclose(out[2], CENTRE - [0.0, 2.0])

@@ -11,6 +11,7 @@ import numpy as np
 from securefkm.exceptions import ProtectionConfigError
 from securefkm.messages import FieldSpec
 
+from .geometry import DomainGeometry
 from .noise import FINE, min_share_variance
 
 #: rho: a cluster mean's typical distance from the point its sums are centred on, as a fraction of
@@ -38,44 +39,14 @@ class Calibration:
     """Mixin of :class:`~protocols.dp.GaussianDP`: sensitivities and per-field sigmas."""
 
     # ------------------------------------------------------------------ geometry
-    def _box(self, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """The declared ``bounds`` as two length-``d`` vectors (asked by every client twice a
-        round: kept per (d, bounds object))."""
-        key = (d, id(self.bounds))
-        cached = self.__dict__.get("_box_cache")
-        if cached is None or cached[0] != key:
-            cached = (key, tuple(np.broadcast_to(b, (d,)) for b in self.bounds))
-            self.__dict__["_box_cache"] = cached
-        return cached[1]
-
-    def _radius(self, d: int) -> float:
-        """The largest norm of a record of the domain (the sensitivity of an uncentred sum)."""
-        if self.clip is not None:
-            return float(np.linalg.norm(self._box_centre(d))) + self.clip
-        low, high = self._box(d)
-        return float(np.linalg.norm(np.maximum(np.abs(low), np.abs(high))))
-
-    def _centred_radius(self, d: int) -> float:
-        """The largest distance of a record from the domain's centre: the ball's radius, or
-        the box's half-diagonal."""
-        if self.clip is not None:
-            return self.clip
-        low, high = self._box(d)
-        return float(np.linalg.norm((high - low) / 2))
-
-    def _box_centre(self, d: int) -> np.ndarray:
-        """The domain's centre as a length-``d`` vector: the box's, or the clip ball's ``centre``."""
+    def geometry(self, d: int) -> DomainGeometry:
+        """The declared domain in ``d`` dimensions (asked by every client several times a round:
+        kept per (d, bounds, centre) object)."""
         key = (d, id(self.bounds), id(self.centre))
-        cached = self.__dict__.get("_centre_cache")
+        cached = self.__dict__.get("_geometry_cache")
         if cached is None or cached[0] != key:
-            if self.clip is not None:
-                centre = np.zeros(d) if self.centre is None else np.broadcast_to(self.centre, (d,)).astype(np.float64)
-            else:
-                low, high = self._box(d)
-                centre = (low + high) / 2
-            centre.setflags(write=False)
-            cached = (key, centre)
-            self.__dict__["_centre_cache"] = cached
+            cached = (key, DomainGeometry(d, self.bounds, self.clip, self.centre))
+            self.__dict__["_geometry_cache"] = cached
         return cached[1]
 
     def centred_pairs(self, specs) -> dict[str, str]:
@@ -96,12 +67,6 @@ class Calibration:
                 out[s.name] = w.name
         return out
 
-    def _diameter(self, d: int) -> float:
-        if self.clip is not None:
-            return 2 * self.clip
-        low, high = self._box(d)
-        return float(np.linalg.norm(high - low))
-
     def sensitivity(self, spec: FieldSpec, d: int, centred: bool = False, radius: float | None = None) -> float:
         """Per-record L2 sensitivity Delta_f of one field (before lattice rounding);
         ``centred``: a ``sum`` field noised as S - N c (the box's half-diagonal), or, in a
@@ -112,18 +77,18 @@ class Calibration:
         if spec.kind == "sum":
             if centred and radius is not None:
                 return f * radius
-            return f * (self._centred_radius(d) if centred else self._radius(d))
+            return f * (self.geometry(d).centred_radius if centred else self.geometry(d).radius)
         if spec.kind == "distance":
-            return f * self._diameter(d)
+            return f * self.geometry(d).diameter
         if spec.kind == "score":
-            return f * self._diameter(d) ** 2
+            return f * self.geometry(d).diameter ** 2
         if spec.kind == "mean":
             # each row is a point of the domain (a mean of records, or the broadcast centre); one
             # record changes at most ``cells`` rows, each by at most the domain's diameter
-            return math.sqrt(getattr(spec, "cells", 1)) * self._diameter(d)
+            return math.sqrt(getattr(spec, "cells", 1)) * self.geometry(d).diameter
         if self._strategy.noises_everything and len(spec.shape) >= 1 and spec.shape[-1] == d:
             rows = spec.size // d
-            return self._diameter(d) * math.sqrt(rows)  # already the whole range: no factor
+            return self.geometry(d).diameter * math.sqrt(rows)  # already the whole range: no factor
         raise ProtectionConfigError(self._value_message(spec))
 
     def _value_message(self, spec) -> str:
@@ -197,7 +162,7 @@ class Calibration:
         rows = self.radius_bound.row_centres(ctx, pairs)
         if rows is None:
             n_rows = next(s.shape[0] for s in specs if s.name in pairs)
-            rows = np.broadcast_to(self._box_centre(self._d), (n_rows, self._d))
+            rows = np.broadcast_to(self.geometry(self._d).centre, (n_rows, self._d))
         return sigmas, pairs, np.array(rows, dtype=np.float64)
 
     def _field_weights(self, specs, deltas) -> dict[str, float]:

@@ -298,8 +298,7 @@ class GaussianDP(Calibration, PostProcessing, Layer):
         self._repr_params = {**{k: v for k, v in self._repr_params.items() if k != "mode"},
                              "bounds": tuple(v.tolist() if v.ndim else float(v) for v in self.bounds),
                              "mode": self.mode}
-        self.__dict__.pop("_box_cache", None)
-        self.__dict__.pop("_centre_cache", None)
+        self.__dict__.pop("_geometry_cache", None)
 
     def validate_stack(self, stack, algorithm):
         from protocols.min_cluster import MinClusterSize
@@ -356,12 +355,12 @@ class GaussianDP(Calibration, PostProcessing, Layer):
         self._d = d
         self.radius_bound = RadiusBound()
         if self.radius is not None:
+            domain = self.geometry(d)
             sides = None
             if self.clip is None and self.radius == "auto":  # a box's sides cap the auto radius
-                low, high = self._box(d)
+                low, high = domain.box
                 sides = high - low
-            self.radius_bound = RadiusBound.for_fit(self.radius, info, self._diameter(d), self._centred_radius(d),
-                                                    sides)
+            self.radius_bound = RadiusBound.for_fit(self.radius, info, domain.diameter, domain.centred_radius, sides)
         rounds = info.planned_rounds
         if self._cap is not None:
             rounds = min(rounds, self._cap.max_rounds)
@@ -416,7 +415,7 @@ class GaussianDP(Calibration, PostProcessing, Layer):
 
     def client_data(self, X, client, ctx):
         if self.clip is not None:  # onto the ball about its centre, then the round's radius bound
-            return self.radius_bound.clip(self._clip_to_ball(X), ctx)
+            return self.radius_bound.clip(self.geometry(X.shape[1]).clip_to_ball(X), ctx)
         low, high = self.bounds
         bad = np.any((X < low) | (X > high), axis=1)
         if np.any(bad):
@@ -427,18 +426,6 @@ class GaussianDP(Calibration, PostProcessing, Layer):
                 "Widen bounds, or use clip= to clip records explicitly."
             )
         return self.radius_bound.clip(X, ctx)
-
-    def _clip_to_ball(self, X):
-        """Records farther than ``clip`` from the ball's centre moved radially onto its surface."""
-        c = self._box_centre(X.shape[1]) if self.centre is not None else 0.0
-        offset = X - c
-        norms = np.linalg.norm(offset, axis=1)
-        over = norms > self.clip
-        if not np.any(over):
-            return X
-        X = np.array(X, dtype=np.float64, copy=True)
-        X[over] = c + offset[over] * (self.clip / norms[over])[:, None]  # c = 0: x R / ||x|| exactly
-        return X
 
     def client_datas(self, Xs, clients, ctx):
         if self.clip is None and not self._any_outside_box(Xs):  # the common case: one check for all
@@ -493,7 +480,8 @@ class GaussianDP(Calibration, PostProcessing, Layer):
         means = [s.name for s in ctx.specs if s.kind == "mean" and s.shape and s.shape[-1] == self._d]
         if not means:
             return updates
-        return [Update(sums={**u.sums, **{m: self._project_rows(u.sums[m], self._d) for m in means if m in u.sums}},
+        domain = self.geometry(self._d)
+        return [Update(sums={**u.sums, **{m: domain.project_rows(u.sums[m]) for m in means if m in u.sums}},
                        items=u.items) for u in updates]
 
     _noise_fine_many = staticmethod(noise_on_lattice_many)

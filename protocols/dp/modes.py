@@ -304,7 +304,7 @@ class Local(Mode):
                         )
                     continue
                 rows = arr.size // d
-                extra[name] = (dp._diameter(d) * math.sqrt(rows), arr.size)
+                extra[name] = (dp.geometry(d).diameter * math.sqrt(rows), arr.size)
             noised = dp._noised_specs(ctx.specs)
             sigmas = dp.field_sigmas(noised, extra, action=ctx.action, ctx=ctx)
             pairs = dp.centred_pairs(noised)
@@ -312,10 +312,10 @@ class Local(Mode):
             for s in ctx.specs:
                 val = np.asarray(sums[s.name], dtype=np.float64)
                 if s.kind in ("value", "mean"):
-                    val = dp._project_rows(val, d)
+                    val = dp.geometry(d).project_rows(val)
                 tasks.append((sums, s.name, val, *sigmas[s.name][:2], dp._source(ctx, client.client_id, s.name)))
             for name in extra:
-                tasks.append((items, name, dp._project_rows(items[name], d), *sigmas[name][:2],
+                tasks.append((items, name, dp.geometry(d).project_rows(items[name]), *sigmas[name][:2],
                               dp._source(ctx, client.client_id, name)))
             staged.append((sums, items, pairs))
         noisy = dp._noise_fine_many(*[list(col) for col in zip(*tasks)][2:]) if tasks else []

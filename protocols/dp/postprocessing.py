@@ -35,13 +35,13 @@ class PostProcessing:
                 means = S[pos] / n[pos, None]
                 if rows is not None:  # radius round: every (clipped) record is within r of its centre
                     means = self.radius_bound.project(means, rows[pos], r)
-                S[pos] = self._project_rows(means, self._d) * n[pos, None]
+                S[pos] = self.geometry(self._d).project_rows(means) * n[pos, None]
             out[s] = S
         if not skip and n_contributors:  # 'mean' fields: one row per contributor, each in the domain
             for spec in specs:
                 if spec.kind == "mean" and spec.shape and spec.shape[-1] == self._d:
                     S = np.asarray(out[spec.name], dtype=np.float64)
-                    out[spec.name] = self._project_rows(S / n_contributors, self._d) * n_contributors
+                    out[spec.name] = self.geometry(self._d).project_rows(S / n_contributors) * n_contributors
         return out
 
     def _translate(self, sums: dict, pairs: dict[str, str], sign: int, ctx=None) -> dict:
@@ -53,25 +53,12 @@ class PostProcessing:
         if not pairs:
             return out
         rows = self.radius_bound.row_centres(ctx, pairs)
-        c = self._box_centre(self._d) if rows is None else rows
+        c = self.geometry(self._d).centre if rows is None else rows
         for s, w in pairs.items():
             n = np.asarray(out[w], dtype=np.float64)
             # n[..., None]: a client's (k,) counts, or (clients, k) stacked by _distributed_shares
             out[s] = np.asarray(out[s], dtype=np.float64) + sign * n[..., None] * c
         return out
-
-    def _project_rows(self, arr: np.ndarray, d: int) -> np.ndarray:
-        rows = np.asarray(arr, dtype=np.float64).reshape(-1, d)
-        if self.clip is not None:  # onto the ball of radius clip about its centre
-            c = self._box_centre(d)
-            offset = rows - c
-            norms = np.linalg.norm(offset, axis=1)
-            scale = np.minimum(1.0, self.clip / np.maximum(norms, 1e-300))
-            rows = c + offset * scale[:, None]
-        else:
-            low, high = self.bounds
-            rows = np.clip(rows, low, high)
-        return rows.reshape(np.shape(arr))
 
     def _shrunk(self, sums, specs, sigmas, action, ctx=None):
         """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their
@@ -168,7 +155,7 @@ class PostProcessing:
         """How far from the mean of the cluster it joins a relocated row is put: half the
         plan's radius r (half of the domain's half-diagonal without a radius)."""
         r = self.radius_bound.value
-        return RELOCATION_STEP * (r if r is not None else self._centred_radius(d))
+        return RELOCATION_STEP * (r if r is not None else self.geometry(d).centred_radius)
 
     @staticmethod
     def _relocated(n, S, prev, sigma_count, step, count_name, sum_name) -> dict:
@@ -242,7 +229,7 @@ class PostProcessing:
         m, d = S.shape
         target = S.sum(axis=0) / total
         v = sigma_sum**2 * m / total**2
-        return shrink_means(target[None], np.ones(1), np.sqrt(v), self._box_centre(d), plug_in=True)[0]
+        return shrink_means(target[None], np.ones(1), np.sqrt(v), self.geometry(d).centre, plug_in=True)[0]
 
     def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
         from securefkm.kernels import shrink_means
