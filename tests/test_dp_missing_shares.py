@@ -10,6 +10,7 @@ import pytest
 
 from protocols.dp import GaussianDP
 from protocols.dp.accounting import PrivacyAccountant
+from protocols.dp.modes import Distributed
 from protocols.masking import PairwiseMasking
 from securefkm.estimators.dwf import WeightedFederatedKMeans
 from securefkm.exceptions import ProtectionConfigError
@@ -57,7 +58,7 @@ def test_shares_are_sized_for_the_declared_missing_shares(n, dropped, colluders)
     assert h == n - dropped - colluders
     for sigma, step in [(3.0, 1.0), (0.7, 2.0 ** -16)]:
         target = (sigma / step) ** 2
-        share = layer._share_variance(sigma, step)
+        share = Distributed.share_variance(layer, sigma, step)
         survivors_noise = (n - dropped - colluders) * share  # fewest survivors, colluders add none
         assert survivors_noise >= target * (1 - 1e-12)
         if share * h == pytest.approx(target):  # not raised by the KLS21 floor: the sizing is tight

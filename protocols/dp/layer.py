@@ -30,7 +30,8 @@ from securefkm.messages import AggregatedUpdate, Update
 
 from .accounting import _check_accountant
 from .budget import Budget
-from .calibration import Calibration
+from .calibration import Calibration, weighted_pairs
+from .geometry import DomainGeometry
 from .modes import STRATEGIES, Distributed, Mode
 from .noise import RNGS, keystream, noise_on_lattice, noise_on_lattice_many
 from .postprocessing import PostProcessing
@@ -71,7 +72,7 @@ def _check_weights(weights, name: str, example: str) -> dict | None:
     return {a: check_float(w, f"{name}[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in weights.items()}
 
 
-class GaussianDP(Calibration, PostProcessing, Layer):
+class GaussianDP(PostProcessing, Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
     The mechanism, its proofs and each mode's trust model: docs/protocols/dp-mechanism.md.
@@ -257,6 +258,71 @@ class GaussianDP(Calibration, PostProcessing, Layer):
         """Noise multiplier of a round of ``action`` (``ctx``: that round)."""
         return self.schedule.multiplier(self.budget.z, action, ctx)
 
+    # ------------------------------------------------------------------ domain and calibration
+    def geometry(self, d: int) -> DomainGeometry:
+        """The declared domain in ``d`` dimensions (asked by every client several times a round:
+        kept per (d, bounds, centre) object)."""
+        key = (d, id(self.bounds), id(self.centre))
+        cached = self.__dict__.get("_geometry_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, DomainGeometry(d, self.bounds, self.clip, self.centre))
+            self.__dict__["_geometry_cache"] = cached
+        return cached[1]
+
+    @property
+    def calibration(self) -> Calibration:
+        """The sensitivities and sigmas of this layer's rounds, from its current settings and stack."""
+        strategy = self._strategy
+        agg = self._aggregator if self.mode == "central" else None
+        return Calibration(self.geometry, self.mode, strategy.noises_everything,
+                           lambda spec: strategy.lattice_step(self, spec),
+                           None if agg is None else agg.release_noise_grid,
+                           count_share=self.count_share, centre_sums=self.centre_sums,
+                           sens_factor=self._sens_factor)
+
+    def sensitivity(self, spec, d: int, centred: bool = False, radius: float | None = None) -> float:
+        """Per-record L2 sensitivity of one field (:meth:`Calibration.sensitivity`)."""
+        return self.calibration.sensitivity(spec, d, centred, radius)
+
+    def centred_pairs(self, specs) -> dict[str, str]:
+        """{sum field: its weights field} noised translated by the domain's centre."""
+        return self.calibration.centred_pairs(specs, self._d)
+
+    def weighted_pairs(self, specs) -> dict[str, str]:
+        """{sum field: its count field} for the d-wide sums that declare their weights."""
+        return weighted_pairs(specs, self._d)
+
+    def aggregator_noises(self, specs) -> bool:
+        """Whether the secure aggregator, not the server, adds this round's central noise."""
+        return self.calibration.aggregator_noises(specs)
+
+    def _noised_specs(self, specs):
+        return tuple(s for s in specs if s.kind != "value" or self._strategy.noises_everything)
+
+    def field_sigmas(
+        self, specs, extra_deltas: dict | None = None, action: str | None = None, ctx=None
+    ) -> dict[str, tuple[float, float, float]]:
+        """{name: (sigma_f, gamma_f, Delta'_f)} for the fields released together in a round of
+        ``action`` (``ctx``: the round, for its radius bound, see :mod:`protocols.dp.radius`)."""
+        return self.calibration.field_sigmas(specs, self._d, self._z_for(action, ctx),
+                                             self.radius_bound.round_radius(ctx), extra_deltas)
+
+    def release_noise(self, specs, ctx) -> tuple[dict[str, float], dict[str, str], np.ndarray | None]:
+        """What an aggregator that adds this round's central noise itself needs (public
+        quantities only): ``({field: sigma}, {centred sum field: its count field}, centres)``,
+        centres the (rows, d) points the centred sums are translated by (the broadcast centres
+        in a radius round, else the box centre per row), or None without centred fields."""
+        specs = self._noised_specs(specs)
+        sigmas = {k: v[0] for k, v in self.field_sigmas(specs, action=ctx.action, ctx=ctx).items()}
+        pairs = self.centred_pairs(specs)
+        if not pairs:
+            return sigmas, pairs, None
+        rows = self.radius_bound.row_centres(ctx, pairs)
+        if rows is None:
+            n_rows = next(s.shape[0] for s in specs if s.name in pairs)
+            rows = np.broadcast_to(self.geometry(self._d).centre, (n_rows, self._d))
+        return sigmas, pairs, np.array(rows, dtype=np.float64)
+
     # ------------------------------------------------------------------ hooks
     def declared_domain(self):
         """The declared domain: the box ``bounds``, or the ball (``clip`` about ``centre``) as a
@@ -395,7 +461,7 @@ class GaussianDP(Calibration, PostProcessing, Layer):
         specs = ctx.specs
         for s in specs:
             if s.kind == "value" and not self._strategy.noises_everything:
-                raise ProtectionConfigError(self._value_message(s))
+                raise ProtectionConfigError(self.calibration.value_message(s))
         refusal = self._strategy.round_refusal(self, ctx)
         if refusal is not None:
             raise refusal

@@ -18,7 +18,7 @@ import numpy as np
 from securefkm.exceptions import InputError, ProtectionConfigError, RoundAbortedError
 from securefkm.messages import AggregatedUpdate, Update, check_sums, stack_sums
 
-from .noise import kls21_tau
+from .noise import kls21_tau, min_share_variance
 from .sampler import round_up_variance, sample_discrete_gaussian_batch
 
 #: set-fields local mode can bound per record (by projection onto the domain)
@@ -172,6 +172,14 @@ class Distributed(Mode):
         dp._info_clients = n
 
     @staticmethod
+    def share_variance(dp, sigma: float, step: float) -> float:
+        """Per-client lattice variance: sigma^2 / (step^2 H), H the honest shares every released
+        sum holds (:meth:`size_shares`), raised if needed so that the KLS21 tau of a sum of H
+        shares stays <= 1e-6 (more noise only strengthens the guarantee)."""
+        h = dp._honest_shares or dp.min_clients
+        return max((sigma / step) ** 2 / h, min_share_variance(h))
+
+    @staticmethod
     def noise_factor(dp, n_contributors: int) -> float:
         """Noise std of a sum of ``n_contributors`` survivors' shares (at most ``_colluders`` of
         them adding nothing), relative to the calibrated sigma."""
@@ -208,7 +216,7 @@ class Distributed(Mode):
         sigmas = dp.field_sigmas(ctx.specs, action=ctx.action, ctx=ctx)  # a 'value' field raises here too
         pairs = dp.centred_pairs(ctx.specs)
         steps = {s.name: sigmas[s.name][1] for s in ctx.specs}
-        shares = {s.name: round_up_variance(dp._share_variance(*sigmas[s.name][:2])) for s in ctx.specs}
+        shares = {s.name: round_up_variance(Distributed.share_variance(dp, *sigmas[s.name][:2])) for s in ctx.specs}
         stacked = stack_sums([u.sums for u in updates], ctx.specs)
         if stacked is None:  # a malformed update (an algorithm bug): check_sums names the field
             for update in updates:
@@ -237,7 +245,7 @@ class Distributed(Mode):
         m = dp.min_clients
         dp._tau = max(
             [dp._tau]
-            + [kls21_tau(dp._share_variance(sig, step), agg.n_contributors) for sig, step, _ in sigmas.values()]
+            + [kls21_tau(Distributed.share_variance(dp, sig, step), agg.n_contributors) for sig, step, _ in sigmas.values()]
         )
         if agg.n_contributors < m:
             # Under-noised sum already decoded: abort; the runtime sees that the aggregate

@@ -49,6 +49,10 @@ class StateCodecError(SecureFKMError, ValueError):
 
 def _classes() -> dict[str, type]:
     from protocols.dp.accounting import PrivacyAccountant
+    from protocols.dp.budget import Budget
+    from protocols.dp.geometry import DomainGeometry
+    from protocols.dp.radius import RadiusBound
+    from protocols.dp.scheduling import RoundSchedule
     from protocols.paillier.authority import (DecryptedAggregate, EncryptedContribution, EncryptRequest,
                                               PublicBundle, RoundTicket)
     from protocols.validated.helper import (HelperBundle, NoiseField, NoisePlan, ValidatedReport, ValidationRequest,
@@ -66,7 +70,7 @@ def _classes() -> dict[str, type]:
 
     found = [AlgorithmState, SeededState, WeightedKMeansState, MiniBatchState, SecureCentresState, FuzzyState,
              SecureKMeansRun, SecureServerKMeans, Broadcast, FieldSpec, UpdateRequest, Transcript, RoundRecord, StageRecord,
-             AbortedRound, Exclusion, PrivacyAccountant, ProtectionReport, LayerView,
+             AbortedRound, Exclusion, PrivacyAccountant, Budget, RoundSchedule, RadiusBound, DomainGeometry, ProtectionReport, LayerView,
              PublicBundle, RoundTicket, EncryptRequest, EncryptedContribution, DecryptedAggregate,
              HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport]
     return {f"{c.__module__}.{c.__qualname__}": c for c in found}
