@@ -87,7 +87,7 @@ def test_records_are_clipped_onto_the_ball_about_its_centre():
     specs = (FieldSpec("n", (2,), "count", integer=True), FieldSpec("s", (2, 2), "sum", weighted_by="n"))
     n = np.array([2.0, 4.0])
     S = np.array([CENTRE + [0.5, 0.0], CENTRE + [6.0, 8.0]]) * n[:, None]
-    means = dp._projected({"n": n, "s": S}, specs)["s"] / n[:, None]
+    means = dp.post_processing.projected({"n": n, "s": S}, specs)["s"] / n[:, None]
     np.testing.assert_allclose(means, [CENTRE + [0.5, 0.0], CENTRE + [1.2, 1.6]])
 
 

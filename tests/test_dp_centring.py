@@ -139,23 +139,23 @@ def test_noisy_means_are_projected_into_the_domain():
     S = np.array([[2 * 99.0, 2 * 101.0, 2 * 105.0, 2 * 102.0],  # mean (99, 101, 105, 102)
                   [7.0, 7.0, 7.0, 7.0],  # negative noisy weight
                   [4 * 101.0, 4 * 102.0, 4 * 103.0, 4 * 100.5]])  # mean inside
-    out = _layer(bounds=(LOW, HIGH))._projected({"weights": N, "weighted_centres": S}, specs)
+    out = _layer(bounds=(LOW, HIGH)).post_processing.projected({"weights": N, "weighted_centres": S}, specs)
     np.testing.assert_allclose(out["weighted_centres"][0] / 2, [100.0, 101.0, 104.0, 102.0])
     np.testing.assert_array_equal(out["weighted_centres"][1:], S[1:])
     np.testing.assert_array_equal(out["weights"], N)
     # never farther from any mean inside the box than the noisy mean was
     true = np.array([100.5, 101.0, 103.5, 102.0])
     assert np.all(np.abs(out["weighted_centres"][0] / 2 - true) <= np.abs(S[0] / 2 - true))
-    ball = _layer(clip=2.0)._projected({"weights": N, "weighted_centres": S}, specs)
+    ball = _layer(clip=2.0).post_processing.projected({"weights": N, "weighted_centres": S}, specs)
     assert np.linalg.norm(ball["weighted_centres"][0] / 2) == pytest.approx(2.0)
     np.testing.assert_allclose(ball["weighted_centres"][0] / 2, 2.0 * S[0] / np.linalg.norm(S[0]))
-    off = _layer(bounds=(LOW, HIGH), project_means=False)._projected({"weights": N, "weighted_centres": S}, specs)
+    off = _layer(bounds=(LOW, HIGH), project_means=False).post_processing.projected({"weights": N, "weighted_centres": S}, specs)
     np.testing.assert_array_equal(off["weighted_centres"], S)
-    seeding = _layer(bounds=(LOW, HIGH))._projected({"weights": N, "weighted_centres": S}, specs, "init.private")
+    seeding = _layer(bounds=(LOW, HIGH)).post_processing.projected({"weights": N, "weighted_centres": S}, specs, "init.private")
     np.testing.assert_array_equal(seeding["weighted_centres"], S)  # the seeding shrinks raw means itself
     plain = (specs[0], FieldSpec("weighted_centres", (3, 4), "sum"))
     np.testing.assert_array_equal(
-        _layer(bounds=(LOW, HIGH))._projected({"weights": N, "weighted_centres": S}, plain)["weighted_centres"], S)
+        _layer(bounds=(LOW, HIGH)).post_processing.projected({"weights": N, "weighted_centres": S}, plain)["weighted_centres"], S)
 
 
 @pytest.mark.parametrize("mode", ["central", "distributed", "local"])

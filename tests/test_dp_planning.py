@@ -189,8 +189,8 @@ def test_hierarchical_shrink_is_post_processing_of_released_values():
     specs = (FieldSpec("n", (3,), "count", integer=True), FieldSpec("S", (3, 3), "sum", weighted_by="n"))
     sums = {"n": np.array([50.0, 0.5, 40.0]), "S": np.array([[25.0, 25, 25], [9, 9, 9], [-20, -20, -20]])}
     sigmas = {"n": (2.0, 0, 0), "S": (3.0, 0, 0)}
-    a = dp._shrunk(dict(sums), specs, sigmas, "train")
-    b = dp._shrunk(dict(sums), specs, sigmas, "train")
+    a = dp.post_processing.shrunk(dict(sums), specs, sigmas, "train")
+    b = dp.post_processing.shrunk(dict(sums), specs, sigmas, "train")
     np.testing.assert_array_equal(a["S"], b["S"])
     # the row with a noisy count below the count sigma sits at the (shrunk) overall mean
     target = a["S"][1] / a["n"][1]
@@ -213,9 +213,9 @@ def test_hierarchical_rows_get_the_james_stein_factor_and_stay_apart():
     means = np.array([[0.25, 0.25, 0.0, 0.0], [-0.25, 0.0, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]])
     sums = {"n": n, "S": means * n[:, None]}
     sigma_sum = 4.2  # v_j = (4.2 / 20)^2 = 0.0441 per coordinate for the two small rows
-    out = dp._shrunk(dict(sums), specs, {"n": (5.0, 0, 0), "S": (sigma_sum, 0, 0)}, "train")
+    out = dp.post_processing.shrunk(dict(sums), specs, {"n": (5.0, 0, 0), "S": (sigma_sum, 0, 0)}, "train")
     got = out["S"] / out["n"][:, None]
-    target = dp._hierarchical_target(n, sums["S"], sigma_sum)
+    target = dp.post_processing.hierarchical_target(n, sums["S"], sigma_sum)
     for j in (0, 1):
         diff = means[j] - target
         v = (sigma_sum / n[j]) ** 2
@@ -301,7 +301,7 @@ def test_step_shrink_pulls_noisy_steps_towards_the_broadcast_centres():
     # row 0: a large step (kept, shrunk a little); row 1: low count; row 2: a step within the noise
     sums = {"n": np.array([50.0, 0.5, 40.0]), "S": np.array([[40.0, 40, 40], [9, 9, 9], [-20.4, -20, -19.6]])}
     sigmas = {"n": (2.0, 0, 0), "S": (3.0, 0, 0)}
-    a = dp._shrunk(dict(sums), specs, sigmas, "train", ctx)
+    a = dp.post_processing.shrunk(dict(sums), specs, sigmas, "train", ctx)
     means = a["S"] / a["n"][:, None]
     raw0 = sums["S"][0] / 50.0
     factor = 1 - 3 * (3.0 / 50) ** 2 / np.sum((raw0 - C[0]) ** 2)
@@ -309,9 +309,9 @@ def test_step_shrink_pulls_noisy_steps_towards_the_broadcast_centres():
     assert a["n"][1] == 2.0 and np.allclose(means[1], C[1])
     np.testing.assert_allclose(means[2], C[2])  # ||step||^2 = 0.0001 < d v: shrunk to no move
     # without broadcast centres it falls back to the hierarchical rule
-    b = dp._shrunk(dict(sums), specs, sigmas, "train", None)
+    b = dp.post_processing.shrunk(dict(sums), specs, sigmas, "train", None)
     dp.shrink = "hierarchical"
-    np.testing.assert_array_equal(b["S"], dp._shrunk(dict(sums), specs, sigmas, "train")["S"])
+    np.testing.assert_array_equal(b["S"], dp.post_processing.shrunk(dict(sums), specs, sigmas, "train")["S"])
 
 
 @pytest.mark.parametrize("alg, plain_default", [("minibatch", 200), ("fcm-fedavg", 100)])
@@ -373,19 +373,19 @@ def test_first_round_with_start_prior_shrinks_towards_the_start_and_moves_empty_
     sums = {"n": np.array([50.0, 0.5, 40.0]), "S": np.array([[40.0, 40, 40], [9, 9, 9], [-20.4, -20, -19.6]])}
     sigmas = {"n": (2.0, 0, 0), "S": (3.0, 0, 0)}
     dp.plan = {"rounds": 2, "first_round_prior": "start"}
-    a = dp._shrunk(dict(sums), specs, sigmas, "train", ctx)
+    a = dp.post_processing.shrunk(dict(sums), specs, sigmas, "train", ctx)
     means = a["S"] / a["n"][:, None]
     raw0 = sums["S"][0] / 50.0
     factor = 1 - 3 * (3.0 / 50) ** 2 / np.sum((raw0 - C[0]) ** 2)
     np.testing.assert_allclose(means[0], C[0] + factor * (raw0 - C[0]))  # towards its start point
     np.testing.assert_allclose(means[2], C[2])  # a step within the noise: no move
-    target = dp._hierarchical_target(sums["n"], sums["S"], 3.0)
+    target = dp.post_processing.hierarchical_target(sums["n"], sums["S"], 3.0)
     assert a["n"][1] == 2.0 and np.allclose(means[1], target) and not np.allclose(means[1], C[1])
     # the same round under an overall-mean prior is the hierarchical rule
     dp.plan = {"rounds": 2, "first_round_prior": "overall mean"}
-    b = dp._shrunk(dict(sums), specs, sigmas, "train", ctx)
+    b = dp.post_processing.shrunk(dict(sums), specs, sigmas, "train", ctx)
     dp.shrink = "hierarchical"
-    np.testing.assert_array_equal(b["S"], dp._shrunk(dict(sums), specs, sigmas, "train", ctx)["S"])
+    np.testing.assert_array_equal(b["S"], dp.post_processing.shrunk(dict(sums), specs, sigmas, "train", ctx)["S"])
     assert not np.allclose(a["S"][0], b["S"][0])
 
 
@@ -510,14 +510,14 @@ def test_2d_rows_below_the_count_floor_move_next_to_the_largest_clusters():
     dp = GaussianDP(1.0, 1e-5, bounds=(-1.0, 1.0), shrink="step")
     dp.radius_bound = RadiusBound(0.4)
     dp.plan = {"rounds": 3, "relocate_low_count_rows": True}
-    out = dp._shrunk(sums, specs, sigmas, "train", ctx)
+    out = dp.post_processing.shrunk(sums, specs, sigmas, "train", ctx)
     np.testing.assert_array_equal(out["weights"], [80.0, 120.0, 10.0])
     np.testing.assert_array_equal(out["weighted_centres"][:2], S[:2])
     big = S[1] / n[1]
     u = (centres[2] - big) / np.linalg.norm(centres[2] - big)
     np.testing.assert_allclose(out["weighted_centres"][2] / 10.0, big + 0.2 * u)
     dp.plan = {"rounds": 2, "relocate_low_count_rows": False}
-    assert dp._shrunk(sums, specs, sigmas, "train", ctx) is sums
+    assert dp.post_processing.shrunk(sums, specs, sigmas, "train", ctx) is sums
     assert plan(3, 2, 0.5, 1e-4, -1.0, 1.0, 200, seed=0).describe()["relocate_low_count_rows"]
     assert not plan(3, 2, 0.25, 1e-4, -1.0, 1.0, 200, seed=0).describe()["relocate_low_count_rows"]
 

@@ -78,8 +78,8 @@ def test_layer_shrink_is_a_function_of_released_sums_and_public_sigmas(how):
     layer = GaussianDP(1.0, 1e-5, bounds=(-1, 1), shrink=how)
     specs, sums = _specs(), _released()
     sigmas = {"weights": (7.0, 0.0, 1.0), "weighted_centres": (20.0, 0.0, 1.0)}
-    out = layer._shrunk(dict(sums), specs, sigmas, "train")
-    again = layer._shrunk(dict(sums), specs, sigmas, "train")
+    out = layer.post_processing.shrunk(dict(sums), specs, sigmas, "train")
+    again = layer.post_processing.shrunk(dict(sums), specs, sigmas, "train")
     np.testing.assert_array_equal(out["weighted_centres"], again["weighted_centres"])  # deterministic
     assert layer.budget is None  # nothing calibrated, nothing charged
     np.testing.assert_array_equal(out["weights"], sums["weights"])  # counts released as they are
@@ -91,11 +91,11 @@ def test_layer_shrink_is_a_function_of_released_sums_and_public_sigmas(how):
     args = (means, sums["weights"][pos], 20.0, target) + ((7.0,) if how == "coordinate" else ())
     np.testing.assert_allclose(out["weighted_centres"][pos] / sums["weights"][pos, None], fn(*args))
     # seeding rounds, d < 3 and other layouts are left alone
-    assert layer._shrunk(dict(sums), specs, sigmas, "init.private") == sums
+    assert layer.post_processing.shrunk(dict(sums), specs, sigmas, "init.private") == sums
     small = {"weights": sums["weights"], "weighted_centres": sums["weighted_centres"][:, :2]}
-    assert layer._shrunk(dict(small), _specs(d=2), sigmas, "train") is not None
-    np.testing.assert_array_equal(layer._shrunk(dict(small), _specs(d=2), sigmas, "train")["weighted_centres"], small["weighted_centres"])
-    assert GaussianDP(1.0, 1e-5, bounds=(-1, 1))._shrunk(dict(sums), specs, sigmas, "train") == sums
+    assert layer.post_processing.shrunk(dict(small), _specs(d=2), sigmas, "train") is not None
+    np.testing.assert_array_equal(layer.post_processing.shrunk(dict(small), _specs(d=2), sigmas, "train")["weighted_centres"], small["weighted_centres"])
+    assert GaussianDP(1.0, 1e-5, bounds=(-1, 1)).post_processing.shrunk(dict(sums), specs, sigmas, "train") == sums
 
 
 def test_shrink_validation():

@@ -34,7 +34,7 @@ from .calibration import Calibration, weighted_pairs
 from .geometry import DomainGeometry
 from .modes import STRATEGIES, Distributed, Mode
 from .noise import RNGS, keystream, noise_on_lattice, noise_on_lattice_many
-from .postprocessing import PostProcessing
+from .postprocessing import PostProcessor
 from .radius import RadiusBound
 from .scheduling import RoundSchedule
 
@@ -72,7 +72,7 @@ def _check_weights(weights, name: str, example: str) -> dict | None:
     return {a: check_float(w, f"{name}[{a!r}]", minimum=0.0, min_inclusive=False) for a, w in weights.items()}
 
 
-class GaussianDP(PostProcessing, Layer):
+class GaussianDP(Layer):
     """Record-level (epsilon, delta)-DP Gaussian noise on every round's released fields.
 
     The mechanism, its proofs and each mode's trust model: docs/protocols/dp-mechanism.md.
@@ -279,6 +279,11 @@ class GaussianDP(PostProcessing, Layer):
                            None if agg is None else agg.release_noise_grid,
                            count_share=self.count_share, centre_sums=self.centre_sums,
                            sens_factor=self._sens_factor)
+
+    @property
+    def post_processing(self) -> PostProcessor:
+        """What is done to this layer's released values (projection, shrinkage), from its settings."""
+        return PostProcessor(self.geometry, self._d, self.shrink, self.plan, self.project_means, self.radius_bound)
 
     def sensitivity(self, spec, d: int, centred: bool = False, radius: float | None = None) -> float:
         """Per-record L2 sensitivity of one field (:meth:`Calibration.sensitivity`)."""

@@ -69,8 +69,8 @@ class Mode:
 
 def _done(dp, agg, sums, specs, ctx) -> AggregatedUpdate:
     """The released sums after the shared post-processing (projection into the domain)."""
-    return AggregatedUpdate(sums=dp._projected(sums, specs, ctx.action, ctx, agg.n_contributors), items=agg.items,
-                            contributors=agg.contributors, specs=agg.specs)
+    projected = dp.post_processing.projected(sums, specs, ctx.action, ctx, agg.n_contributors)
+    return AggregatedUpdate(sums=projected, items=agg.items, contributors=agg.contributors, specs=agg.specs)
 
 
 class Central(Mode):
@@ -80,14 +80,14 @@ class Central(Mode):
 
     def server_aggregate(self, dp, agg, ctx, specs, sigmas):
         if dp.aggregator_noises(specs):  # the aggregator's other party added the noise
-            return _done(dp, agg, dp._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx)
+            return _done(dp, agg, dp.post_processing.shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx)
         pairs = dp.centred_pairs(specs)
-        sums = dp._translate(agg.sums, pairs, -1, ctx)
+        post = dp.post_processing
+        sums = post.translate(agg.sums, pairs, -1, ctx)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = dp._noise_fine(sums[s.name], sigma, step, dp._source(ctx, "server", s.name))
-        return _done(dp, agg, dp._shrunk(dp._translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx),
-                     specs, ctx)
+        return _done(dp, agg, post.shrunk(post.translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx), specs, ctx)
 
     def server_view(self, dp, eps, algorithm, aggregator):
         party = getattr(getattr(dp, "_aggregator", None), "noise_party", None)
@@ -225,7 +225,7 @@ class Distributed(Mode):
         # every client's fields stacked along a first axis: the translation and the lattice
         # rounding are elementwise, so row i is bit for bit what client i computes alone; the
         # sampler still serves one request per (client, field) from that client's own source
-        centred = dp._translate(stacked, pairs, -1, ctx)
+        centred = dp.post_processing.translate(stacked, pairs, -1, ctx)
         lattices = {s.name: np.rint(centred[s.name] / steps[s.name]) for s in ctx.specs}
         requests = [(c, s) for c in clients for s in ctx.specs]  # client-major, fields in spec order
         sources = None if dp.rng == "system" else [dp._source(ctx, c.client_id, s.name) for c, s in requests]
@@ -236,7 +236,7 @@ class Distributed(Mode):
         for s in ctx.specs:
             lattices[s.name] += draws[:, offset:offset + s.size].reshape(lattices[s.name].shape)
             offset += s.size
-        noisy = dp._translate({s.name: lattices[s.name] * steps[s.name] for s in ctx.specs}, pairs, +1, ctx)
+        noisy = dp.post_processing.translate({s.name: lattices[s.name] * steps[s.name] for s in ctx.specs}, pairs, +1, ctx)
         names = [s.name for s in ctx.specs]
         rows = zip(*(list(noisy[name]) for name in names))  # client i's row of every field (views)
         return [Update(sums=dict(zip(names, row)), items=update.items) for row, update in zip(rows, updates)]
@@ -259,7 +259,7 @@ class Distributed(Mode):
                 round=ctx.round,
                 stage="server_aggregate",
             )
-        return _done(dp, agg, dp._shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx)
+        return _done(dp, agg, dp.post_processing.shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx)
 
     def aborted_noise(self, dp, ctx, leaked):
         if not (leaked.sums and dp._noised_specs(ctx.specs)):
@@ -316,7 +316,7 @@ class Local(Mode):
             noised = dp._noised_specs(ctx.specs)
             sigmas = dp.field_sigmas(noised, extra, action=ctx.action, ctx=ctx)
             pairs = dp.centred_pairs(noised)
-            sums = dp._translate(update.sums, pairs, -1, ctx)
+            sums = dp.post_processing.translate(update.sums, pairs, -1, ctx)
             for s in ctx.specs:
                 val = np.asarray(sums[s.name], dtype=np.float64)
                 if s.kind in ("value", "mean"):
@@ -329,7 +329,7 @@ class Local(Mode):
         noisy = dp._noise_fine_many(*[list(col) for col in zip(*tasks)][2:]) if tasks else []
         for (target, key, *_), value in zip(tasks, noisy):
             target[key] = value
-        return [Update(sums=dp._translate(sums, pairs, +1, ctx), items=items) for sums, items, pairs in staged]
+        return [Update(sums=dp.post_processing.translate(sums, pairs, +1, ctx), items=items) for sums, items, pairs in staged]
 
     def server_aggregate(self, dp, agg, ctx, specs, sigmas):
         return _done(dp, agg, agg.sums, specs, ctx)

@@ -58,7 +58,7 @@ d-ball of volume vol(box) / k (binds from d = 6 on), and noise the sums relative
 cluster whose noisy count is below one count sigma gets a mean that is noise over a count near
 0, projected onto a face or corner of the box where the centre would stay without records. Such
 rows move next to the clusters with the largest noisy counts (half the radius from their mean,
-towards the row's old centre; :meth:`protocols.dp.postprocessing.PostProcessing._relocated`),
+towards the row's old centre; :meth:`protocols.dp.postprocessing.PostProcessor._relocated`),
 so that the next round splits those. Two-round plans keep their rows: there the count noise is
 of the order of a cluster's count and relocating measured worse.
 
@@ -109,7 +109,7 @@ class DPPlan:
     @property
     def relocate_low_count_rows(self) -> bool:
         """In d <= 2, rows whose noisy count is below one count sigma move next to the largest
-        clusters (:meth:`protocols.dp.postprocessing.PostProcessing._relocated`): when R >= 3."""
+        clusters (:meth:`protocols.dp.postprocessing.PostProcessor._relocated`): when R >= 3."""
         return self.rounds >= RELOCATE_MIN_ROUNDS
 
     @property

@@ -7,16 +7,31 @@ from __future__ import annotations
 
 import numpy as np
 
+from .calibration import weighted_pairs
+from .radius import RadiusBound
+
 #: a relocated low-count row is put this fraction of the plan's radius from the cluster it joins
-#: (:meth:`PostProcessing._relocated`; chosen over 0.25 and 1 on the tuning seeds of
+#: (:meth:`PostProcessor._relocated`; chosen over 0.25 and 1 on the tuning seeds of
 #: docs/protocols/dp-utility.md, "Tuning protocol")
 RELOCATION_STEP = 0.5
 
 
-class PostProcessing:
-    """Mixin of :class:`~protocols.dp.GaussianDP`: what is done to released values."""
+class PostProcessor:
+    """What a :class:`~protocols.dp.GaussianDP` layer does to released values, from its
+    settings: ``geometry`` (``d -> DomainGeometry``, the declared domain), ``d`` (the data's
+    width, None before a fit), ``shrink``, ``plan`` (the DP plan's description, or None),
+    ``project_means`` and the fit's :class:`~protocols.dp.radius.RadiusBound`."""
 
-    def _projected(self, sums: dict, specs, action=None, ctx=None, n_contributors: int | None = None) -> dict:
+    def __init__(self, geometry, d: int | None, shrink: str | None = None, plan: dict | None = None,
+                 project_means: bool = True, radius_bound: RadiusBound | None = None):
+        self.geometry = geometry
+        self.d = d
+        self.shrink = shrink
+        self.plan = plan
+        self.project_means = project_means
+        self.radius_bound = RadiusBound() if radius_bound is None else radius_bound
+
+    def projected(self, sums: dict, specs, action=None, ctx=None, n_contributors: int | None = None) -> dict:
         """``project_means``: rows with a positive weight get their mean projected into the
         records' domain (docs/protocols/dp-mechanism.md); a new dict. Not in seeding
         rounds (``init.*``): they shrink the raw noisy bucket means (an empirical-Bayes
@@ -24,7 +39,7 @@ class PostProcessing:
         contributor's rows are points of the domain) released as a sum over ``n_contributors``
         (public: the round's contributors) gets its average projected the same way."""
         skip = not self.project_means or (action or "").startswith("init.")
-        pairs = {} if skip else self.weighted_pairs(specs)
+        pairs = {} if skip else weighted_pairs(specs, self.d)
         out = dict(sums)
         rows, r = self.radius_bound.row_centres(ctx, pairs), self.radius_bound.round_radius(ctx)
         for s, w in pairs.items():
@@ -35,16 +50,16 @@ class PostProcessing:
                 means = S[pos] / n[pos, None]
                 if rows is not None:  # radius round: every (clipped) record is within r of its centre
                     means = self.radius_bound.project(means, rows[pos], r)
-                S[pos] = self.geometry(self._d).project_rows(means) * n[pos, None]
+                S[pos] = self.geometry(self.d).project_rows(means) * n[pos, None]
             out[s] = S
         if not skip and n_contributors:  # 'mean' fields: one row per contributor, each in the domain
             for spec in specs:
-                if spec.kind == "mean" and spec.shape and spec.shape[-1] == self._d:
+                if spec.kind == "mean" and spec.shape and spec.shape[-1] == self.d:
                     S = np.asarray(out[spec.name], dtype=np.float64)
-                    out[spec.name] = self.geometry(self._d).project_rows(S / n_contributors) * n_contributors
+                    out[spec.name] = self.geometry(self.d).project_rows(S / n_contributors) * n_contributors
         return out
 
-    def _translate(self, sums: dict, pairs: dict[str, str], sign: int, ctx=None) -> dict:
+    def translate(self, sums: dict, pairs: dict[str, str], sign: int, ctx=None) -> dict:
         """A new dict: ``S + sign * N c`` for every centred pair, with the current values of N
         (never the caller's dict: noising writes into the result); c the box centre, or in a
         radius-bounded round the broadcast centre of each row. Elementwise: the fields may carry a
@@ -53,14 +68,14 @@ class PostProcessing:
         if not pairs:
             return out
         rows = self.radius_bound.row_centres(ctx, pairs)
-        c = self.geometry(self._d).centre if rows is None else rows
+        c = self.geometry(self.d).centre if rows is None else rows
         for s, w in pairs.items():
             n = np.asarray(out[w], dtype=np.float64)
             # n[..., None]: a client's (k,) counts, or (clients, k) stacked by _distributed_shares
             out[s] = np.asarray(out[s], dtype=np.float64) + sign * n[..., None] * c
         return out
 
-    def _shrunk(self, sums, specs, sigmas, action, ctx=None):
+    def shrunk(self, sums, specs, sigmas, action, ctx=None):
         """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their
         overall mean (post-processing of the released sums with the layer's own, public sigmas).
 
@@ -124,7 +139,7 @@ class PostProcessing:
         if self.shrink == "step":
             prev = self._step_prior(ctx, m, d)
             if prev is not None:
-                empty = self._hierarchical_target(n, S, sigma_sum) if self._in_first_round(ctx) else None
+                empty = self.hierarchical_target(n, S, sigma_sum) if self._in_first_round(ctx) else None
                 return {**sums, **self._shrunk_step(n, S, prev, sigma_sum, sigma_count, count.name, total.name, empty)}
             hierarchical = True
         if hierarchical:
@@ -219,7 +234,7 @@ class PostProcessing:
             out[pos] = (prev[pos] + factor[:, None] * step) * n[pos, None]
         return {count_name: n_out, sum_name: out}
 
-    def _hierarchical_target(self, n, S, sigma_sum) -> np.ndarray | None:
+    def hierarchical_target(self, n, S, sigma_sum) -> np.ndarray | None:
         """The overall mean sum_j S_j / sum_j n_j, shrunk towards the domain's centre (None: no mass)."""
         from securefkm.kernels import shrink_means
 
@@ -234,7 +249,7 @@ class PostProcessing:
     def _shrunk_hierarchical(self, n, S, sigma_sum, sigma_count, count_name, sum_name) -> dict:
         from securefkm.kernels import shrink_means
 
-        target = self._hierarchical_target(n, S, sigma_sum)
+        target = self.hierarchical_target(n, S, sigma_sum)
         if target is None:
             return {}
         floor = max(sigma_count, 1e-9)
