@@ -109,9 +109,6 @@ class Calibration:
         )
 
     # ------------------------------------------------------------------ sigmas
-    def noised_specs(self, specs):
-        return tuple(s for s in specs if s.kind != "value" or self.noises_everything)
-
     def aggregator_grid(self, spec: FieldSpec) -> float | None:
         """The secure aggregator's own noise lattice for ``spec`` when it adds the central noise."""
         return None if self.release_grid is None else self.release_grid(spec)
