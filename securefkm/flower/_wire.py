@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import _frame
+from .._frame import DTYPES, WireError
 from ..exceptions import SecureFKMError
 
 #: the one ConfigRecord key holding a securefkm message, and its fields
@@ -58,7 +60,6 @@ MESSAGE_TYPE = f"train.{ACTION}"
 
 MAGIC = b"SFKM-WIRE/1\n"
 #: numeric dtypes an array may have on the wire (little-endian, fixed size)
-DTYPES = frozenset({"<f8", "<f4", "<i8", "<i4", "<u8", "<u4", "|u1", "|i1", "|b1"})
 #: most items of any list or dict in a message (clients of a round, ciphertexts, ...)
 MAX_ITEMS = 1 << 22
 #: largest message accepted (header and arrays)
@@ -69,8 +70,6 @@ _MAX_INT = 1 << 63
 _MAX_STR = 1 << 16
 
 
-class WireError(SecureFKMError, ValueError):
-    """A peer sent bytes that are not a well-formed securefkm message of the stage."""
 
 
 def _fail(path: str, why: str):
@@ -634,20 +633,8 @@ def encode(stage: str, direction: str, message: Any, *, fused: str | None = None
 
 
 def frame(body, arrays, *, magic: bytes = MAGIC) -> bytes:
-    """``magic`` | header length | JSON header ``{"arrays": [[dtype, shape], ...], "body": body}``
-    | the arrays' raw bytes: the layout every securefkm file and message shares."""
-    header = json.dumps({"arrays": [[a.dtype.str, list(a.shape)] for a in arrays], "body": body},
-                        separators=(",", ":"), allow_nan=True).encode()
-    return b"".join([magic, struct.pack(">I", len(header)), header] + [np.asarray(a, order="C").tobytes() for a in arrays])
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise WireError(f"key {k[:40]!r} appears twice in one object")
-        out[k] = v
-    return out
+    """:func:`securefkm._frame.frame` with the wire's magic by default."""
+    return _frame.frame(body, arrays, magic=magic)
 
 
 def decode(stage: str, direction: str, data: Any, *, fused: str | None = None) -> Any:
@@ -670,43 +657,5 @@ def _decode(stage, direction, data, fused):
 
 
 def unframe(data, *, magic: bytes = MAGIC, max_bytes: int = MAX_MESSAGE_BYTES):
-    """``(body, arrays)`` of bytes laid out by :func:`frame`: the header's JSON (duplicate keys
-    refused) and the arrays rebuilt, for whitelisted dtypes only, after their declared shapes
-    were checked against the bytes present; :class:`WireError` for anything else."""
-    if not isinstance(data, (bytes, bytearray)):
-        raise WireError(f"expected bytes, got {_kind(data)}")
-    data = bytes(data)
-    if len(data) > max_bytes:
-        raise WireError(f"message of {len(data)} bytes, at most {max_bytes}")
-    if not data.startswith(magic) or len(data) < len(magic) + 4:
-        raise WireError(f"not a {magic.decode(errors='replace').strip()} message (bad magic)")
-    (n,) = struct.unpack(">I", data[len(magic) : len(magic) + 4])
-    start = len(magic) + 4
-    if start + n > len(data):
-        raise WireError("truncated header")
-    try:
-        header = json.loads(data[start : start + n].decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except WireError:
-        raise
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise WireError(f"header is not JSON ({type(exc).__name__})") from None
-    if not isinstance(header, dict) or set(header) != {"arrays", "body"} or not isinstance(header["arrays"], list):
-        raise WireError("header must hold exactly 'arrays' (a list) and 'body'")
-    arrays, offset = [], start + n
-    for i, spec in enumerate(header["arrays"]):
-        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], list)):
-            raise WireError(f"array {i}: expected [dtype, shape]")
-        dtype, shape = spec
-        if dtype not in DTYPES:
-            raise WireError(f"array {i}: dtype {dtype[:20]!r} is not allowed on the wire")
-        if len(shape) > 4 or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < (1 << 40) for s in shape):
-            raise WireError(f"array {i}: bad shape")
-        dt = np.dtype(dtype)
-        nbytes = math.prod(shape) * dt.itemsize
-        if offset + nbytes > len(data):
-            raise WireError(f"array {i}: {nbytes} bytes declared, {len(data) - offset} left (truncated)")
-        arrays.append(np.frombuffer(data, dtype=dt, count=math.prod(shape), offset=offset).reshape(shape).copy())
-        offset += nbytes
-    if offset != len(data):
-        raise WireError(f"{len(data) - offset} trailing bytes after the arrays")
-    return header["body"], arrays
+    """:func:`securefkm._frame.unframe` with the wire's magic and size bound by default."""
+    return _frame.unframe(data, magic=magic, max_bytes=max_bytes)
