@@ -25,8 +25,10 @@ about a minute). Each prints one line; none is a target.
   and adding every record in place, alternated, at 100k x 16 (k=20, 100 clients) and
   1M x 32 (k=50, 10,000 clients).
 * ``transcript_memory``: the memory a DWF fit's transcript keeps per round at 10,000
-  clients (k=50, d=32; 20 records each) under each ``record`` level (tracemalloc, after two
-  rounds and after four more): what docs/scaling.md, "Memory of a fit", quotes.
+  clients (k=50, d=32; 20 records each) under each ``record`` level and in full on disk
+  (``transcript_path``; tracemalloc, after two rounds and after four more), with the median
+  round time of each and the bytes the file grows by: what docs/scaling.md, "Memory of a
+  fit", quotes.
 * ``local_kmeans``: the k-FED seeding round's client work (a local k-means on each of 200
   clients of 100 x 32, k=50) with the numpy reference, the compiled loops
   (:mod:`~securefkm.algorithms._local`) and scikit-learn's ``KMeans(n_init=1)``, alternated.
@@ -228,6 +230,8 @@ def skewed_clients(n: int = 100_000, d: int = 16, k: int = 20, n_clients: int = 
 
 def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds: int = 4) -> str:
     import gc
+    import os
+    import tempfile
     import tracemalloc
 
     from securefkm.federation import Federation
@@ -236,24 +240,34 @@ def transcript_memory(n_clients: int = 10_000, k: int = 50, d: int = 32, rounds:
     clients = [rng.normal(size=(20, d)) for _ in range(n_clients)]
     C = rng.normal(size=(k, d))
     cells = []
-    for level in ("full", "aggregates", "none"):
-        tracemalloc.start()
-        try:
-            algo = dwf.WeightedFederatedKMeansAlgorithm(k, init=C, tol=0.0)
-            fed = Federation(algo, clients, max_rounds=10**6, random_state=0, record=level, backend="local")
-            state = algo.init(n_clients, d, np.random.default_rng(0))
-            for r in range(2 + rounds):
-                if r == 2:  # the last round's messages stay alive until the next: count from here
-                    gc.collect()
-                    before = tracemalloc.get_traced_memory()[0]
-                state.centres = C
-                fed.run_round(state, round=r)
-            gc.collect()
-            kept = (tracemalloc.get_traced_memory()[0] - before) / rounds
-        finally:
-            tracemalloc.stop()
-        cells.append(f"{level} {kept / 2**20:.2f} MiB")
-        del fed, algo, state
+    with tempfile.TemporaryDirectory() as tmp:
+        for level, on_disk in (("full", False), ("aggregates", False), ("none", False), ("full", True)):
+            path = os.path.join(tmp, f"{level}.sfkt") if on_disk else None
+            tracemalloc.start()
+            try:
+                algo = dwf.WeightedFederatedKMeansAlgorithm(k, init=C, tol=0.0)
+                fed = Federation(algo, clients, max_rounds=10**6, random_state=0, record=level, backend="local",
+                                 transcript_path=path)
+                state = algo.init(n_clients, d, np.random.default_rng(0))
+                times = []
+                for r in range(2 + rounds):
+                    if r == 2:  # the last round's messages stay alive until the next: count from here
+                        gc.collect()
+                        before = tracemalloc.get_traced_memory()[0]
+                        written = os.path.getsize(path) if on_disk else 0
+                    state.centres = C
+                    t0 = time.perf_counter()
+                    fed.run_round(state, round=r)
+                    times.append(time.perf_counter() - t0)
+                gc.collect()
+                kept = (tracemalloc.get_traced_memory()[0] - before) / rounds
+            finally:
+                tracemalloc.stop()
+            name = "full on disk" if on_disk else level
+            extra = f", {(os.path.getsize(path) - written) / rounds / 2**20:.1f} MiB written" if on_disk else ""
+            cells.append(f"{name} {kept / 2**20:.2f} MiB ({statistics.median(times[2:]):.2f} s a round{extra})")
+            fed.close()
+            del fed, algo, state
     return f"transcript_memory (DWF, {n_clients} clients, k={k}, d={d}; kept per round): " + ", ".join(cells)
 
 

@@ -26,6 +26,8 @@ _EXPORTS = {
     "load_dataset": "securefkm.datasets",
     "Federation": "securefkm.federation",
     "Transcript": "securefkm.transcript",
+    "open_transcript": "securefkm.transcript_file",
+    "save_transcript": "securefkm.transcript_file",
     "Broadcast": "securefkm.messages",
     "Update": "securefkm.messages",
     "FieldSpec": "securefkm.messages",

@@ -12,7 +12,7 @@ aggregate the server obtained.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +145,9 @@ class Transcript:
     keeps no round (the aborted rounds and the exclusions are logged at every level)."""
 
     meta: dict = field(default_factory=dict)
-    rounds: list[RoundRecord] = field(default_factory=list)
+    #: the recorded rounds: a list, or a :class:`~securefkm.transcript_file.RoundFile` (a
+    #: transcript on disk, read one round at a time)
+    rounds: Sequence[RoundRecord] = field(default_factory=list)
     level: str = "full"
     aborts: list[AbortedRound] = field(default_factory=list)
     #: clients excluded for repeated faults, in the order they were excluded
@@ -158,6 +160,33 @@ class Transcript:
             record.stages = [StageRecord(s.stage, dropped=s.dropped, refused=s.refused) for s in record.stages]
             record.items = {}
         self.rounds.append(record)
+
+    def log_abort(self, entry: AbortedRound) -> None:
+        """Log an aborted attempt (at every level; written at once to a file-backed transcript)."""
+        self.aborts.append(entry)
+        self._log(entry)
+
+    def log_exclusion(self, entry: Exclusion) -> None:
+        """Log a client's exclusion (at every level; written at once to a file-backed transcript)."""
+        self.exclusions.append(entry)
+        self._log(entry)
+
+    def _log(self, entry) -> None:
+        log = getattr(self.rounds, "log", None)
+        if log is not None:
+            log(entry)
+
+    def close(self) -> None:
+        """Finish a file-backed transcript (its ``meta`` written, the file complete); a no-op
+        in memory. Reading still works afterwards."""
+        close = getattr(self.rounds, "close", None)
+        if close is not None:
+            close(self.meta)
+
+    @property
+    def path(self) -> str | None:
+        """The file holding the rounds, or None in memory."""
+        return getattr(self.rounds, "path", None)
 
     def __iter__(self) -> Iterator[RoundRecord]:
         return iter(self.rounds)
@@ -175,9 +204,13 @@ class Transcript:
         return sorted({r.run for r in self.rounds})
 
     def __repr__(self) -> str:
-        n_runs = len(self.runs())
+        if self.path is None:
+            n_runs = len(self.runs())
+            runs = f"{n_runs} run{'s' if n_runs != 1 else ''}"
+        else:  # counting runs would read every round from disk
+            runs = f"in {self.path!r}"
         return (f"Transcript({len(self.rounds)} round{'s' if len(self.rounds) != 1 else ''}, "
-                f"{n_runs} run{'s' if n_runs != 1 else ''}, level={self.level!r}, "
+                f"{runs}, level={self.level!r}, "
                 f"{len(self.aborts)} aborted, {len(self.exclusions)} excluded)")
 
     def summary(self, rounds: bool = True) -> str:

@@ -133,7 +133,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         Start of the secure server k-means (ignored in plain mode). "auto" = "uniform" when
         ``init_bounds`` is given, else "kfed" without protection.
     init_bounds : (low, high) or None
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record, transcript_path
     """
 
     def __init__(
@@ -162,6 +162,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
         max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
+        transcript_path=None,
     ):
         self.n_clusters = n_clusters
         self.min_cluster_size = min_cluster_size
@@ -186,6 +187,7 @@ class AligningFederatedKMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.max_client_faults = max_client_faults
         self.record = record
+        self.transcript_path = transcript_path
 
     def _check_data(self, data):
         # no local cluster could ever be sent: say so in terms of the data, before any round

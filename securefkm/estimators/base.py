@@ -63,6 +63,11 @@ for as long as the estimator lives. The default, ``None``, records in full and w
 the fit starts if the transcript could exceed :data:`TRANSCRIPT_WARN_BYTES`, naming
 ``record="aggregates"``; ``record="full"`` records in full without the warning
 (docs/scaling.md, "Memory of a fit").
+
+``transcript_path`` (every estimator; default None, in memory): a new file the fit writes its
+transcript to round by round, keeping only an index in memory (:mod:`securefkm.transcript_file`;
+``transcript_`` reads it lazily, :func:`~securefkm.transcript_file.open_transcript` later).
+An existing file is refused, never overwritten: give each fit its own path.
 """
 
 from __future__ import annotations
@@ -352,6 +357,7 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
             max_client_faults=getattr(self, "max_client_faults", MAX_CLIENT_FAULTS),
             client_policies=client_policies,
             record=self._record(),
+            transcript_path=getattr(self, "transcript_path", None),
             **self._transport_kwargs(transport, data),
         )
         # plain values (a transcript is saved in checkpoints): a ball is told as its bounding box
@@ -401,8 +407,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
         :data:`TRANSCRIPT_WARN_BYTES`: every planned round's sampled clients each send about
         ``n_clusters x (n_features + 1)`` float64 values (the sum-fields of the k-means
         algorithms; masked or encrypted forms are no smaller)."""
-        if getattr(self, "record", None) is not None:  # asked for: no warning
-            return
+        if getattr(self, "record", None) is not None or getattr(self, "transcript_path", None) is not None:
+            return  # the level was asked for, or the transcript goes to disk
         rounds = federation.n_runs * algorithm.planned_rounds(federation.max_rounds)
         per_round = federation.clients_per_round * self.n_clusters * (n_features + 1) * 8
         if rounds * per_round > TRANSCRIPT_WARN_BYTES:

@@ -70,7 +70,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
         Simulated dropouts (probability per client and round, or a schedule).
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record, transcript_path
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -100,6 +100,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
         max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
+        transcript_path=None,
         aggregation="mean",
         vote_bins=64,
         vote_weight="client",
@@ -126,6 +127,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.max_client_faults = max_client_faults
         self.record = record
+        self.transcript_path = transcript_path
         self.aggregation = aggregation
         self.vote_bins = vote_bins
         self.vote_weight = vote_weight

@@ -85,7 +85,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         ``oversample * n_clusters`` uniform centres and reduces them to ``n_clusters``.
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record, transcript_path
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
 
@@ -124,6 +124,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
         max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
+        transcript_path=None,
     ):
         self.n_clusters = n_clusters
         self.averaging = averaging
@@ -150,6 +151,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.max_client_faults = max_client_faults
         self.record = record
+        self.transcript_path = transcript_path
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)

@@ -49,7 +49,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     init_bounds : (low, high) or None
     protection : list of layers
     dropout_rate : float or dict
-    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
+    random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record, transcript_path
         ``crypto="ideal"`` swaps the secure aggregator for its ideal functionality (same release;
         studies only, see docs/protocols/ideal-functionality.md).
     """
@@ -80,6 +80,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
         max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
+        transcript_path=None,
     ):
         self.n_clusters = n_clusters
         self.clients_per_round = clients_per_round
@@ -104,6 +105,7 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.max_client_faults = max_client_faults
         self.record = record
+        self.transcript_path = transcript_path
 
     def _max_rounds(self):
         return DEFAULT_MAX_ROUNDS if self.max_rounds is None else self.max_rounds

@@ -34,7 +34,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         Cap on training rounds (one-shot methods use one; None: one). With ``secure_mode=True``
         under a budget-led ``GaussianDP`` (record-level rounds, see
         :func:`~securefkm.estimators.aligning.record_level_dp`) None means the DP plan's rounds.
-    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record
+    clients_per_round, protection, dropout_rate, random_state, verbose, crypto, backend, n_workers, max_aborted_rounds, max_client_faults, record, transcript_path
     """
 
     def __init__(
@@ -65,6 +65,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         max_aborted_rounds=MAX_ABORTED_ROUNDS,
         max_client_faults=MAX_CLIENT_FAULTS,
         record=None,
+        transcript_path=None,
     ):
         self.n_clusters = n_clusters
         self.variant = variant
@@ -91,6 +92,7 @@ class OneShotFederatedKMeans(FederatedClusterer):
         self.max_aborted_rounds = max_aborted_rounds
         self.max_client_faults = max_client_faults
         self.record = record
+        self.transcript_path = transcript_path
 
     def _max_rounds(self):
         return 1 if self.max_rounds is None else self.max_rounds

@@ -29,6 +29,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -46,6 +47,7 @@ from ..exceptions import (
 from ..layers import Layer, RoundContext, RunInfo, validate_stack
 from ..messages import AggregatedUpdate, Broadcast
 from ..transcript import RECORD_LEVELS, AbortedRound, Exclusion, RoundRecord, StageRecord, Transcript
+from ..transcript_file import file_transcript
 from .client import ENCODER_REFUSAL, UPDATE_STAGE, ClientRuntime, UpdateRequest
 from .client_policy import ClientPolicy
 from .sampling import Dropouts, resolve_sample, sample_clients
@@ -223,6 +225,11 @@ class Federation:
     naming the rounds and causes, at one more. An abort where a protocol check caught the
     server misbehaving (:class:`~securefkm.exceptions.ServerMisbehaviourError`) ends the fit
     unless ``retry_server_misbehaviour=True`` (then it counts like any other abort).
+
+    ``transcript_path``: write the transcript to this new file as the rounds happen instead of
+    holding it in memory (:mod:`securefkm.transcript_file`; ``record`` still sets what a round
+    keeps); :meth:`close` completes the file, :func:`~securefkm.transcript_file.open_transcript`
+    reads it back.
     """
 
     def __init__(
@@ -248,6 +255,7 @@ class Federation:
         retry_server_misbehaviour: bool = False,
         client_policies: Mapping[int, ClientPolicy] | None = None,
         max_client_faults: int | None = MAX_CLIENT_FAULTS,
+        transcript_path=None,
     ):
         from .workers import check_backend
 
@@ -345,7 +353,8 @@ class Federation:
         elif dropout_rate:
             raise InputError("dropout_rate is a simulation parameter; a remote transport has real dropouts.")
         self.transport = transport
-        self.transcript = Transcript(
+        make_transcript = Transcript if transcript_path is None else partial(file_transcript, transcript_path)
+        self.transcript = make_transcript(
             meta={
                 "algorithm": algorithm.name,
                 "n_clients": n_clients,
@@ -495,7 +504,7 @@ class Federation:
                 entry = AbortedRound(run, t, attempt, exc.cause or "too_few_survivors", exc.stage, str(exc),
                                      exc.released)
                 aborts.append(entry)
-                self.transcript.aborts.append(entry)
+                self.transcript.log_abort(entry)
                 self.n_aborted_rounds += 1
                 if bar is not None:
                     bar.set_postfix_str(f"aborted={len(aborts)}", refresh=False)
@@ -684,7 +693,7 @@ class Federation:
                 continue
             self.excluded[c] = why
             entry = Exclusion(record.run, record.round, record.attempt, c, self.strikes[c], why)
-            self.transcript.exclusions.append(entry)
+            self.transcript.log_exclusion(entry)
             log.warning("%s; it is not sampled again", entry.describe())
 
     def _check_floor(self, count: int, round: int) -> None:
@@ -759,9 +768,11 @@ class Federation:
         return server.result()
 
     def close(self, keep_workers: bool = False) -> None:
-        """Shut the transport's workers down (a no-op in process); safe to call twice.
+        """Shut the transport's workers down (a no-op in process) and complete a file-backed
+        transcript; safe to call twice.
         ``keep_workers``: the fit ended normally, so worker processes may be kept idle for
         the next fit (:data:`~securefkm.federation.workers.KEEP_IDLE_S`) instead."""
+        self.transcript.close()
         if keep_workers and getattr(self.transport, "can_keep_workers", False):
             self.transport.close(keep_workers=True)
         else:

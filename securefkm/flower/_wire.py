@@ -50,7 +50,6 @@ import numpy as np
 
 from .. import _frame
 from .._frame import DTYPES, WireError
-from ..exceptions import SecureFKMError
 
 #: the one ConfigRecord key holding a securefkm message, and its fields
 RECORD_KEY = "securefkm"
