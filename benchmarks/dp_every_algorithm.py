@@ -1,6 +1,6 @@
 """DP utility of every algorithm against DWF's, at the same epsilon on the same data.
 
-    python -m benchmarks.dp_every_algorithm [--seeds 10] [--epsilon 1] [--jobs 2]
+    python -m benchmarks.dp_every_algorithm [--seeds 10] [--epsilon 1] [--jobs 2] [--datasets ...] [--algorithms ...]
 
 For each data set (the DWF blob set, wine, breast cancer, digits scaled to [-1, 1]), each
 algorithm (its secure, sum-only mode where its default mode sends set-fields) and each DP
@@ -62,9 +62,12 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--datasets", nargs="*", default=list(DATASETS))
+    p.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--algorithms", nargs="*", default=list(ALGORITHMS), choices=list(ALGORITHMS),
+                   help="algorithms to run (DWF, the ratios' reference, is always run)")
     args = p.parse_args(argv)
-    tasks = [(d, a, m, s) for d in args.datasets for a in ALGORITHMS for m in MODES for s in range(args.seeds)]
+    algorithms = ["dwf"] + [a for a in args.algorithms if a != "dwf"]
+    tasks = [(d, a, m, s) for d in args.datasets for a in algorithms for m in MODES for s in range(args.seeds)]
     out = Parallel(n_jobs=args.jobs)(delayed(cell)(d, a, m, args.epsilon, s) for d, a, m, s in tasks)
     res: dict = {}
     for (d, a, m, _), (u, e) in zip(tasks, out):
@@ -75,7 +78,7 @@ def main(argv=None) -> None:
     for d in args.datasets:
         for m in MODES:
             base = np.mean([u for u, _ in res[(d, "dwf", m)]])
-            for a in ALGORITHMS:
+            for a in algorithms:
                 us, es = zip(*res[(d, a, m)])
                 print(f"| {d} | {a} | {m} | {np.mean(us):.3f} | {np.mean(us) / base:.2f} | {max(es):.4g} |")
 
