@@ -86,6 +86,15 @@ NOISE_ONE_ROUND = 0.7  # E1: above it, one Lloyd round
 NOISE_PRIVATE_START = 0.1  # E_p: below it, a private seeding round instead of the spread start
 NOISE_START_PRIOR = 0.35  # E_s: above it, the first of several rounds shrinks towards the start
 MAX_ROUNDS = 6
+# candidate-vote refinement (see "Refinement" above): where it applies, how many rounds, their
+# weight each, and the votes per candidate its population is sized for
+REFINE_MIN_CLUSTERS = 16
+REFINE_MIN_FEATURES = 4
+REFINE_MAX_FEATURES = 32
+REFINE_ROUNDS = 3
+REFINE_WEIGHT = 1.0
+REFINE_VOTES_PER_SIGMA = 4.0
+REFINE_MIN_MUTANTS, REFINE_MAX_MUTANTS = 2, 32
 RELOCATE_MIN_ROUNDS = 3  # d <= 2: plans of at least 3 rounds relocate their low-count rows
 SPREAD = 0.5  # the start's candidates lie in the inner half of the box (per side)
 
@@ -100,6 +109,10 @@ class DPPlan:
     one_release_z: float
     n_records: int
     private_start: bool = False  # e < E_p: start from a private seeding round (init="private")
+    refine_rounds: int = 0  # G candidate-vote rounds between the start and the Lloyd rounds
+    refine_mutants: int = 0  # L mutants per centre in each of them
+    refine_candidates: int = 0  # P = k (L + 1) candidates (vote counts) per round
+    refine_weight: float = REFINE_WEIGHT  # each refinement round's weight in the schedule
 
     @property
     def final_round_weight(self) -> float:
@@ -132,12 +145,18 @@ class DPPlan:
             "noise_level": self.noise_level,
             "one_release_noise_multiplier": self.one_release_z,
             "records_declared_public": self.n_records,
+            "refine_rounds": self.refine_rounds,
+            "refine_mutants": self.refine_mutants,
+            "refine_candidates": self.refine_candidates,
+            "refine_weight": self.refine_weight if self.refine_rounds else None,
             "rule": "protocols.dp.planning (R = 1 if e > 0.7 else 1 + ceil(log2(0.7 / e) / 2) in [2, 6]; "
                     "a private seeding start if e < 0.1, else spread points; "
                     "the last of R >= 3 Lloyd rounds weighted R - 1 (as much budget as the rounds before it); "
                     "in d <= 2 with R >= 3, rows below one count sigma moved next to the largest clusters; "
                     "radius-bounded rounds after the first; step shrinkage towards the broadcast centres, "
-                    "in the first of several rounds only if e > 0.35)",
+                    "in the first of several rounds only if e > 0.35; "
+                    f"{REFINE_ROUNDS} candidate-vote rounds after the start if k >= {REFINE_MIN_CLUSTERS} and "
+                    f"{REFINE_MIN_FEATURES} <= d <= {REFINE_MAX_FEATURES})",
         }
 
 
@@ -172,17 +191,47 @@ def lloyd_rounds(noise_level: float) -> int:
     return int(min(MAX_ROUNDS, max(2, 1 + math.ceil(math.log2(NOISE_ONE_ROUND / noise_level) / 2))))
 
 
+def refine_applies(k: int, d: int) -> bool:
+    """Whether the plan runs candidate-vote refinement rounds: many clusters in moderate
+    dimension, k >= 16 and 4 <= d <= 32 (public k and d only)."""
+    return k >= REFINE_MIN_CLUSTERS and REFINE_MIN_FEATURES <= d <= REFINE_MAX_FEATURES
+
+
+def schedule_weight(rounds: int, private_start: bool, refine_rounds: int = 0, refine_weight: float = REFINE_WEIGHT):
+    """Total weight W of one run's planned rounds: the seeding round's R (if any), the Lloyd
+    rounds' (R - 1 + :func:`final_round_weight`) and the refinement rounds' G w."""
+    lloyd = rounds - 1 + final_round_weight(rounds)
+    return lloyd + (rounds if private_start else 0) + refine_rounds * refine_weight
+
+
+def refine_mutants(k: int, n_records: int, vote_sigma: float) -> int:
+    """L mutants per centre such that the n / (k (L + 1)) records per candidate are about
+    ``REFINE_VOTES_PER_SIGMA`` vote-noise sigmas, within [2, 32]: more candidates cover the
+    data more finely, but a candidate's votes must stand out of its noise."""
+    per_sigma = n_records / (k * REFINE_VOTES_PER_SIGMA * max(vote_sigma, 1e-12))
+    return int(np.clip(math.floor(per_sigma) - 1, REFINE_MIN_MUTANTS, REFINE_MAX_MUTANTS))
+
+
 def plan(k: int, d: int, epsilon: float, delta: float, low, high, n_records: int, seed, accountant: str = "prv",
-         ball=None) -> DPPlan:
+         ball=None, refine_rounds: int | None = None) -> DPPlan:
     """The default DP plan for k-means on n_records records in the box [low, high]^d, or in
-    ``ball`` (a :class:`securefkm.domain.Ball`; ``low``, ``high`` its bounding box)."""
+    ``ball`` (a :class:`securefkm.domain.Ball`; ``low``, ``high`` its bounding box).
+    ``refine_rounds``: G candidate-vote rounds (None: :func:`refine_applies`'s rule)."""
 
     low = np.broadcast_to(np.asarray(low, dtype=np.float64), (d,))
     high = np.broadcast_to(np.asarray(high, dtype=np.float64), (d,))
     e, z1 = noise_level(k, d, epsilon, delta, n_records, accountant)
-    if e < NOISE_PRIVATE_START:
-        return DPPlan(lloyd_rounds(e), None, e, z1, int(n_records), private_start=True)
-    return DPPlan(lloyd_rounds(e), spread_start(k, low, high, seed, ball=ball), e, z1, int(n_records))
+    R, private = lloyd_rounds(e), e < NOISE_PRIVATE_START
+    G = (REFINE_ROUNDS if refine_applies(k, d) else 0) if refine_rounds is None else int(refine_rounds)
+    refine = {}
+    if G:
+        # a vote count's noise: z1 sqrt(W / w) (the schedule's rounds compose as one Gaussian of
+        # weight W, of which a round of weight w gets w)
+        sigma = z1 * math.sqrt(schedule_weight(R, private, G) / REFINE_WEIGHT)
+        L = refine_mutants(k, n_records, sigma)
+        refine = dict(refine_rounds=G, refine_mutants=L, refine_candidates=k * (L + 1))
+    start = None if private else spread_start(k, low, high, seed, ball=ball)
+    return DPPlan(R, start, e, z1, int(n_records), private_start=private, **refine)
 
 
 def noise_level(k: int, d: int, epsilon: float, delta: float, n_records: int, accountant: str = "prv"):

@@ -72,6 +72,22 @@ def auto_radius(diagonal: float, k: int, d: int, alpha: float = ALPHA, sides=Non
     return r
 
 
+def first_bounded_round(algo, max_rounds, actions) -> int:
+    """Index of a run's first round of ``actions`` (its first Lloyd round, which the bound skips):
+    from the algorithm's ``planned_sequence`` (after a seeding round and any refinement rounds),
+    else 1 after a seeding round and 0 without."""
+    try:
+        seq = list(algo.planned_sequence(max_rounds)) if callable(getattr(algo, "planned_sequence", None)) else []
+        first = next((i for i, a in enumerate(seq) if a in actions), None)
+        if first is not None:
+            return first
+        planned = getattr(algo, "planned_actions", None)
+        seeding = any(a.startswith("init.") for a in (planned(max_rounds) if callable(planned) else {}))
+    except Exception:  # noqa: BLE001 - an algorithm without a usable schedule: radius from round 1
+        seeding = False
+    return 1 if seeding else 0
+
+
 class RadiusBound:
     """The fit's radius bound: r, the actions whose rounds it bounds, and the first round it
     applies in (after a seeding round, the second). Inactive (``value`` None) by default."""
@@ -102,12 +118,7 @@ class RadiusBound:
             r = auto_radius(diameter, k, d, sides=sides)
         else:
             r = float(radius)
-        planned = getattr(algo, "planned_actions", None)
-        try:
-            seeding = any(a.startswith("init.") for a in (planned(info.max_rounds) if callable(planned) else {}))
-        except Exception:  # noqa: BLE001 - an algorithm without a usable schedule: radius from round 1
-            seeding = False
-        return cls(r if r < centred_radius else None, actions, 1 if seeding else 0)
+        return cls(r if r < centred_radius else None, actions, first_bounded_round(algo, info.max_rounds, actions))
 
     def round_radius(self, ctx) -> float | None:
         """r for this round, or None (domain-centre translation)."""

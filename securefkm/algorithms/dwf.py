@@ -38,6 +38,14 @@ to it is bounded in :mod:`protocols.influence`. One record can move its client's
 every coordinate of its cluster (and every row after several local steps), which no field
 kind of :class:`~securefkm.messages.FieldSpec` bounds: the field is kind ``"value"`` and
 record-level DP refuses it.
+
+Candidate-vote refinement (``refine_rounds`` G > 0): after the start (a seeding round or given
+centres) and before the training rounds, G rounds of action ``"refine"`` run PE-means's
+generations (Humphries, Lin & Yekhanin, arXiv 2606.00342; :mod:`._candidate_vote`): the server
+broadcasts the centres and ``refine_mutants`` mutants of each, every client returns the count
+field ``votes`` (how many of its records are nearest to each candidate; sensitivity 1), and the
+server re-clusters the candidates weighted by their thresholded votes into the new centres. The
+votes are a plain sum, so the rounds run under secure aggregation and every DP mode.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from ..validation import check_choice, check_float, check_int
 from ..exceptions import InputError
 from ..federation.convergence import frobenius_movement, has_converged
 from ..messages import AggregatedUpdate, Broadcast, FieldSpec, Update
-from . import _seeding
+from . import _candidate_vote, _seeding
 from ._kmeans import assign, local_lloyd, per_client_cell_sums
 from .base import Algorithm, SeededState
 
@@ -70,6 +78,9 @@ class WeightedKMeansState(SeededState):
     """
 
     previous_centres: np.ndarray | None = None
+    #: refinement rounds done and the next one's candidates (phase "refine")
+    refined: int = 0
+    population: np.ndarray | None = None
 
 
 def box_arrays(box, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +176,9 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         aggregation: str = "mean",
         vote_bins: int = 64,
         vote_weight: str = "client",
+        refine_rounds: int = 0,
+        refine_mutants: int = 8,
+        refine_records: int | None = None,
     ):
         self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
         self.weighting = check_choice(weighting, "weighting", ("dynamic", "equal"))
@@ -186,6 +200,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         self.aggregation = check_choice(aggregation, "aggregation", AGGREGATIONS)
         self.vote_bins = check_int(vote_bins, "vote_bins", minimum=2)
         self.vote_weight = check_choice(vote_weight, "vote_weight", VOTE_WEIGHTS)
+        self.refine_rounds = check_int(refine_rounds, "refine_rounds", minimum=0)
+        self.refine_mutants = check_int(refine_mutants, "refine_mutants", minimum=1)
+        #: the public number of records the votes are thresholded at (None: the votes' own total)
+        self.refine_records = None if refine_records is None else check_int(refine_records, "refine_records",
+                                                                             minimum=1)
+        if self.refine_rounds and self.aggregation == "median":
+            raise InputError("refine_rounds > 0 with aggregation='median': the refinement's votes are a plain sum "
+                             "that malicious clients can move; use refine_rounds=0 with the median.")
         if self.aggregation == "median":
             if self.weighting != "dynamic":
                 raise InputError("aggregation='median' is for weighting='dynamic' (DWF): it votes with the "
@@ -203,8 +225,17 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
     def init(self, n_clients, n_features, rng):
         self.n_features_ = n_features
         centres = _seeding.initial_centres(self.init_, self.n_clusters, n_features, rng, self.init_bounds)
-        phase = "train" if centres is not None else "init"
-        return WeightedKMeansState(centres=centres, phase=phase, rng=rng, n_clients=n_clients)
+        state = WeightedKMeansState(centres=centres, phase="train" if centres is not None else "init", rng=rng,
+                                    n_clients=n_clients)
+        return self._to_refine(state) if centres is not None else state
+
+    def _to_refine(self, state):
+        """``state`` (centres just set by the start) with the first refinement round's
+        candidates, or unchanged when there is none."""
+        if self.refine_rounds == 0:
+            return state
+        return replace(state, phase="refine", refined=0, population=_candidate_vote.candidates(
+            state.centres, self.refine_mutants, 0, state.rng, self.init_bounds))
 
     def configure(self, state, round):
         if state.phase == "init":
@@ -214,6 +245,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             )
         if state.phase == "score":
             return Broadcast(action="score", centres=state.centres, sample="all")
+        if state.phase == "refine":
+            return Broadcast(action="refine", centres=state.population)
         params = {"max_local_steps": self.max_local_steps, "local_tol": self.local_tol, "weighting": self.weighting}
         if self.robust:  # only then: a plain fit's broadcasts (and digests) stay as they were
             params.update(aggregation="median", vote_bins=self.vote_bins, vote_weight=self.vote_weight)
@@ -243,6 +276,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             return specs
         if broadcast.action == "score":
             return (FieldSpec("inertia", (1,), "score"), FieldSpec("count", (1,), "count", integer=True))
+        if broadcast.action == "refine":  # one record, one vote: a count of sensitivity 1
+            return (FieldSpec("votes", (broadcast.centres.shape[0],), "count", integer=True),)
         return _seeding.seeding_sum_fields(broadcast)
 
     @staticmethod
@@ -253,7 +288,10 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
 
     def aggregate(self, state, agg: AggregatedUpdate):
         if state.phase == "init":
-            return _seeding.seeded_state(state, agg, self.init_, self.n_clusters, self.init_bounds)
+            seeded = _seeding.seeded_state(state, agg, self.init_, self.n_clusters, self.init_bounds)
+            return self._to_refine(seeded) if seeded.phase == "train" else seeded
+        if state.phase == "refine":
+            return self._refine_aggregate(state, agg)
         if state.phase == "score":
             s = agg.sums
             count = float(s["count"][0])
@@ -293,6 +331,21 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             previous_centres=C,
         )
 
+    def _refine_aggregate(self, state, agg):
+        """One generation's selection: threshold the (noisy) votes at the public number of
+        records, weighted k-means over the candidates; then the next generation's candidates, or
+        the training phase."""
+        votes = np.asarray(agg.sums["votes"], dtype=np.float64)
+        n = self.refine_records if self.refine_records is not None else max(float(votes.sum()), 0.0)
+        weights = _candidate_vote.threshold_counts(votes, n)
+        centres = _candidate_vote.select_centres(state.population, weights, self.n_clusters, state.rng,
+                                                 state.centres)
+        refined = state.refined + 1
+        if refined >= self.refine_rounds:
+            return replace(state, centres=centres, phase="train", refined=refined, population=None)
+        return replace(state, centres=centres, refined=refined, population=_candidate_vote.candidates(
+            centres, self.refine_mutants, refined, state.rng, self.init_bounds))
+
     def _median_centres(self, votes, fallback):
         """The coordinate-wise medians of the summed vote histograms (the robust d_j); a
         cluster that got no vote keeps ``fallback`` (eq. 4's)."""
@@ -303,7 +356,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
 
     def close(self, state):
         """Called when max_rounds is reached: skip to the score request, if any."""
-        if state.phase in ("train", "init"):
+        if state.phase in ("train", "init", "refine"):
             if state.centres is None:
                 raise InputError("max_rounds ended before any client could seed the centres.")
             return replace(state, phase="score" if self.score_round else "done")
@@ -313,15 +366,15 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         return state.phase == "done"
 
     def planned_rounds(self, max_rounds):
-        return max_rounds + (1 if self.score_round else 0) + (1 if not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS else 0)
+        return len(self.planned_sequence(max_rounds))
 
     def planned_sequence(self, max_rounds):
-        """The actions of one run's rounds in order: the seeding round, if any, then
-        ``max_rounds`` training rounds, then the score round, if any. Lets
-        ``GaussianDP(last_round_weights=...)`` find the last training round."""
+        """The actions of one run's rounds in order: the seeding round, if any, the
+        ``refine_rounds`` refinement rounds, ``max_rounds`` training rounds, then the score
+        round, if any. Lets ``GaussianDP(last_round_weights=...)`` find the last training round."""
         seeding = _seeding.seeding_action(self.init_)
-        return ([seeding] if seeding is not None else []) + ["train"] * int(max_rounds) + (
-            ["score"] if self.score_round else [])
+        return ([seeding] if seeding is not None else []) + ["refine"] * self.refine_rounds + (
+            ["train"] * int(max_rounds)) + (["score"] if self.score_round else [])
 
     # ----------------------------------------------------------------- client
     def client_update(self, X, broadcast, rng, memory=None):
@@ -332,6 +385,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         if action == "score":
             _, d2 = assign(X, C)
             return Update(sums={"inertia": np.array([d2.sum()]), "count": np.array([float(len(X))])})
+        if action == "refine":
+            return Update(sums={"votes": _candidate_vote.vote_counts(X, C).astype(np.float64)})
         if action != "train":
             raise InputError(f"DWF client got unknown action {action!r}")
         if broadcast.params["max_local_steps"] == 1:

@@ -102,6 +102,13 @@ def public_n(dp, data) -> int:
     return int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
 
 
+def _refine_rounds(est):
+    """The estimator's ``refine_rounds`` (None: the plan's rule); 0 for an estimator whose
+    algorithm has no candidate-vote rounds."""
+    own = getattr(est, "_refine_rounds", None)
+    return own() if callable(own) else 0
+
+
 def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None) -> DPPlan | None:
     """The plan for a DWF estimator whose DP settings are left to the defaults, else None.
 
@@ -131,14 +138,19 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     n = public_n(dp, data)
     low, high = domain
     p = plan(int(est.n_clusters), data.n_features, dp.epsilon, dp.delta, low, high, n, seed,
-             accountant=dp.accountant_name, ball=_ball(domain))
+             accountant=dp.accountant_name, ball=_ball(domain), refine_rounds=_refine_rounds(est))
     settings = {}
     if dp.radius is None:
         settings["radius"] = "auto"
     if dp.shrink is None:
         settings["shrink"] = "step"
+    weights = {}
     if p.private_start:  # the seeding round gets as much of the budget as the Lloyd rounds together
-        settings["round_weights"] = {"init.private": float(p.rounds)}
+        weights["init.private"] = float(p.rounds)
+    if p.refine_rounds:  # each refinement round its own weight (rule.REFINE_WEIGHT)
+        weights["refine"] = float(p.refine_weight)
+    if weights:
+        settings["round_weights"] = weights
     if p.final_round_weight != 1.0 and dp.last_round_weights is None:
         settings["last_round_weights"] = {"train": p.final_round_weight}
     _apply(layers, dp, p, **settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..validation import check_int
+from ..algorithms._candidate_vote import DEFAULT_MUTANTS
 from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
 from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
 from .base import FederatedClusterer, resolve_init
@@ -66,6 +67,12 @@ class WeightedFederatedKMeans(FederatedClusterer):
         Bins per coordinate of the median's vote histogram (default 64).
     vote_weight : {"client", "records"}
         A client's vote weighs 1 (default) or its count in the cluster.
+    refine_rounds : int or None
+        Candidate-vote refinement rounds between the start and the training rounds (PE-means's
+        generations, arXiv 2606.00342: every record votes for its nearest of the centres and
+        their mutants, a count field of sensitivity 1; the server re-clusters the candidates
+        by their votes). None (default): the DP plan's rule (:mod:`protocols.dp.planning`:
+        3 rounds when k >= 16 and 4 <= d <= 32), 0 otherwise; an int >= 0 sets it.
     protection : list of layers
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
@@ -104,6 +111,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         aggregation="mean",
         vote_bins=64,
         vote_weight="client",
+        refine_rounds=None,
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -131,6 +139,19 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.aggregation = aggregation
         self.vote_bins = vote_bins
         self.vote_weight = vote_weight
+        self.refine_rounds = refine_rounds
+
+    def _refine_rounds(self):
+        """``refine_rounds`` validated: None (the plan's rule) or an int >= 0."""
+        if self.refine_rounds is None:
+            return None
+        from ..exceptions import InputError
+
+        try:
+            return check_int(self.refine_rounds, "refine_rounds", minimum=0)
+        except InputError as exc:
+            raise InputError(f"{exc} Pass refine_rounds=None (the DP plan's rule), 0 (no refinement) or a "
+                             "number of candidate-vote rounds.") from None
 
     def _n_runs(self):
         return check_int(self.n_init, "n_init", minimum=1)
@@ -169,6 +190,12 @@ class WeightedFederatedKMeans(FederatedClusterer):
                 self.init, self._protection_layers(), init_bounds, n_clusters=self.n_clusters, n_features=n_features,
                 default_plain="kfed", default_protected="private",
             )
+        refine = self._refine_rounds()
+        if plan is not None and plan.refine_rounds:
+            refine_kw = dict(refine_rounds=plan.refine_rounds, refine_mutants=plan.refine_mutants,
+                             refine_records=plan.n_records)
+        else:
+            refine_kw = dict(refine_rounds=refine or 0, refine_mutants=DEFAULT_MUTANTS)
         return WeightedFederatedKMeansAlgorithm(
             self.n_clusters,
             weighting=self.weighting,
@@ -184,6 +211,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
             aggregation=self.aggregation,
             vote_bins=self.vote_bins,
             vote_weight=self.vote_weight,
+            **refine_kw,
         )
 
     def _refuse_dp_votes(self):
