@@ -90,10 +90,10 @@ MAX_ROUNDS = 6
 # weight each, and the votes per candidate its population is sized for
 REFINE_MIN_CLUSTERS = 16
 REFINE_MIN_FEATURES = 4
-REFINE_MAX_FEATURES = 32
+REFINE_MAX_FEATURES = 64
 REFINE_ROUNDS = 3
 REFINE_WEIGHT = 1.0
-REFINE_VOTES_PER_SIGMA = 4.0
+REFINE_VOTES_PER_SIGMA = 2.0
 REFINE_MIN_MUTANTS, REFINE_MAX_MUTANTS = 2, 32
 RELOCATE_MIN_ROUNDS = 3  # d <= 2: plans of at least 3 rounds relocate their low-count rows
 SPREAD = 0.5  # the start's candidates lie in the inner half of the box (per side)
@@ -193,7 +193,7 @@ def lloyd_rounds(noise_level: float) -> int:
 
 def refine_applies(k: int, d: int) -> bool:
     """Whether the plan runs candidate-vote refinement rounds: many clusters in moderate
-    dimension, k >= 16 and 4 <= d <= 32 (public k and d only)."""
+    dimension, k >= 16 and 4 <= d <= 64 (public k and d only)."""
     return k >= REFINE_MIN_CLUSTERS and REFINE_MIN_FEATURES <= d <= REFINE_MAX_FEATURES
 
 

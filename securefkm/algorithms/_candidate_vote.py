@@ -41,13 +41,14 @@ SELECTION_STARTS = 10  # k-means++ starts of the selection (PE-means's 10)
 _VOTE_ROWS = 1 << 13  # records assigned per pass (bounds the (rows, P) distance matrix)
 
 
-def step_sizes(centres: np.ndarray, generation: int, fraction: float = STEP_FRACTION) -> np.ndarray:
+def step_sizes(centres: np.ndarray, generation: int, fraction: float | None = None) -> np.ndarray:
     """Per centre, the norm of its mutants' steps: ``fraction * 2^-generation`` times its
     distance to the nearest other centre (released centres only; a lone centre uses the
     largest pairwise distance, 0 if all coincide)."""
     C = np.asarray(centres, dtype=np.float64)
     if len(C) < 2:
         return np.zeros(len(C))
+    fraction = STEP_FRACTION if fraction is None else fraction
     d2 = ((C[:, None, :] - C[None, :, :]) ** 2).sum(axis=-1)
     np.fill_diagonal(d2, np.inf)
     nearest = np.sqrt(d2.min(axis=1))

@@ -72,7 +72,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         generations, arXiv 2606.00342: every record votes for its nearest of the centres and
         their mutants, a count field of sensitivity 1; the server re-clusters the candidates
         by their votes). None (default): the DP plan's rule (:mod:`protocols.dp.planning`:
-        3 rounds when k >= 16 and 4 <= d <= 32), 0 otherwise; an int >= 0 sets it.
+        3 rounds when k >= 16 and 4 <= d <= 64), 0 otherwise; an int >= 0 sets it.
     protection : list of layers
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
