@@ -73,6 +73,22 @@ point, and a start point whose noisy count is below one count sigma moves to the
 (it drew no records). The start prior wins at high noise (iris eps 0.25, e = 0.40: -0.60 +- 0.12
 central) and loses at low noise (iris and breast cancer at eps 1: +0.13 to +0.24); E_s = 0.35
 separates them.
+
+*Refinement* (k >= 16 and 4 <= d <= 64): G = 3 candidate-vote rounds (PE-means's generations,
+Humphries, Lin & Yekhanin, arXiv 2606.00342; :mod:`securefkm.algorithms._candidate_vote`)
+between the start and the Lloyd rounds, each of weight 1 (``round_weights={"refine": 1}``).
+Each round releases one count per candidate (the centres and L mutants of each, P = k (L + 1)):
+one record adds or removes one vote, so the round is one Gaussian mechanism of L2 sensitivity 1
+on the count field and composes with the others as any weight-1 round. L is sized from public
+quantities so that a candidate's share of the records, n / P, is about 2 vote-noise sigmas,
+sigma ~ z_1 sqrt(W) with W the schedule's total weight (:func:`schedule_weight`, the Gaussian
+rounds composing as one Gaussian of weight W), within [2, 32]. With many clusters a few Lloyd
+rounds from the private seeding stay in local optima (two centres in one cluster, one between
+two); the server's 10-start weighted k-means over the voted candidates undoes them. The
+bounds were read off the held-out sets ``blobs-K<K>-D<D>-S2`` / ``-S3`` of
+``benchmarks.pe_means`` (seeded noise, seeds 700-703; docs/protocols/dp-pe-means.md): a gain at
+every d from 4 to 64, none at d = 128. Every set of FastLloyd's grid and of ``off_table_grid``
+has k <= 10: their plans are unchanged by construction.
 """
 
 from __future__ import annotations
