@@ -53,6 +53,9 @@ def _classes() -> dict[str, type]:
     from protocols.dp.geometry import DomainGeometry
     from protocols.dp.radius import RadiusBound
     from protocols.dp.scheduling import RoundSchedule
+    from protocols.masking.ideal import Sealed
+    from protocols.paillier.ideal import _Ticket as PaillierTicket
+    from protocols.validated.ideal import _Ticket as ValidatedTicket
     from protocols.paillier.authority import (DecryptedAggregate, EncryptedContribution, EncryptRequest,
                                               PublicBundle, RoundTicket)
     from protocols.validated.helper import (HelperBundle, NoiseField, NoisePlan, ValidatedReport, ValidationRequest,
@@ -72,7 +75,8 @@ def _classes() -> dict[str, type]:
              SecureKMeansRun, SecureServerKMeans, Broadcast, FieldSpec, UpdateRequest, Transcript, RoundRecord, StageRecord,
              AbortedRound, Exclusion, PrivacyAccountant, Budget, RoundSchedule, RadiusBound, DomainGeometry, ProtectionReport, LayerView,
              PublicBundle, RoundTicket, EncryptRequest, EncryptedContribution, DecryptedAggregate,
-             HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport]
+             HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport,
+             Sealed, PaillierTicket, ValidatedTicket]
     return {f"{c.__module__}.{c.__qualname__}": c for c in found}
 
 
@@ -159,7 +163,9 @@ class _Encoder:
                 f"{path}: a {t.__module__}.{t.__qualname__} cannot be saved in a checkpoint; "
                 "add its class to securefkm._codec's allow-list if it is plain data"
             )
-        return {"$o": [name, self(dict(vars(v)), f"{path}.__dict__")]}
+        # a class may say which fields it saves (e.g. a handle whose secret must not be written)
+        fields = v._codec_state() if hasattr(t, "_codec_state") else dict(vars(v))
+        return {"$o": [name, self(fields, f"{path}.__dict__")]}
 
 
 def dumps(value, *, magic: bytes, refs: dict[int, int] | None = None) -> bytes:
@@ -244,6 +250,11 @@ class _Decoder:
             fields = self(fields, d)
             if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
                 self.fail(f"{name}: fields must be a dict with str keys")
+            if hasattr(cls, "_codec_restore"):
+                try:
+                    return cls._codec_restore(fields)
+                except (TypeError, ValueError, KeyError) as exc:
+                    self.fail(f"{name}: bad fields ({exc})")
             obj = cls.__new__(cls)
             vars(obj).update(fields)
             return obj
