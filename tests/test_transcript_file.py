@@ -354,3 +354,33 @@ def test_the_file_format_is_pinned():
     """Files written today stay readable: the magic and the frame header (kind 1 byte, length
     8, digest 32) are the documented ones; changing them needs a new version."""
     assert _HEAD.size == 41 and _HEAD.format == ">cQ32s" and MAGIC == b"SFKMTRN\x01"
+
+
+def test_a_shared_cohort_tuple_and_centres_array_are_written_once():
+    """Every client's request holds the same cohort tuple and every broadcast the same centres:
+    written once and referred to, so a round's bytes grow with its clients, not their square;
+    read back, the references are one object again."""
+    cohort = tuple(range(1000))
+    centres = np.arange(6.0).reshape(3, 2)
+    value = [{"sampled": cohort, "centres": centres} for _ in range(200)]
+    body = _codec.dumps(value, magic=PAYLOAD_MAGIC)
+    assert len(body) < len(_codec.dumps(cohort, magic=PAYLOAD_MAGIC)) + 200 * 80
+    back = _codec.loads(body, magic=PAYLOAD_MAGIC)
+    assert all(v["sampled"] is back[0]["sampled"] == cohort for v in back)
+    assert all(v["centres"] is back[0]["centres"] for v in back)
+    np.testing.assert_array_equal(back[-1]["centres"], centres)
+
+
+@pytest.mark.parametrize("body, why", [
+    ('[{"$T": 0}]', "bad tuple reference"),                                   # before any tuple
+    ('[{"$t": [1, {"$T": 0}]}]', "bad tuple reference"),                     # to itself, being read
+    ('[{"$t": [{"$t": [1]}]}, {"$T": 0}]', "only stand for a tuple of scalars"),  # a nested one
+])
+def test_hostile_tuple_references_are_refused(body, why):
+    from securefkm._frame import frame
+
+    import json
+
+    data = frame(json.loads(body), [], magic=PAYLOAD_MAGIC)
+    with pytest.raises(_codec.StateCodecError, match=why):
+        _codec.loads(data, magic=PAYLOAD_MAGIC)
