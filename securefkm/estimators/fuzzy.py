@@ -168,9 +168,11 @@ class FederatedFuzzyCMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         if not self.plans_dp_rounds():
             return None
-        from ._dp_planning import rounds_plan_for_estimator
+        from ._dp_planning import plan_for_estimator, rounds_plan_for_estimator
 
-        return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
+        # fedavg rounds are count/sum releases of Lloyd's sensitivity: DWF's full plan applies
+        return (plan_for_estimator(self, data, layers, seed, exact_lloyd=True, train_action="train.fedavg")
+                or rounds_plan_for_estimator(self, data, layers, spread_seed=seed))
 
     def _make_algorithm(self, n_features, n_clients):
         if check_int(self.n_clusters, "n_clusters", minimum=1) < 2:
@@ -183,7 +185,9 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             default_plain="k-means++", default_protected="private",
         )
         plan = getattr(self, "dp_plan_", None)
-        if plan is not None and plan.start is not None:  # the DP plan's data-independent start
+        if plan is not None and plan.private_start:  # the DP plan's private seeding round
+            init = "private"
+        elif plan is not None and plan.start is not None:  # the DP plan's data-independent start
             init = plan.start
         record_level = record_level_dp(self)
         algorithm = FederatedFuzzyCMeansAlgorithm(
@@ -202,6 +206,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             validity_round=True,
             secure_mode=self.secure_mode and not record_level,
             oversample=self.oversample,
+            seeding_noise=plan.noise_level if plan is not None and plan.private_start else None,
         )
         if record_level:
             algorithm.name = "fedfcm-secure-dp"
