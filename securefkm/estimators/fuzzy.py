@@ -168,11 +168,14 @@ class FederatedFuzzyCMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         if not self.plans_dp_rounds():
             return None
-        from ._dp_planning import plan_for_estimator, rounds_plan_for_estimator
+        from ._dp_planning import _client_fraction, plan_for_estimator, rounds_plan_for_estimator
 
-        # fedavg rounds are count/sum releases of Lloyd's sensitivity: DWF's full plan applies
-        return (plan_for_estimator(self, data, layers, seed, exact_lloyd=True, train_action="train.fedavg")
-                or rounds_plan_for_estimator(self, data, layers, spread_seed=seed))
+        # fedavg rounds are count/sum releases of Lloyd's sensitivity: DWF's full plan applies when
+        # every round sums all records (its noise level reads n); under client sampling the
+        # rounds-only plan, whose noise level reads the records a round is expected to sum
+        full = _client_fraction(self, data) == 1.0 and plan_for_estimator(
+            self, data, layers, seed, exact_lloyd=True, train_action="train.fedavg")
+        return full or rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 
     def _make_algorithm(self, n_features, n_clients):
         if check_int(self.n_clusters, "n_clusters", minimum=1) < 2:
