@@ -59,9 +59,13 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         Cap on a client's local FCM iterations per round.
     max_rounds : int or None
         Cap on training rounds (then the validity round still runs). None (default): 100;
-        with ``averaging="fedavg"`` and a ``GaussianDP`` layer that leaves its per-round noise
-        to the budget, the rounds the DP rule picks for that budget
-        (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`, ``dp_plan_``).
+        with ``averaging="fedavg"`` (or ``secure_mode=True``) and a ``GaussianDP`` layer that
+        leaves its per-round noise to the budget, the rounds the DP rule picks for that budget
+        (``dp_plan_``). With ``init="auto"`` and every client in every round that is DWF's full
+        plan (:func:`securefkm.estimators._dp_planning.plan_for_estimator`: its spread start or
+        weighted private seeding, heavier last round and step shrinkage; the eq. 6 sums have a
+        crisp round's sensitivity, docs/protocols/dp-utility.md), else the rounds only
+        (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`).
     centre_weights : {"none", "membership"}
         k-means averaging only: "none" (the paper) sends centres only; "membership" also
         sends each local centre's fuzzy support sum_i u_ij and weights the server k-means.
