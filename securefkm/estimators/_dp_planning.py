@@ -102,7 +102,8 @@ def public_n(dp, data) -> int:
     return int(dp.n_records) if dp.n_records is not None else int(data.n_samples)
 
 
-def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None) -> DPPlan | None:
+def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None,
+                       train_action: str = "train") -> DPPlan | None:
     """The plan for a DWF estimator whose DP settings are left to the defaults, else None.
 
     Applies when ``max_rounds`` and ``init`` are unset (None / "auto"), the estimator runs
@@ -113,7 +114,8 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     fit's ``layers`` get, in place of that layer, its copy with ``radius="auto"`` and
     ``shrink="step"`` unless set, and the plan for its report (:meth:`GaussianDP.with_plan`). ``exact_lloyd``: whether the estimator's rounds are exact
     distributed Lloyd rounds (None: read DWF's options; the set-valued algorithms' secure modes
-    under DP pass True, their rounds being record-level Lloyd sums).
+    under DP pass True, their rounds being record-level Lloyd sums). ``train_action``: the
+    broadcast action of the estimator's Lloyd rounds, whose last round the plan weights.
     """
     dp = budget_led_layer(est, layers)
     if exact_lloyd is None:
@@ -140,6 +142,6 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     if p.private_start:  # the seeding round gets as much of the budget as the Lloyd rounds together
         settings["round_weights"] = {"init.private": float(p.rounds)}
     if p.final_round_weight != 1.0 and dp.last_round_weights is None:
-        settings["last_round_weights"] = {"train": p.final_round_weight}
+        settings["last_round_weights"] = {train_action: p.final_round_weight}
     _apply(layers, dp, p, **settings)
     return p
