@@ -61,9 +61,11 @@ def ewf_plan_for_estimator(est, data, layers, seed, prior_weight: float | None =
     diameter there). The rounds R follow the rounds rule from EWF's own noise level: that of a
     Lloyd round over :func:`protocols.dp.planning.ewf_round_records` records (times the fraction
     of clients sampled). With ``init="auto"``, one local step and a declared domain the start is
-    DWF's full plan's (:func:`protocols.dp.planning.plan` on the n records: a private seeding
-    round weighted R, or the spread points), else the estimator's own; with R >= 3 the last
-    round is weighted R - 1, as in DWF's plan."""
+    that of DWF's full plan (:func:`protocols.dp.planning.plan` on the n records), with EWF's
+    threshold: a private seeding round weighted R when DWF's noise level e is below
+    :data:`~protocols.dp.planning.EWF_NOISE_PRIVATE_START`, else the spread points; otherwise
+    the estimator's own start. With R >= 3 the last round is weighted R - 1, and the averages get
+    the step shrinkage (``shrink="step"`` unless set), as in DWF's plan."""
     dp = budget_led_layer(est, layers)
     if dp is None:
         return None
@@ -80,7 +82,12 @@ def ewf_plan_for_estimator(est, data, layers, seed, prior_weight: float | None =
     if one_step and domain is not None and isinstance(est.init, str) and est.init == "auto":
         low, high = domain
         full = plan(k, d, dp.epsilon, dp.delta, low, high, n, seed, accountant=dp.accountant_name, ball=_ball(domain))
-        start, private, e = full.start, full.private_start, full.noise_level  # e sizes the seeding grid
+        e = full.noise_level  # DWF's: the seeding round's noise (it also sizes the seeding grid)
+        # EWF's rounds move a centre only part of a Lloyd step: a private start pays off up to a
+        # higher noise level than DWF's E_p (rule.EWF_NOISE_PRIVATE_START)
+        private = e < rule.EWF_NOISE_PRIVATE_START
+        start = None if private else full.start if full.start is not None else spread_start(
+            k, *(np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in domain), seed, ball=_ball(domain))
     p = DPPlan(rounds, start, e, z1, n, private_start=private, prior_weight=float(m), round_noise_level=e_rounds)
     settings = {} if dp.shrink is not None else {"shrink": "step"}  # the averages' step shrinkage, free
     if private:  # as in DWF's plan: the seeding round gets as much of the budget as the rounds together
