@@ -58,8 +58,8 @@ def _classes() -> dict[str, type]:
     from protocols.dp.radius import RadiusBound
     from protocols.dp.scheduling import RoundSchedule
     from protocols.masking.ideal import Sealed
-    from protocols.paillier.ideal import _Ticket as PaillierTicket
-    from protocols.validated.ideal import _Ticket as ValidatedTicket
+    from protocols.paillier.ideal import IdealPaillierTicket as PaillierTicket
+    from protocols.validated.ideal import IdealValidationTicket as ValidatedTicket
     from protocols.paillier.authority import (DecryptedAggregate, EncryptedContribution, EncryptRequest,
                                               PublicBundle, RoundTicket)
     from protocols.validated.helper import (HelperBundle, NoiseField, NoisePlan, ValidatedReport, ValidationRequest,
