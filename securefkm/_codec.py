@@ -8,11 +8,13 @@ into the :func:`securefkm._frame.frame` layout (JSON header, numeric array buffe
 ========================  ==============================================================
 ``{"$d": [[k, v], ...]}``  a dict (any encodable keys, insertion order kept)
 ``{"$t": [...]}``          a tuple; ``$set`` / ``$fset`` a set / frozenset (sorted if it can be)
+``{"$T": i}``              the ``i``-th ``$t`` of the body again (tuples of scalars only)
 ``{"$ctr": [[k, n]...]}``  a :class:`collections.Counter`
 ``{"$i": "hex"}``          an int of 63 bits or more (Paillier ciphertexts, RNG states)
 ``{"$f": "nan"}``          a non-finite float (``nan``, ``inf``, ``-inf``)
 ``{"$b": "base64"}``       bytes
-``{"$a": i}``              a numpy array (the ``i``-th buffer); ``{"$s": i}`` a numpy scalar
+``{"$a": i}``              a numpy array (the ``i``-th buffer; the same array met again, the
+                           same ``i``); ``{"$s": i}`` a numpy scalar
 ``{"$rng": [name, st]}``   a numpy ``Generator`` over the bit generator ``name`` in state ``st``
 ``{"$seq": {...}}``        a numpy ``SeedSequence`` (entropy, spawn key, pool size, children)
 ``{"$o": [name, fields]}`` an instance of the allow-listed class ``name`` with ``fields``
@@ -21,7 +23,9 @@ into the :func:`securefkm._frame.frame` layout (JSON header, numeric array buffe
 
 Decoding never looks a class up by a name read from the file: ``name`` must be a key of
 :data:`CLASSES` (written out below), and the instance is made with ``cls.__new__`` and its
-fields set directly, so no constructor, ``__setstate__`` or ``__reduce__`` runs. Arrays use
+fields set directly, so no constructor, ``__setstate__`` or ``__reduce__`` runs (a class that
+must not save every field, such as an ideal functionality's sealed handle, names its fields
+with ``_codec_state`` and checks them in its ``_codec_restore``). Arrays use
 the wire's numeric dtypes only. A value of any other type is refused when saving, with the
 path to it, so a new field of a saved object fails loudly in the tests instead of being
 written in a form that cannot be read back.
@@ -53,6 +57,9 @@ def _classes() -> dict[str, type]:
     from protocols.dp.geometry import DomainGeometry
     from protocols.dp.radius import RadiusBound
     from protocols.dp.scheduling import RoundSchedule
+    from protocols.masking.ideal import Sealed
+    from protocols.paillier.ideal import IdealPaillierTicket as PaillierTicket
+    from protocols.validated.ideal import IdealValidationTicket as ValidatedTicket
     from protocols.paillier.authority import (DecryptedAggregate, EncryptedContribution, EncryptRequest,
                                               PublicBundle, RoundTicket)
     from protocols.validated.helper import (HelperBundle, NoiseField, NoisePlan, ValidatedReport, ValidationRequest,
@@ -72,7 +79,8 @@ def _classes() -> dict[str, type]:
              SecureKMeansRun, SecureServerKMeans, Broadcast, FieldSpec, UpdateRequest, Transcript, RoundRecord, StageRecord,
              AbortedRound, Exclusion, PrivacyAccountant, Budget, RoundSchedule, RadiusBound, DomainGeometry, ProtectionReport, LayerView,
              PublicBundle, RoundTicket, EncryptRequest, EncryptedContribution, DecryptedAggregate,
-             HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport]
+             HelperBundle, NoiseField, NoisePlan, ValidationTicket, ValidationRequest, ValidatedReport,
+             Sealed, PaillierTicket, ValidatedTicket]
     return {f"{c.__module__}.{c.__qualname__}": c for c in found}
 
 
@@ -98,12 +106,25 @@ class _Encoder:
         self.arrays: list[np.ndarray] = []
         self.open: set[int] = set()
         self.names = {c: n for n, c in classes().items()}
+        # an array or a tuple of scalars met again (one cohort tuple in every client's request,
+        # one centres array in every broadcast) is written once and referred to after: a
+        # round's body then grows with its clients, not with their square
+        self.seen_arrays: dict[int, int] = {}
+        self.seen_tuples: dict[int, int] = {}
+        self.n_tuples = 0
+        self.keep: list = []  # what the memos point at stays alive, so no id is reused
 
     def array(self, a: np.ndarray, path: str) -> int:
+        if isinstance(a, np.ndarray) and id(a) in self.seen_arrays:
+            return self.seen_arrays[id(a)]
+        original = a
         a = np.asarray(a)
         if a.dtype.byteorder == ">" or a.dtype.newbyteorder("<").str not in DTYPES:
             raise StateCodecError(f"{path}: arrays of dtype {a.dtype} cannot be saved (numeric dtypes only)")
         self.arrays.append(np.asarray(a, dtype=a.dtype.newbyteorder("<"), order="C"))  # keeps 0-d shapes
+        if isinstance(original, np.ndarray):
+            self.seen_arrays[id(original)] = len(self.arrays) - 1
+            self.keep.append(original)
         return len(self.arrays) - 1
 
     def __call__(self, v, path: str = "state"):
@@ -142,6 +163,12 @@ class _Encoder:
         if t is list:
             return [self(x, f"{path}[{i}]") for i, x in enumerate(v)]
         if t is tuple:
+            if id(v) in self.seen_tuples:
+                return {"$T": self.seen_tuples[id(v)]}
+            index, self.n_tuples = self.n_tuples, self.n_tuples + 1  # numbered as the decoder meets them
+            if _scalars(v):
+                self.seen_tuples[id(v)] = index
+                self.keep.append(v)
             return {"$t": [self(x, f"{path}[{i}]") for i, x in enumerate(v)]}
         if t is collections.Counter:
             return {"$ctr": [[self(k, path), self(n, f"{path}[{k!r}]")] for k, n in v.items()]}
@@ -159,7 +186,15 @@ class _Encoder:
                 f"{path}: a {t.__module__}.{t.__qualname__} cannot be saved in a checkpoint; "
                 "add its class to securefkm._codec's allow-list if it is plain data"
             )
-        return {"$o": [name, self(dict(vars(v)), f"{path}.__dict__")]}
+        # a class may say which fields it saves (e.g. a handle whose secret must not be written)
+        fields = v._codec_state() if hasattr(t, "_codec_state") else dict(vars(v))
+        return {"$o": [name, self(fields, f"{path}.__dict__")]}
+
+
+def _scalars(t: tuple) -> bool:
+    """Whether a tuple holds only scalars: the only tuples written once and referred to, so a
+    reference never stands for a nested structure (a file cannot make a small body expand)."""
+    return all(x is None or type(x) in (bool, int, float, str) for x in t)
 
 
 def dumps(value, *, magic: bytes, refs: dict[int, int] | None = None) -> bytes:
@@ -175,6 +210,7 @@ class _Decoder:
     def __init__(self, arrays, refs):
         self.arrays, self.refs = arrays, refs
         self.classes = classes()
+        self.tuples: list = []  # every tuple in the order met; None while it is being read
 
     def fail(self, why):
         raise StateCodecError(why)
@@ -193,7 +229,17 @@ class _Decoder:
         if tag == "$d":
             return {self._key(k, d): self(y, d) for k, y in self._pairs(x)}
         if tag == "$t":
-            return tuple(self(y, d) for y in self._list(x))
+            index = len(self.tuples)
+            self.tuples.append(None)
+            value = tuple(self(y, d) for y in self._list(x))
+            self.tuples[index] = value
+            return value
+        if tag == "$T":
+            if not (type(x) is int and 0 <= x < len(self.tuples)) or self.tuples[x] is None:
+                self.fail(f"bad tuple reference {str(x)[:20]!r}")
+            if not _scalars(self.tuples[x]):
+                self.fail("a tuple reference may only stand for a tuple of scalars")
+            return self.tuples[x]
         if tag in ("$set", "$fset"):
             items = [self._key(y, d) for y in self._list(x)]
             return set(items) if tag == "$set" else frozenset(items)
@@ -244,6 +290,11 @@ class _Decoder:
             fields = self(fields, d)
             if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
                 self.fail(f"{name}: fields must be a dict with str keys")
+            if hasattr(cls, "_codec_restore"):
+                try:
+                    return cls._codec_restore(fields)
+                except (TypeError, ValueError, KeyError) as exc:
+                    self.fail(f"{name}: bad fields ({exc})")
             obj = cls.__new__(cls)
             vars(obj).update(fields)
             return obj

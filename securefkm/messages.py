@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,8 +43,9 @@ FieldKind = Literal["count", "sum", "distance", "score", "mean", "value"]
 #:   Sensitivity ``(2 * max ||x||)**2`` when centres lie in the same ball.
 #: * ``mean``  -- each client's rows are points of the records' domain (its local centres: means
 #:   of its records, or the broadcast centre for an empty cluster) and one record changes at
-#:   most ``cells`` of them. Sensitivity ``sqrt(cells)`` times the domain's diameter, when the
-#:   broadcast centres lie in the domain.
+#:   most ``cells`` of them. Sensitivity ``sqrt(cells)`` times the domain's diameter (the rows
+#:   projected into the domain), or that over ``1 + prior_weight`` for rows that are prior-weighted
+#:   means (see :class:`FieldSpec`).
 #: * ``value`` -- anything else (a client's local centre coordinates, a client count): no
 #:   record-level bound; record-level DP refuses such a field.
 FIELD_KINDS: tuple[str, ...] = ("count", "sum", "distance", "score", "mean", "value")
@@ -66,6 +68,12 @@ class FieldSpec:
     a DP layer noise the translated sum ``S - N c`` (a smaller sensitivity when the records'
     box is not centred at the origin) and translate back after noising; declare it only when
     that identity holds exactly.
+    ``prior_weight`` (``mean`` fields only): m >= 0 such that each row is the prior-weighted
+    mean ``(S + m C) / (n + m)`` of the n records of its cell (S their sum) and a public point C,
+    the row being C when n + m = 0, and one record enters or leaves the record sets of at most
+    ``cells`` rows. One record then moves a row, projected into the domain, by at most
+    ``diameter / (1 + m)`` (docs/protocols/differential-privacy.md, "Prior-weighted means"), so
+    the L2 sensitivity is ``sqrt(cells) * diameter / (1 + m)``; 0 is the plain mean.
     """
 
     name: str
@@ -77,6 +85,7 @@ class FieldSpec:
     #: ``value`` fields of whole numbers only: every vector along the last axis is one-hot or
     #: all zero (a vote histogram); validated aggregation proves it of every client's field
     one_hot: bool = False
+    prior_weight: float = 0.0
 
     def __post_init__(self):
         if self.kind not in FIELD_KINDS:
@@ -87,6 +96,12 @@ class FieldSpec:
         if self.weighted_by is not None and (self.kind != "sum" or len(self.shape) != 2):
             raise InputError(f"FieldSpec {self.name!r}: weighted_by is only for 'sum' fields of shape (k, d), "
                              f"got kind {self.kind!r} and shape {self.shape}.")
+        m = self.prior_weight
+        if isinstance(m, bool) or not isinstance(m, numbers.Real) or not math.isfinite(m) or m < 0:
+            raise InputError(f"FieldSpec {self.name!r}: prior_weight must be a finite number >= 0, got {m!r}.")
+        if m and self.kind != "mean":
+            raise InputError(f"FieldSpec {self.name!r}: prior_weight is only for 'mean' fields, got kind "
+                             f"{self.kind!r}; pass prior_weight=0.")
 
     @property
     def size(self) -> int:

@@ -22,11 +22,11 @@ from securefkm.transcript import RoundRecord
 from securefkm.transcript_file import (_HEAD, MAGIC, PAYLOAD_MAGIC, RoundFile, TranscriptFileError, _chain)
 
 
-def _fit(path=None, *, record=None, policies=None, clients=None, **kw):
+def _fit(path=None, *, record=None, policies=None, clients=None, algorithm="dwf", **kw):
     params = dict(n_clusters=3, random_state=0, init_bounds=(-2.0, 7.0), max_rounds=4, backend="local",
                   protection=[PairwiseMasking()], dropout_rate={1: {"masked_input": [2]}, 2: [4]})
     params.update(kw)
-    est = make_estimator("dwf", record=record, transcript_path=None if path is None else str(path), **params)
+    est = make_estimator(algorithm, record=record, transcript_path=None if path is None else str(path), **params)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return est.fit(make_clients() if clients is None else clients, client_policies=policies)
@@ -69,6 +69,47 @@ def test_masked_fit_with_dropouts_faults_and_exclusions_records_what_memory_reco
     assert [_bytes(r) for r in back] == [_bytes(r) for r in disk.transcript_] == written
     assert any(s.stage == "masked_input" and s.received for r in back for s in r.stages)
     _same(mem.transcript_, back, exact=False)
+
+
+_MATRIX = {
+    "dwf-ideal-masking": ("dwf", {"crypto": "ideal"}, lambda: [PairwiseMasking()]),
+    "dwf-ideal-paillier": ("dwf", {"crypto": "ideal"}, lambda: ["paillier"]),
+    "dwf-ideal-validated": ("dwf", {"crypto": "ideal"}, lambda: ["validated"]),
+    "dwf-paillier": ("dwf", {}, lambda: ["paillier"]),
+    "dwf-validated": ("dwf", {}, lambda: ["validated"]),
+    "ewf-dp-local": ("ewf", {"init_bounds": (-2.0, 8.0)}, lambda: [GaussianDP(2.0, 1e-5, bounds=(-2.0, 8.0), mode="local", rng="seeded")]),
+    "kfed-secure-ideal-masking": ("kfed", {"crypto": "ideal", "secure_mode": True}, lambda: [PairwiseMasking()]),
+    "fcm-ideal-masking": ("fcm-fedavg", {"crypto": "ideal"}, lambda: [PairwiseMasking()]),
+    "minibatch-dp-distributed": ("minibatch", {"crypto": "ideal", "init_bounds": (-2.0, 8.0)}, lambda: [
+        GaussianDP(2.0, 1e-5, bounds=(-2.0, 8.0), mode="distributed", rng="seeded"), PairwiseMasking()]),
+}
+
+
+@pytest.mark.parametrize("case", list(_MATRIX))
+def test_every_algorithm_and_protection_records_the_same_on_disk(tmp_path, case):
+    """Each protection's transcript entries (the ideal functionalities' sealed handles, Paillier
+    ciphertexts, validation reports, DP releases) survive the file: the same records, bit for
+    bit, and the same centres as the in-memory fit."""
+    name, params, protection = _MATRIX[case]
+    kw = dict(algorithm=name, protection=protection(), dropout_rate=None, **params)
+    mem, disk = _fit(**kw), _fit(tmp_path / "t.sfkt", **kw)
+    np.testing.assert_array_equal(mem.cluster_centers_, disk.cluster_centers_)
+    _same(mem.transcript_, open_transcript(tmp_path / "t.sfkt"), exact=params.get("crypto") == "ideal")
+
+
+def test_an_ideal_functionality_handle_is_written_without_the_input(monkeypatch):
+    """A sealed input still holding its value (not yet opened) is written as its digest only
+    (the file is the server's view), and a file whose handle carries more is refused."""
+    from protocols.masking.ideal import Sealed
+
+    body = _codec.dumps(Sealed(np.arange(3.0), b"d" * 32), magic=PAYLOAD_MAGIC)
+    back = _codec.loads(body, magic=PAYLOAD_MAGIC)
+    assert back.digest == b"d" * 32 and back._value is None
+    monkeypatch.setattr(Sealed, "_codec_state", lambda self: {"digest": self.digest, "_value": self._value})
+    smuggled = _codec.dumps(Sealed(np.arange(3.0), b"d" * 32), magic=PAYLOAD_MAGIC)
+    monkeypatch.undo()
+    with pytest.raises(_codec.StateCodecError, match="Sealed: bad fields"):
+        _codec.loads(smuggled, magic=PAYLOAD_MAGIC)
 
 
 def test_aborted_rounds_are_logged_and_read_back(tmp_path):
@@ -313,3 +354,33 @@ def test_the_file_format_is_pinned():
     """Files written today stay readable: the magic and the frame header (kind 1 byte, length
     8, digest 32) are the documented ones; changing them needs a new version."""
     assert _HEAD.size == 41 and _HEAD.format == ">cQ32s" and MAGIC == b"SFKMTRN\x01"
+
+
+def test_a_shared_cohort_tuple_and_centres_array_are_written_once():
+    """Every client's request holds the same cohort tuple and every broadcast the same centres:
+    written once and referred to, so a round's bytes grow with its clients, not their square;
+    read back, the references are one object again."""
+    cohort = tuple(range(1000))
+    centres = np.arange(6.0).reshape(3, 2)
+    value = [{"sampled": cohort, "centres": centres} for _ in range(200)]
+    body = _codec.dumps(value, magic=PAYLOAD_MAGIC)
+    assert len(body) < len(_codec.dumps(cohort, magic=PAYLOAD_MAGIC)) + 200 * 80
+    back = _codec.loads(body, magic=PAYLOAD_MAGIC)
+    assert all(v["sampled"] is back[0]["sampled"] == cohort for v in back)
+    assert all(v["centres"] is back[0]["centres"] for v in back)
+    np.testing.assert_array_equal(back[-1]["centres"], centres)
+
+
+@pytest.mark.parametrize("body, why", [
+    ('[{"$T": 0}]', "bad tuple reference"),                                   # before any tuple
+    ('[{"$t": [1, {"$T": 0}]}]', "bad tuple reference"),                     # to itself, being read
+    ('[{"$t": [{"$t": [1]}]}, {"$T": 0}]', "only stand for a tuple of scalars"),  # a nested one
+])
+def test_hostile_tuple_references_are_refused(body, why):
+    from securefkm._frame import frame
+
+    import json
+
+    data = frame(json.loads(body), [], magic=PAYLOAD_MAGIC)
+    with pytest.raises(_codec.StateCodecError, match=why):
+        _codec.loads(data, magic=PAYLOAD_MAGIC)

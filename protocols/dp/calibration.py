@@ -91,9 +91,10 @@ class Calibration:
         if spec.kind == "score":
             return f * domain.diameter ** 2
         if spec.kind == "mean":
-            # each row is a point of the domain (a mean of records, or the broadcast centre); one
-            # record changes at most ``cells`` rows, each by at most the domain's diameter
-            return math.sqrt(getattr(spec, "cells", 1)) * domain.diameter
+            # each row, projected into the domain, is a (prior-weighted) mean of records: one record
+            # changes at most ``cells`` rows, each by at most diameter / (1 + m) (FieldSpec.prior_weight;
+            # docs/protocols/differential-privacy.md, "Prior-weighted means")
+            return math.sqrt(getattr(spec, "cells", 1)) * domain.diameter / (1.0 + getattr(spec, "prior_weight", 0.0))
         if self.noises_everything and len(spec.shape) >= 1 and spec.shape[-1] == d:
             rows = spec.size // d
             return domain.diameter * math.sqrt(rows)  # already the whole range: no factor

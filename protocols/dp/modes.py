@@ -80,14 +80,14 @@ class Central(Mode):
 
     def server_aggregate(self, dp, agg, ctx, specs, sigmas):
         if dp.aggregator_noises(specs):  # the aggregator's other party added the noise
-            return _done(dp, agg, dp.post_processing.shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx)
+            return _done(dp, agg, dp.post_processing.shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx, agg.n_contributors), specs, ctx)
         pairs = dp.centred_pairs(specs)
         post = dp.post_processing
         sums = post.translate(agg.sums, pairs, -1, ctx)
         for s in specs:
             sigma, step, _ = sigmas[s.name]
             sums[s.name] = dp._noise_fine(sums[s.name], sigma, step, dp._source(ctx, "server", s.name))
-        return _done(dp, agg, post.shrunk(post.translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx), specs, ctx)
+        return _done(dp, agg, post.shrunk(post.translate(sums, pairs, +1, ctx), specs, sigmas, ctx.action, ctx, agg.n_contributors), specs, ctx)
 
     def server_view(self, dp, eps, algorithm, aggregator):
         party = getattr(getattr(dp, "_aggregator", None), "noise_party", None)
@@ -259,7 +259,7 @@ class Distributed(Mode):
                 round=ctx.round,
                 stage="server_aggregate",
             )
-        return _done(dp, agg, dp.post_processing.shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx), specs, ctx)
+        return _done(dp, agg, dp.post_processing.shrunk(dict(agg.sums), specs, sigmas, ctx.action, ctx, agg.n_contributors), specs, ctx)
 
     def aborted_noise(self, dp, ctx, leaked):
         if not (leaked.sums and dp._noised_specs(ctx.specs)):

@@ -75,7 +75,7 @@ class PostProcessor:
             out[s] = np.asarray(out[s], dtype=np.float64) + sign * n[..., None] * c
         return out
 
-    def shrunk(self, sums, specs, sigmas, action, ctx=None):
+    def shrunk(self, sums, specs, sigmas, action, ctx=None, n_contributors: int | None = None):
         """``shrink=``: shrink the noisy per-row means of a (count, sum) round towards their
         overall mean (post-processing of the released sums with the layer's own, public sigmas).
 
@@ -100,6 +100,12 @@ class PostProcessor:
         eps 0.5: 10% of the tuning seeds above 3 times the optimum).
         Only released values and the public sigmas are read: no privacy cost, nothing charged.
 
+        A round whose one noised field is a ``mean`` field of shape (m, d) (EWF's local centres),
+        released as a sum over the round's ``n_contributors`` (public), is the same estimate with
+        exact counts: row j is n_contributors times a mean whose per-coordinate noise is
+        sigma / n_contributors. It gets the same shrinkage with n_j = n_contributors and no
+        count floor (:meth:`_shrunk_mean`).
+
         ``"step"`` (the DP plan's choice): each row's *step*
         m_j - c_j from its broadcast centre c_j (public: the round's input) is shrunk by the same
         plug-in factor max(0, 1 - d v_j / ||m_j - c_j||^2), v_j = sigma_sum^2 / n_j^2, and a row
@@ -115,7 +121,11 @@ class PostProcessor:
         takes the hierarchical target (the overall mean), not its start point: a start point that
         drew no records sits in an empty part of the box and would stay there.
         """
-        if self.shrink is None or (action or "").startswith("init.") or len(specs) != 2:
+        if self.shrink is None or (action or "").startswith("init."):
+            return sums
+        if len(specs) == 1 and specs[0].kind == "mean" and n_contributors:
+            return self._shrunk_mean(sums, specs[0], sigmas, ctx, n_contributors)
+        if len(specs) != 2:
             return sums
         kinds = {s.kind: s for s in specs}
         count, total = kinds.get("count"), kinds.get("sum")
@@ -156,6 +166,37 @@ class PostProcessor:
         out = S.copy()
         out[pos] = shrunk * n[pos, None]
         return {**sums, total.name: out}
+
+    def _shrunk_mean(self, sums, spec, sigmas, ctx, n_contributors: int) -> dict:
+        """:meth:`shrunk` for a ``mean`` field summed over ``n_contributors``: the rows are
+        n_contributors times their average, whose noise the (count, sum) shrinkage estimates with
+        the exact count n_contributors for every row (count sigma 0: no row below the floor, no
+        relocation). ``"step"`` and ``"hierarchical"`` as there; ``"coordinate"`` and ``"vector"``
+        towards the overall mean of the rows."""
+        if len(spec.shape) != 2 or spec.shape[-1] != self.d:
+            return sums
+        m, d = spec.shape
+        hierarchical = self.shrink == "hierarchical"
+        if m < 2 or (d < 3 and not hierarchical):
+            return sums
+        from securefkm.kernels import shrink_coordinates, shrink_means
+
+        n = np.full(m, float(n_contributors))
+        S = np.asarray(sums[spec.name], dtype=np.float64)
+        sigma = sigmas[spec.name][0]
+        if self.shrink == "step":
+            prev = self._step_prior(ctx, m, d)
+            if prev is not None:
+                return {**sums, spec.name: self._shrunk_step(n, S, prev, sigma, 0.0, "", spec.name)[spec.name]}
+            hierarchical = True
+        if hierarchical:
+            return {**sums, spec.name: self._shrunk_hierarchical(n, S, sigma, 0.0, "", spec.name)[spec.name]}
+        means, target = S / n[:, None], S.sum(axis=0) / n.sum()
+        if self.shrink == "coordinate":
+            shrunk = shrink_coordinates(means, n, sigma, target, 0.0)
+        else:
+            shrunk = shrink_means(means, n, sigma, target)
+        return {**sums, spec.name: shrunk * n[:, None]}
 
     def _relocates_low_rows(self, ctx, m: int, d: int) -> bool:
         """``shrink="step"`` in d <= 2 under a DP plan that asks for it

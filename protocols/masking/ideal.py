@@ -87,6 +87,16 @@ class Sealed:
     def __getstate__(self):
         return {"_value": self._value, "digest": self.digest}
 
+    # a saved transcript (securefkm._codec) keeps what the server holds: the digest, never the input
+    def _codec_state(self) -> dict:
+        return {"digest": self.digest}
+
+    @classmethod
+    def _codec_restore(cls, fields: dict) -> "Sealed":
+        if set(fields) != {"digest"} or not isinstance(fields["digest"], bytes):
+            raise ValueError("a Sealed handle holds exactly its digest (bytes)")
+        return cls(None, fields["digest"])
+
     def __setstate__(self, state):
         self._value, self.digest = state["_value"], state["digest"]
 

@@ -38,7 +38,7 @@ class _IdealAuthority:
 
 
 @dataclass(frozen=True)
-class _Ticket:
+class IdealPaillierTicket:
     run: int
     round: int
     digest: bytes
@@ -104,7 +104,7 @@ class _IdealClient(ClientSession):
     def respond(self, stage, message):
         if stage != STAGE:
             raise ProtocolRefusal(f"Paillier client got unknown stage {stage!r}")
-        if not isinstance(message, _Ticket):
+        if not isinstance(message, IdealPaillierTicket):
             raise ProtocolRefusal(f"expected a round ticket, got {type(message).__name__}")
         if (message.run, message.round, message.digest) != self.round_id:
             raise ProtocolRefusal("round ticket does not match the round and broadcast this client computed")
@@ -119,7 +119,7 @@ class _IdealClient(ClientSession):
 class _IdealServer(ServerSession):
     def __init__(self, layer: IdealPaillier, ctx):
         self.layer, self.ctx = layer, ctx
-        self.ticket = _Ticket(ctx.run, ctx.round, ctx.broadcast_digest, layer.max_clients_)
+        self.ticket = IdealPaillierTicket(ctx.run, ctx.round, ctx.broadcast_digest, layer.max_clients_)
         self.inputs: dict[int, np.ndarray] = {}
 
     def messages(self, stage, alive):

@@ -24,7 +24,7 @@ from .measurement import is_valid
 
 
 @dataclass(frozen=True)
-class _Ticket:
+class IdealValidationTicket:
     run: int
     round: int
     attempt: int
@@ -89,7 +89,7 @@ class _IdealClient(ClientSession):
     def respond(self, stage, message):
         if stage != H.STAGE:
             raise ProtocolRefusal(f"validated-aggregation client got unknown stage {stage!r}")
-        if not isinstance(message, _Ticket):
+        if not isinstance(message, IdealValidationTicket):
             raise ProtocolRefusal(f"expected a round ticket, got {type(message).__name__}")
         t = message
         if (t.run, t.round, t.attempt, t.digest) != self.ident[:4]:
@@ -111,7 +111,7 @@ class _IdealServer(ServerSession):
     def __init__(self, layer, ctx):
         self.layer, self.ctx = layer, ctx
         self.lay = layer.layout(ctx)
-        self.ticket = _Ticket(ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths,
+        self.ticket = IdealValidationTicket(ctx.run, ctx.round, ctx.attempt, ctx.broadcast_digest, self.lay.k, self.lay.widths,
                               self.lay.frac_bits, layer.noise_plan(ctx, self.lay), self.lay.vote_shape)
         self.valid: dict[int, tuple] = {}
 

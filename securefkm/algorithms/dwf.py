@@ -7,6 +7,12 @@ Each round the server broadcasts the global centres C^(t); each sampled client r
   of eq. 7 and the weighted local centres omega_ij * c_ij;
 * EWF (``weighting="equal"``): its local centres c_ij (eq. 8: omega_ij = 1/|I_t|).
 
+With a prior weight m = ``prior_weight`` > 0 (EWF, one local step) the local centre is the
+prior-weighted mean c_ij = (S_ij + m C_j) / (n_ij + m) of the n_ij records of client i nearest
+C_j (S_ij their sum): m pseudo-records at the broadcast centre. m = 0 is eq. 8 exactly (an empty
+cluster reports C_j). One record moves c_ij by (x - c_ij) / (n_ij + m + 1), at most
+diameter / (1 + m), which is what record-level DP noises (FieldSpec ``prior_weight``).
+
 The server forms d_j = sum_i lambda_ij c_ij with lambda_ij from eq. 4 -- including its
 zero-weight fallback lambda_ij = 1/|I_t| when sum_i omega_ij = 0 -- and moves the centres
 with learning rate eta and momentum mu (eq. 6):
@@ -22,8 +28,8 @@ aggregation. With ``max_local_steps=1`` the weighted centres are plain coordinat
 local steps one record can re-assign every record of its client, so the weighted centres
 (counts times local centres) have no record-level bound and record-level DP refuses them.
 EWF's local centres (and DWF's unweighted ones) are kind ``"mean"``: every row is a point of
-the records' domain, so one record moves a row by at most the domain's diameter, and after one
-local step it moves only the row of its own cluster.
+the records' domain, so one record moves a row by at most the domain's diameter (over 1 + m with
+a prior weight), and after one local step it moves only the row of its own cluster.
 
 Robust aggregation (``aggregation="median"``, DWF only): each client also sends a vote
 histogram, the sum-field ``votes`` of shape (k, d, B): for every cluster j it holds records
@@ -179,6 +185,7 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         refine_rounds: int = 0,
         refine_mutants: int = 8,
         refine_records: int | None = None,
+        prior_weight: float = 0.0,
     ):
         self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
         self.weighting = check_choice(weighting, "weighting", ("dynamic", "equal"))
@@ -208,6 +215,11 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         if self.refine_rounds and self.aggregation == "median":
             raise InputError("refine_rounds > 0 with aggregation='median': the refinement's votes are a plain sum "
                              "that malicious clients can move; use refine_rounds=0 with the median.")
+        self.prior_weight = check_float(prior_weight, "prior_weight", minimum=0.0)
+        if self.prior_weight and (self.weighting != "equal" or self.max_local_steps != 1):
+            # after several steps one record re-assigns others: no bound of diameter / (1 + m)
+            raise InputError(f"prior_weight={prior_weight!r} is for EWF with one local step (weighting='equal', "
+                             "max_local_steps=1); pass prior_weight=0 otherwise.")
         if self.aggregation == "median":
             if self.weighting != "dynamic":
                 raise InputError("aggregation='median' is for weighting='dynamic' (DWF): it votes with the "
@@ -250,6 +262,8 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         params = {"max_local_steps": self.max_local_steps, "local_tol": self.local_tol, "weighting": self.weighting}
         if self.robust:  # only then: a plain fit's broadcasts (and digests) stay as they were
             params.update(aggregation="median", vote_bins=self.vote_bins, vote_weight=self.vote_weight)
+        if self.prior_weight:  # likewise: m = 0 broadcasts stay as they were
+            params["prior_weight"] = self.prior_weight
         return Broadcast(action="train", centres=state.centres, params=params)
 
     def sum_fields(self, broadcast):
@@ -260,7 +274,9 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
             # changes only the row of its nearest broadcast centre, after several it can change all
             rows_moved = 1 if self.max_local_steps == 1 else k
             if self.weighting == "equal":
-                return (FieldSpec("centres", (k, d), "mean", cells=rows_moved),)
+                return (FieldSpec("centres", (k, d), "mean", cells=rows_moved,
+                                  prior_weight=float(broadcast.params.get("prior_weight", 0.0)) if rows_moved == 1
+                                  else 0.0),)
             kind = "sum" if self.max_local_steps == 1 else "value"
             specs = (
                 FieldSpec("weights", (k,), "count", integer=True),
@@ -421,10 +437,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
                     local[nz] = s[nz] / w[nz, None]
                     self._with_votes(u, w, local, broadcast)
             return out
+        m = float(broadcast.params.get("prior_weight", 0.0))
         out = []
         for w, s in zip(counts, sums):
             local = C.copy()
-            nz = w > 0
-            local[nz] = s[nz] / w[nz, None]
+            if m:  # (S_ij + m C_j) / (n_ij + m): m > 0, every row defined
+                local = (s + m * C) / (w + m)[:, None]
+            else:  # eq. 8: the mean of the cell's records, C_j for an empty cell
+                nz = w > 0
+                local[nz] = s[nz] / w[nz, None]
             out.append(Update(sums={"centres": local}))
         return out

@@ -147,6 +147,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         server_max_iter: int = 100,
         server_tol: float = 1e-6,
         oversample: int = 5,
+        seeding_noise: float | None = None,
     ):
         self.n_clusters = check_int(n_clusters, "n_clusters", minimum=1)
         self.averaging = check_choice(averaging, "averaging", AVERAGING)
@@ -183,6 +184,9 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
                 "secure_mode=True supports centre_weights='none' only (the paper's unweighted "
                 "k-means averaging); drop centre_weights or set secure_mode=False."
             )
+        # the DP plan's noise level e, which sizes the private seeding's grid (_seeding.lsh_bits)
+        self.seeding_noise = None if seeding_noise is None else check_float(
+            seeding_noise, "seeding_noise", minimum=0.0, min_inclusive=False)
         self.secure = sc.SecureServerKMeans(
             self.n_clusters,
             max_iter=self.server_max_iter,
@@ -219,7 +223,7 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
         if state.phase == "init":
             return _seeding.seeding_broadcast(
                 self.init_, self.n_clusters, init_bounds=self.init_bounds, rng=state.rng,
-                n_features=self.n_features_,
+                n_features=self.n_features_, noise_level=self.seeding_noise,
             )
         if state.phase == "secure":
             b = self.secure.broadcast(state.secure_run, state.secure_total)
@@ -344,6 +348,16 @@ class FederatedFuzzyCMeansAlgorithm(Algorithm):
             not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS
         )
         return max_rounds + int(self.validity_round) + int(seeding)  # secure: max_rounds caps all
+
+    def planned_sequence(self, max_rounds):
+        """Federated averaging's rounds in order (the seeding round, if any, ``max_rounds``
+        training rounds, the validity round, if any): lets ``GaussianDP(last_round_weights=...)``
+        find the last training round. k-means averaging's round count is not known ahead."""
+        if self.averaging != "fedavg":
+            return ()
+        seeding = _seeding.seeding_action(self.init_)
+        return (([seeding] if seeding is not None else []) + ["train.fedavg"] * int(max_rounds)
+                + (["validity"] if self.validity_round else []))
 
     # ----------------------------------------------------------------- client
     def client_update(self, X, broadcast, rng, memory=None):

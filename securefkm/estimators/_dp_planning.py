@@ -28,9 +28,7 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
     ``round_weights``; else None (the estimator's own ``max_rounds`` default).
 
     ``records_per_cluster_factor`` rescales the records a round sums for a round whose noise
-    is not Lloyd's: EWF's averaged local centres (one row per client, sensitivity the box's
-    diameter, twice the half-diagonal) carry the noise of Lloyd sums over ``clients / 2``
-    records per cluster, i.e. the factor ``clients / (2 n)`` with n the round's records.
+    is not Lloyd's (EWF's averaged local centres: :func:`ewf_plan_for_estimator`).
 
     ``spread_seed``: for an estimator whose start is left to the defaults (``init`` "auto"
     or None) with a declared domain (a box or a ball), the plan also starts from the spread points of the full plan
@@ -51,6 +49,54 @@ def rounds_plan_for_estimator(est, data, layers, records_per_cluster_factor: flo
         start = spread_start(int(est.n_clusters), low, high, spread_seed, ball=_ball(domain))
     p = DPPlan(lloyd_rounds(e), start, e, z1, n)
     _apply(layers, dp, p)
+    return p
+
+
+def ewf_plan_for_estimator(est, data, layers, seed, prior_weight: float | None = None) -> DPPlan | None:
+    """The plan of an EWF estimator whose DP settings are left to the budget, else None.
+
+    Applies when :func:`budget_led_layer` finds the layer. The prior weight m of the local
+    centres is ``prior_weight``, or when None :func:`protocols.dp.planning.ewf_prior_weight`
+    (n / (clients k), public) with one local step and 0 with several (no bound below the
+    diameter there). The rounds R follow the rounds rule from EWF's own noise level: that of a
+    Lloyd round over :func:`protocols.dp.planning.ewf_round_records` records (times the fraction
+    of clients sampled). With ``init="auto"``, one local step and a declared domain the start is
+    that of DWF's full plan (:func:`protocols.dp.planning.plan` on the n records), with EWF's
+    threshold: a private seeding round weighted R when DWF's noise level e is below
+    :data:`~protocols.dp.planning.EWF_NOISE_PRIVATE_START`, else the spread points; otherwise
+    the estimator's own start. With R >= 3 the last round is weighted R - 1, and the averages get
+    the step shrinkage (``shrink="step"`` unless set), as in DWF's plan."""
+    dp = budget_led_layer(est, layers)
+    if dp is None:
+        return None
+    n = public_n(dp, data)
+    k, d = int(est.n_clusters), data.n_features
+    one_step = est.max_local_steps == 1
+    m = (rule.ewf_prior_weight(n, data.n_clients, k) if one_step else 0.0) if prior_weight is None else prior_weight
+    records = rule.ewf_round_records(k, d, data.n_clients * _client_fraction(est, data), m,
+                                     cells=1 if one_step else k)
+    e_rounds, z1 = noise_level(k, d, dp.epsilon, dp.delta, max(1, round(records)), dp.accountant_name)
+    rounds = lloyd_rounds(e_rounds)
+    start, private, e = None, False, e_rounds
+    domain = start_domain(est, d)
+    if one_step and domain is not None and isinstance(est.init, str) and est.init == "auto":
+        low, high = domain
+        # EWF keeps its own rounds: the candidate-vote refinement is planned for DWF only
+        full = plan(k, d, dp.epsilon, dp.delta, low, high, n, seed, accountant=dp.accountant_name, ball=_ball(domain),
+                    refine_rounds=0)
+        e = full.noise_level  # DWF's: the seeding round's noise (it also sizes the seeding grid)
+        # EWF's rounds move a centre only part of a Lloyd step: a private start pays off up to a
+        # higher noise level than DWF's E_p (rule.EWF_NOISE_PRIVATE_START)
+        private = e < rule.EWF_NOISE_PRIVATE_START
+        start = None if private else full.start if full.start is not None else spread_start(
+            k, *(np.broadcast_to(np.asarray(b, dtype=np.float64), (d,)) for b in domain), seed, ball=_ball(domain))
+    p = DPPlan(rounds, start, e, z1, n, private_start=private, prior_weight=float(m), round_noise_level=e_rounds)
+    settings = {} if dp.shrink is not None else {"shrink": "step"}  # the averages' step shrinkage, free
+    if private:  # as in DWF's plan: the seeding round gets as much of the budget as the rounds together
+        settings["round_weights"] = {"init.private": float(rounds)}
+    if p.final_round_weight != 1.0:
+        settings["last_round_weights"] = {"train": p.final_round_weight}
+    _apply(layers, dp, p, **settings)
     return p
 
 
@@ -109,7 +155,8 @@ def _refine_rounds(est):
     return own() if callable(own) else 0
 
 
-def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None) -> DPPlan | None:
+def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None,
+                       train_action: str = "train") -> DPPlan | None:
     """The plan for a DWF estimator whose DP settings are left to the defaults, else None.
 
     Applies when ``max_rounds`` and ``init`` are unset (None / "auto"), the estimator runs
@@ -120,7 +167,8 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     fit's ``layers`` get, in place of that layer, its copy with ``radius="auto"`` and
     ``shrink="step"`` unless set, and the plan for its report (:meth:`GaussianDP.with_plan`). ``exact_lloyd``: whether the estimator's rounds are exact
     distributed Lloyd rounds (None: read DWF's options; the set-valued algorithms' secure modes
-    under DP pass True, their rounds being record-level Lloyd sums).
+    under DP pass True, their rounds being record-level Lloyd sums). ``train_action``: the
+    broadcast action of the estimator's Lloyd rounds, whose last round the plan weights.
     """
     dp = budget_led_layer(est, layers)
     if exact_lloyd is None:
@@ -152,6 +200,6 @@ def plan_for_estimator(est, data, layers, seed, exact_lloyd: bool | None = None)
     if weights:
         settings["round_weights"] = weights
     if p.final_round_weight != 1.0 and dp.last_round_weights is None:
-        settings["last_round_weights"] = {"train": p.final_round_weight}
+        settings["last_round_weights"] = {train_action: p.final_round_weight}
     _apply(layers, dp, p, **settings)
     return p

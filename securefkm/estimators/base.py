@@ -416,7 +416,8 @@ class FederatedClusterer(ClusterMixin, TransformerMixin, BaseEstimator):
                 f"the transcript of this fit keeps every client message: up to about "
                 f"{rounds * per_round / 2**30:.1f} GiB over {rounds} planned rounds "
                 f"({per_round / 2**20:.1f} MiB a round), held by transcript_. Pass record=\"aggregates\" "
-                "to keep only each round's aggregate, or record=\"full\" to keep them without this warning "
+                "to keep only each round's aggregate, transcript_path=\"<new file>\" to write them to disk "
+                "instead of memory, or record=\"full\" to keep them without this warning "
                 "(the passive attacks read them).",
                 stacklevel=4,
             )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..validation import check_int
+from ..validation import check_float, check_int
 from ..algorithms._candidate_vote import DEFAULT_MUTANTS
 from ..algorithms.dwf import WeightedFederatedKMeansAlgorithm
 from ..federation.runtime import MAX_ABORTED_ROUNDS, MAX_CLIENT_FAULTS
@@ -73,6 +73,15 @@ class WeightedFederatedKMeans(FederatedClusterer):
         their mutants, a count field of sensitivity 1; the server re-clusters the candidates
         by their votes). None (default): the DP plan's rule (:mod:`protocols.dp.planning`:
         3 rounds when k >= 16 and 4 <= d <= 64), 0 otherwise; an int >= 0 sets it.
+    prior_weight : float >= 0 or None
+        EWF with one local step: the weight m of the broadcast centre in each local centre,
+        c_ij = (S_ij + m C_j) / (n_ij + m) (m pseudo-records at C_j; 0 is eq. 8). One record then
+        moves c_ij by at most the domain's diameter / (1 + m), the sensitivity record-level DP
+        noises (docs/protocols/differential-privacy.md). None (default): 0, except under a
+        budget-led GaussianDP plan (``max_rounds`` unset), which uses n / (clients k), the public
+        records per client per cluster (:func:`protocols.dp.planning.ewf_prior_weight`), and
+        reports it in ``dp_plan_``. With ``init="auto"`` that plan also starts as DWF's (a private
+        seeding round or the spread points) and plans EWF's rounds from its own noise level.
     protection : list of layers
         Protection stack (``protocols``); empty means plain sums.
     dropout_rate : float or dict
@@ -112,6 +121,7 @@ class WeightedFederatedKMeans(FederatedClusterer):
         vote_bins=64,
         vote_weight="client",
         refine_rounds=None,
+        prior_weight=None,
     ):
         self.n_clusters = n_clusters
         self.weighting = weighting
@@ -141,6 +151,8 @@ class WeightedFederatedKMeans(FederatedClusterer):
         self.vote_weight = vote_weight
         self.refine_rounds = refine_rounds
 
+        self.prior_weight = prior_weight
+
     def _refine_rounds(self):
         """``refine_rounds`` validated: None (the plan's rule) or an int >= 0."""
         if self.refine_rounds is None:
@@ -163,18 +175,15 @@ class WeightedFederatedKMeans(FederatedClusterer):
         return True
 
     def _plan_dp(self, data, layers, seed):
-        from ._dp_planning import plan_for_estimator, rounds_plan_for_estimator
+        from ._dp_planning import ewf_plan_for_estimator, plan_for_estimator, rounds_plan_for_estimator
 
-        planned = plan_for_estimator(self, data, layers, seed)
-        if planned is not None or self.weighting != "equal":
-            return planned or rounds_plan_for_estimator(self, data, layers)
-        from ._dp_planning import budget_led_layer, public_n
+        if self.weighting == "equal":
+            return ewf_plan_for_estimator(self, data, layers, seed, self._prior_weight())
+        return plan_for_estimator(self, data, layers, seed) or rounds_plan_for_estimator(self, data, layers)
 
-        dp = budget_led_layer(self, layers)
-        if dp is None:  # nothing to plan (reads no record count)
-            return None
-        # EWF averages one local centre per client: see rounds_plan_for_estimator
-        return rounds_plan_for_estimator(self, data, layers, data.n_clients / (2.0 * max(1, public_n(dp, data))))
+    def _prior_weight(self):
+        """The validated ``prior_weight``: None (left to the plan) or a float >= 0."""
+        return None if self.prior_weight is None else check_float(self.prior_weight, "prior_weight", minimum=0.0)
 
     def _make_algorithm(self, n_features, n_clients):
         plan = getattr(self, "dp_plan_", None)
@@ -212,6 +221,8 @@ class WeightedFederatedKMeans(FederatedClusterer):
             vote_bins=self.vote_bins,
             vote_weight=self.vote_weight,
             **refine_kw,
+            prior_weight=plan.prior_weight if plan is not None and plan.prior_weight is not None
+            else self._prior_weight() or 0.0,
         )
 
     def _refuse_dp_votes(self):

@@ -59,9 +59,13 @@ class FederatedFuzzyCMeans(FederatedClusterer):
         Cap on a client's local FCM iterations per round.
     max_rounds : int or None
         Cap on training rounds (then the validity round still runs). None (default): 100;
-        with ``averaging="fedavg"`` and a ``GaussianDP`` layer that leaves its per-round noise
-        to the budget, the rounds the DP rule picks for that budget
-        (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`, ``dp_plan_``).
+        with ``averaging="fedavg"`` (or ``secure_mode=True``) and a ``GaussianDP`` layer that
+        leaves its per-round noise to the budget, the rounds the DP rule picks for that budget
+        (``dp_plan_``). With ``init="auto"`` and every client in every round that is DWF's full
+        plan (:func:`securefkm.estimators._dp_planning.plan_for_estimator`: its spread start or
+        weighted private seeding, heavier last round and step shrinkage; the eq. 6 sums have a
+        crisp round's sensitivity, docs/protocols/dp-utility.md), else the rounds only
+        (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`).
     centre_weights : {"none", "membership"}
         k-means averaging only: "none" (the paper) sends centres only; "membership" also
         sends each local centre's fuzzy support sum_i u_ij and weights the server k-means.
@@ -168,9 +172,14 @@ class FederatedFuzzyCMeans(FederatedClusterer):
     def _plan_dp(self, data, layers, seed):
         if not self.plans_dp_rounds():
             return None
-        from ._dp_planning import rounds_plan_for_estimator
+        from ._dp_planning import _client_fraction, plan_for_estimator, rounds_plan_for_estimator
 
-        return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
+        # fedavg rounds are count/sum releases of Lloyd's sensitivity: DWF's full plan applies when
+        # every round sums all records (its noise level reads n); under client sampling the
+        # rounds-only plan, whose noise level reads the records a round is expected to sum
+        full = _client_fraction(self, data) == 1.0 and plan_for_estimator(
+            self, data, layers, seed, exact_lloyd=True, train_action="train.fedavg")
+        return full or rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 
     def _make_algorithm(self, n_features, n_clients):
         if check_int(self.n_clusters, "n_clusters", minimum=1) < 2:
@@ -183,7 +192,9 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             default_plain="k-means++", default_protected="private",
         )
         plan = getattr(self, "dp_plan_", None)
-        if plan is not None and plan.start is not None:  # the DP plan's data-independent start
+        if plan is not None and plan.private_start:  # the DP plan's private seeding round
+            init = "private"
+        elif plan is not None and plan.start is not None:  # the DP plan's data-independent start
             init = plan.start
         record_level = record_level_dp(self)
         algorithm = FederatedFuzzyCMeansAlgorithm(
@@ -202,6 +213,7 @@ class FederatedFuzzyCMeans(FederatedClusterer):
             validity_round=True,
             secure_mode=self.secure_mode and not record_level,
             oversample=self.oversample,
+            seeding_noise=plan.noise_level if plan is not None and plan.private_start else None,
         )
         if record_level:
             algorithm.name = "fedfcm-secure-dp"
