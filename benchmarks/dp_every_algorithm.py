@@ -6,7 +6,9 @@ For each data set (the DWF blob set, wine, breast cancer, digits scaled to [-1, 
 algorithm (its secure, sum-only mode where its default mode sends set-fields) and each DP
 mode (central; distributed under pairwise masking), the mean over seeds of the utility
 ``best central inertia / federated inertia`` (1: as good as scikit-learn's k-means on the
-pooled records) and the largest ``privacy_spent_``. The ratio column is the algorithm's
+pooled records) and the largest ``privacy_spent_``. Seed s splits the records
+(``load_dataset(name, random_state=s)``) and keys the fit and its noise
+(``GaussianDP(rng="seeded")``), so a re-run reproduces the table exactly. The ratio column is the algorithm's
 utility over DWF's in the same cell; the target is at least 0.8. Seeds run in parallel with
 joblib (loky).
 """
@@ -43,9 +45,11 @@ def cell(dataset: str, algorithm: str, mode: str, epsilon: float, seed: int) -> 
     from securefkm.registry import make_estimator
 
     box, k = DATASETS[dataset]
-    data = load_dataset(dataset)
+    data = load_dataset(dataset, random_state=seed)  # the seed's own split of the records
     X = np.vstack(data.clients)
-    dp = GaussianDP(epsilon, 1e-5, bounds=box, mode="central" if mode == "central" else "distributed")
+    # noise keyed by the estimator's seed: a re-run reproduces every cell, and the algorithms of
+    # one (data set, mode, seed) see the same split
+    dp = GaussianDP(epsilon, 1e-5, bounds=box, mode="central" if mode == "central" else "distributed", rng="seeded")
     params = {"secure_mode": True} if algorithm in SECURE else {}
     est = make_estimator(algorithm, n_clusters=k, protection=MODES[mode](dp), crypto="ideal", random_state=seed,
                          **params)

@@ -75,11 +75,24 @@ def test_ewf_local_centres_have_the_diameter_as_sensitivity(clients):
     assert layer is not None
 
 
-def test_dwf_several_local_steps_is_refused_naming_one_step(clients):
-    est = make_estimator("dwf", n_clusters=3, random_state=0, max_local_steps=3, protection=STACKS["central"](),
-                         crypto="ideal")
-    with pytest.raises(ProtectionConfigError, match="max_local_steps=1"):
-        est.fit(clients)
+@pytest.mark.parametrize("name, params, fix", [
+    ("dwf", {"max_local_steps": 3}, "max_local_steps=1"),
+    ("minibatch", {"batch_size": 8}, "batch_size=None"),
+    ("minibatch", {"local_epochs": 2}, "local_epochs=1"),
+    ("minibatch", {"client_rate": 0.5}, "client_rate=1.0"),
+])
+@pytest.mark.parametrize("mode", ["central", "distributed+masking"])
+def test_options_that_send_values_are_refused_at_setup_naming_the_fix(clients, name, params, fix, mode):
+    """Options under which one record moves a round's fields without bound are refused when the
+    federation is built (no round runs), naming the algorithm's options that make them sums and
+    local DP; local DP (which projects whole values) runs them."""
+    est = make_estimator(name, n_clusters=3, random_state=0, protection=STACKS[mode](), crypto="ideal", **params)
+    with pytest.raises(ProtectionConfigError, match=fix) as info:
+        est.make_federation(clients)
+    assert "mode='local'" in str(info.value)
+    local = make_estimator(name, n_clusters=3, random_state=0, protection=STACKS["local"](), crypto="ideal",
+                           max_rounds=2, **params).fit(clients)
+    assert local.privacy_spent_[0] <= 1.0 + 1e-9
 
 
 def test_init_bounds_serves_as_the_dp_box(clients):

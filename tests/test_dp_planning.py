@@ -343,6 +343,36 @@ def test_minibatch_and_fedavg_fcm_plan_their_rounds_under_dp(alg, plain_default)
     assert fixed.make_federation(data)[0].max_rounds == 7
 
 
+def test_minibatch_defaults_run_dwfs_full_plan():
+    """With E = 1, B = None and unit rates every mini-batch round is a distributed Lloyd round:
+    under a budget-led GaussianDP it runs DWF's plan on the same data (private seeding round,
+    rounds, radius, last-round weight and step shrinkage), reported alike; a server rate
+    alpha < 1 or sampled clients keep the rounds-only plan (no radius, no private start)."""
+    from protocols import PairwiseMasking
+    from securefkm import load_dataset
+    from securefkm.registry import make_estimator
+
+    data = load_dataset("dwf-blobs", random_state=0)
+    dp = lambda: [GaussianDP(1.0, 1e-5, bounds=(-2.0, 2.0), mode="distributed", rng="seeded"), PairwiseMasking()]  # noqa: E731
+    fits = {a: make_estimator(a, n_clusters=5, random_state=0, crypto="ideal", protection=dp()).fit(data)
+            for a in ("dwf", "minibatch")}
+    dwf, mb = fits["dwf"], fits["minibatch"]
+    assert mb.dp_plan_.describe() == dwf.dp_plan_.describe() and mb.dp_plan_.private_start
+    r_dwf, r_mb = dwf.protection_report_["GaussianDP"], mb.protection_report_["GaussianDP"]
+    for key in ("radius", "planned_schedule", "noise_multiplier", "round_noise_multipliers", "max_client_rounds"):
+        assert r_mb[key] == r_dwf[key], key
+    assert r_mb["radius"] is not None and len(r_mb["planned_schedule"]) == 3  # Lloyd rounds, the last, the seeding
+    assert mb.privacy_spent_[0] <= 1.0 + 1e-9 and np.all(np.abs(mb.cluster_centers_) <= 2.0)
+    X = np.vstack(data.clients)
+    inertia = lambda C: float((((X[:, None] - C[None]) ** 2).sum(-1)).min(1).sum())  # noqa: E731
+    assert inertia(mb.cluster_centers_) < 1.2 * inertia(dwf.cluster_centers_)
+    for params in ({"server_rate": 0.5}, {"clients_per_round": 0.5}):
+        other = make_estimator("minibatch", n_clusters=5, random_state=0, crypto="ideal", protection=dp(),
+                               **params).fit(data)
+        assert not other.dp_plan_.private_start, params
+        assert other.protection_report_["GaussianDP"]["radius"] is None, params
+
+
 def test_first_round_prior_is_the_start_only_at_high_noise():
     """The first of several Lloyd rounds shrinks towards the spread start when the noise level e
     exceeds E_s = 0.35, else towards the overall mean (hierarchical)."""

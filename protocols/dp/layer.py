@@ -407,6 +407,9 @@ class GaussianDP(Layer):
         if getattr(algorithm, "uses_set_fields", False) and not (
                 self.allow_plain_set_fields and not self._strategy.noises_everything):
             raise ProtectionConfigError(set_fields_message(algorithm, self.mode))
+        fix = getattr(algorithm, "dp_value_fix", None)
+        if fix is not None and not self._strategy.noises_everything:
+            raise ProtectionConfigError(value_fields_message(algorithm, self.mode, fix))
 
     def setup(self, info):
         d = info.n_features
@@ -670,6 +673,18 @@ def set_fields_message(algorithm, mode: str) -> str:
                       "(per global centre, the count and coordinate sum of a client's records nearest to it), "
                       "which central, distributed (with PairwiseMasking() or Paillier()) and local DP all protect.")
     return why + "Use an algorithm whose rounds are sums (e.g. 'dwf'); `securefkm algorithms` lists which DP modes apply."
+
+
+def value_fields_message(algorithm, mode: str, fix: str) -> str:
+    """Why GaussianDP refuses an algorithm whose options make its round fields values (local
+    centres after several local steps, mini-batch updates): one record can move them without
+    bound. Names the algorithm's options that make them bounded sums, and local DP, which
+    projects whole values onto the domain."""
+    name = getattr(algorithm, "name", "this algorithm")
+    return (f"{name} with these options sends per-client values (e.g. local centres after several local steps) "
+            f"that one record can change without bound, so GaussianDP(mode={mode!r}) has no sensitivity for "
+            f"them. Pass {fix}, or use GaussianDP(mode='local', ...), which bounds whole values by projecting "
+            "them onto the declared clip ball / bounds box.")
 
 
 def refuse_seeded_noise(layers) -> None:

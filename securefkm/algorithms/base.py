@@ -110,6 +110,11 @@ class Algorithm(ABC):
     #: ``GaussianDP(radius=...)`` may bound those rows by a radius around each centre.
     nearest_centre_actions: tuple[str, ...] = ()
 
+    #: None if, with its current options, every round's sum-fields have a per-record bound
+    #: (counts, sums, means); else the options that make them so, for the refusal of
+    #: record-level DP that does not project whole values (central and distributed modes).
+    dp_value_fix: str | None = None
+
     n_clusters: int
 
     def client_rng_needed(self, broadcast: Broadcast) -> bool:

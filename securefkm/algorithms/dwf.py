@@ -161,6 +161,14 @@ class WeightedFederatedKMeansAlgorithm(Algorithm):
         (one local step, DWF weights): GaussianDP(radius=...) may bound them by a radius."""
         return ("train",) if self.max_local_steps == 1 and self.weighting == "dynamic" else ()
 
+    @property
+    def dp_value_fix(self):
+        if self.weighting == "equal" or self.max_local_steps == 1:
+            return None
+        return ("max_local_steps=1 (each round then sends the count and coordinate sum of the records "
+                "nearest each centre), or weighting='equal' (EWF's local centres are means, bounded by "
+                "the domain)")
+
     def client_rng_needed(self, broadcast):
         return broadcast.action.startswith("init.")
 

@@ -144,12 +144,32 @@ class MiniBatchFederatedKMeansAlgorithm(Algorithm):
         """E = 1, B = None, beta = 1: Lambda * Gamma is the plain coordinate sum."""
         return self.local_epochs == 1 and self.batch_size is None and self.client_rate == 1.0
 
+    @property
+    def dp_value_fix(self):
+        if self.exact_sums:
+            return None
+        return ("local_epochs=1, batch_size=None and client_rate=1.0 (the paper's E = 1, B = infinity, "
+                "beta = 1: each round then sends the count and coordinate sum of the records nearest each "
+                "centre, which central and distributed DP bound)")
+
+    @property
+    def nearest_centre_actions(self):
+        """With exact sums the round's weighted centres are the hard nearest-centre sums of the
+        broadcast centres: GaussianDP(radius=...) may bound them by a radius."""
+        return ("train",) if self.exact_sums else ()
+
     # ----------------------------------------------------------------- server
     n_features_: int = 0
 
     def planned_rounds(self, max_rounds):
-        seeding = not isinstance(self.init_, np.ndarray) and self.init_ in _seeding.SEEDING_ROUND_INITS
-        return max_rounds + int(seeding)
+        return len(self.planned_sequence(max_rounds))
+
+    def planned_sequence(self, max_rounds):
+        """The actions of one run's rounds in order: the seeding round, if any, then
+        ``max_rounds`` training rounds (lets ``GaussianDP(last_round_weights=...)`` find the
+        last one)."""
+        seeding = _seeding.seeding_action(self.init_)
+        return ([seeding] if seeding is not None else []) + ["train"] * int(max_rounds)
 
     def init(self, n_clients, n_features, rng):
         self.n_features_ = n_features

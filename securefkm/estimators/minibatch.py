@@ -32,9 +32,13 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
         beta in (0, 1].
     max_rounds : int or None
         T, the number of global rounds. None (default): 200 without DP; with a
-        ``GaussianDP`` layer that leaves its per-round noise to the budget, the rounds the DP
-        rule picks for that budget (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`,
-        ``dp_plan_``). Pass a number to opt out.
+        ``GaussianDP`` layer that leaves its per-round noise to the budget, the DP plan
+        (``dp_plan_``). With E = 1, B = None, beta = alpha = 1 (the defaults: each round is a
+        distributed Lloyd round), ``init="auto"`` and every client in every round, that is
+        DWF's full plan (:func:`securefkm.estimators._dp_planning.plan_for_estimator`: its start,
+        rounds, radius, final-round weight and step shrinkage); otherwise the rounds the DP rule
+        picks for that budget (:func:`securefkm.estimators._dp_planning.rounds_plan_for_estimator`).
+        Pass a number to opt out.
     tol : float
         Stop early when the centres move less than tol and no cluster is on a small-size streak.
     reassign : bool
@@ -113,10 +117,22 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
     def plans_dp_rounds(self) -> bool:
         return True
 
-    def _plan_dp(self, data, layers, seed):
-        from ._dp_planning import rounds_plan_for_estimator
+    def _exact_lloyd(self) -> bool:
+        """E = 1, B = None (full batch), beta = 1 and alpha = 1: each round is a distributed
+        Lloyd round, the same release as DWF's."""
+        return (self.local_epochs == 1 and self.batch_size is None and self.client_rate == 1.0
+                and self.server_rate == 1.0)
 
-        return rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
+    def _plan_dp(self, data, layers, seed):
+        from ._dp_planning import _client_fraction, plan_for_estimator, rounds_plan_for_estimator
+
+        # with the paper's B = infinity, E = 1 and unit rates every round is a Lloyd round of
+        # counts and sums: DWF's full plan applies when every round sums all records (its noise
+        # level reads n); otherwise (mini-batches, sampled clients, other rates) the rounds-only
+        # plan, whose noise level reads the records a round is expected to sum
+        full = self._exact_lloyd() and _client_fraction(self, data) == 1.0 and plan_for_estimator(
+            self, data, layers, seed, exact_lloyd=True)
+        return full or rounds_plan_for_estimator(self, data, layers, spread_seed=seed)
 
     def _make_algorithm(self, n_features, n_clients):
         init = resolve_init(
@@ -124,7 +140,9 @@ class MiniBatchFederatedKMeans(FederatedClusterer):
             default_plain="random", default_protected="private",
         )
         plan = getattr(self, "dp_plan_", None)
-        if plan is not None and plan.start is not None:  # the DP plan's data-independent start
+        if plan is not None and plan.private_start:  # the DP plan's private seeding round
+            init = "private"
+        elif plan is not None and plan.start is not None:  # the DP plan's data-independent start
             init = plan.start
         return MiniBatchFederatedKMeansAlgorithm(
             self.n_clusters,
